@@ -1,0 +1,71 @@
+// Command-line inputs shared by every subcommand: the model, the training job, the cluster, the
+// user's restrictions of the space and the output format (DESIGN §7).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autopar/perf/constants.h"
+#include "autopar/space/config.h"
+#include "autopar/space/space.h"
+#include "autopar/spec/cluster.h"
+#include "autopar/spec/model.h"
+#include "autopar/spec/train.h"
+
+namespace autopar::cli {
+
+enum class Format { kTable, kJson, kCsv, kMegatron, kYaml };
+
+// argv after the subcommand, split into `--flag value` / `--flag=value` / `--switch` items.
+// Flags are looked up by the subcommand; Finish() rejects any flag nobody asked for.
+class Args {
+ public:
+  explicit Args(const std::vector<std::string>& argv);
+
+  std::optional<std::string> Value(const std::string& flag);  // consumes it
+  bool Switch(const std::string& flag);                       // consumes it
+  int64_t Int(const std::string& flag, int64_t fallback, int64_t min_value = 1);
+  double Double(const std::string& flag, double fallback);
+  // Leftover flags, in order, as argv items (for the Megatron flag parser).
+  std::vector<std::string> Remaining() const;
+  // Throws InputError naming the first flag nobody consumed.
+  void Finish() const;
+  // Marks every flag consumed (after handing Remaining() to another parser).
+  void ConsumeAll() {
+    for (Item& item : items_) item.used = true;
+  }
+
+ private:
+  struct Item {
+    std::string flag;
+    std::optional<std::string> value;
+    bool used = false;
+  };
+  Item* Find(const std::string& flag);
+  std::vector<Item> items_;
+};
+
+struct Inputs {
+  ModelSpec model;
+  TrainSpec train;
+  ClusterSpec cluster;
+  SpaceOptions space;
+  PerfConstants constants;
+  Format format = Format::kTable;
+  // Parallel flags pasted from a Megatron-LM script (`--tensor-model-parallel-size 8`, ...):
+  // pins in the space, and the configuration `predict` evaluates when no --config is given.
+  std::optional<ParallelConfig> megatron_config;
+};
+
+// Reads the inputs every planning command takes, consuming every flag: the subcommand reads its
+// own flags (`--top`, `--config`) before calling this.
+Inputs ReadInputs(Args& args);
+
+Format ParseFormat(const std::string& text);
+
+// Whole-file read with a checked error (InputError naming `flag`).
+std::string ReadTextFile(const std::string& flag, const std::string& path);
+
+}  // namespace autopar::cli

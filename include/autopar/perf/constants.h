@@ -1,0 +1,46 @@
+// Efficiency and overhead constants of the analytic model, one set per GPU family.
+//
+// The analytic model predicts with *nominal* efficiencies; the online tuner learns correction
+// factors θ on top (DESIGN §4). These defaults were set once against the published measurements
+// in shared/calibration (scripts/bench_accuracy.sh) and are never fitted per configuration.
+#pragma once
+
+#include <string>
+
+namespace autopar {
+
+struct Efficiency {
+  double gemm = 0.75;              // of the dense tensor peak, for large GEMMs
+  double gemm_half_dim = 96;       // a GEMM whose sharded dimension is this reaches half of `gemm`
+  double attention = 0.55;         // flash attention core, of the dense peak
+  double attention_unfused = 0.35; // unfused QKᵀ / softmax·V GEMMs (no flash attention)
+  double memory_bound = 0.7;       // of HBM bandwidth, for norms, activations, softmax, Adam
+  double intra_node_bus = 0.8;     // of NVLink bandwidth reached by NCCL collectives
+  double inter_node_bus = 0.85;    // of the NIC bandwidth
+  double dp_overlap = 0.0;         // fraction of DP gradient reduction hidden behind backward
+};
+
+struct MemoryConstants {
+  double runtime_overhead_gib = 1.5;  // CUDA context, cuBLAS workspace, NCCL buffers
+  double fragmentation = 0.05;        // allocator slack, as a fraction of the tensors
+};
+
+// The software stack the prediction assumes. Modern Megatron-core defaults.
+struct StackOptions {
+  bool flash_attention = true;      // no s² attention matrices stored or moved
+  bool overlap_grad_reduce = true;  // DP reduction overlapped with the last backward
+  bool overlap_param_gather = true; // distributed optimizer's all-gather overlapped with forward
+  bool grad_reduce_in_fp32 = false; // bytes per gradient element on the wire: 4 if true else 2
+  bool dropout = false;             // GPT-3-era models keep dropout masks (Korthikanti's sbh terms)
+};
+
+struct PerfConstants {
+  Efficiency eff;
+  MemoryConstants mem;
+  StackOptions stack;
+};
+
+// Defaults for a GPU family, by preset name (`a100-80gb`, `h100`, `v100`, ...).
+PerfConstants DefaultConstants(const std::string& gpu_name);
+
+}  // namespace autopar

@@ -1,0 +1,103 @@
+// CostModel: the analytic memory and time model of DESIGN §4 for one (model, train, cluster).
+//
+// Evaluate(config) is allocation-free arithmetic so a planner can rank millions of candidates.
+// The step time is exposed as t(c) = θ₀ + Σ_k θ_k·x_k(c): `features` holds x_k, the component
+// times under nominal efficiencies, already multiplied by their schedule factors, so that with
+// θ = 1 the step time is their sum. The posterior of the online tuner learns θ.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "autopar/perf/constants.h"
+#include "autopar/perf/params.h"
+#include "autopar/space/config.h"
+#include "autopar/spec/cluster.h"
+#include "autopar/spec/model.h"
+#include "autopar/spec/train.h"
+
+namespace autopar {
+
+enum Feature : int {
+  kGemm,         // linear layers, logits
+  kAttention,    // attention core (QKᵀ, softmax·V) forward and backward
+  kMemoryBound,  // norms, activations, residuals, RoPE, softmax / cross-entropy
+  kTpComm,       // tensor-parallel all-reduce, or all-gather + reduce-scatter with SP
+  kCpComm,       // context-parallel ring exchange, the part not hidden behind attention
+  kUlyssesComm,  // Ulysses all-to-alls
+  kEpComm,       // expert-parallel dispatch / combine all-to-alls
+  kPpComm,       // pipeline send / recv
+  kDpComm,       // data-parallel gradient reduction and parameter gather, exposed part
+  kOptimizer,    // the Adam step
+  kNumFeatures
+};
+const char* FeatureName(int k);
+
+struct MemoryBreakdown {  // bytes on the most loaded rank
+  double weights = 0;
+  double gradients = 0;
+  double optimizer = 0;
+  double activations = 0;
+  double logits = 0;
+  double overhead = 0;
+  double total() const { return weights + gradients + optimizer + activations + logits + overhead; }
+};
+
+struct TimeBreakdown {
+  std::array<double, kNumFeatures> features{};  // x_k(c), seconds
+  double step_time_s = 0;                       // Σ x_k (θ = 1)
+  double forward_per_microbatch_s = 0;          // one micro-batch through one pipeline stage
+  double backward_per_microbatch_s = 0;         // its backward (with recompute)
+  double layer_forward_s = 0;                   // one transformer layer, one micro-batch
+  double layer_backward_s = 0;
+  double bubble_fraction = 0;                   // idle share of the pipeline schedule
+  int64_t microbatches = 0;
+};
+
+struct Estimate {
+  TimeBreakdown time;
+  MemoryBreakdown memory;
+  double tokens_per_s = 0;
+  double model_tflops_per_gpu = 0;
+  double mfu = 0;
+  double peak_memory_gib = 0;
+  bool fits = false;
+};
+
+class CostModel {
+ public:
+  CostModel(const ModelSpec& model, const TrainSpec& train, const ClusterSpec& cluster,
+            const PerfConstants& constants);
+
+  // The full estimate. `c` must be complete (dp set) and valid for the space.
+  Estimate Evaluate(const ParallelConfig& c) const;
+  MemoryBreakdown Memory(const ParallelConfig& c) const;
+  TimeBreakdown Time(const ParallelConfig& c) const;
+
+  const ParamCounts& params() const { return params_; }
+  double model_flops_per_step() const { return model_flops_per_step_; }
+  const PerfConstants& constants() const { return constants_; }
+
+  // Time of a collective on a group of `n` ranks laid out with `stride` between members
+  // (Megatron rank order), moving `bytes` per rank. Exposed for the probe and tests.
+  double AllReduceTime(double bytes, int64_t n, int64_t stride) const;
+  double AllGatherTime(double bytes_total, int64_t n, int64_t stride) const;  // also RS
+  double AllToAllTime(double bytes, int64_t n, int64_t stride) const;
+  double P2PTime(double bytes, bool crosses_nodes) const;
+  bool CrossesNodes(int64_t n, int64_t stride) const;
+
+ private:
+  double BusBandwidth(int64_t n, int64_t stride) const;
+  double Latency(int64_t n, int64_t stride) const;
+  double GemmTime(double flops, double sharded_dim) const;
+
+  ModelSpec model_;
+  TrainSpec train_;
+  ClusterSpec cluster_;
+  PerfConstants constants_;
+  ParamCounts params_;
+  double peak_flops_ = 0;
+  double model_flops_per_step_ = 0;
+};
+
+}  // namespace autopar

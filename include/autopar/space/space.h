@@ -1,0 +1,160 @@
+// SearchSpace: every ParallelConfig that satisfies the constraints of DESIGN §3 for a model,
+// training job and cluster, under the user's restrictions.
+//
+// Enumeration is a nest of loops over divisors, pruned as early as possible, with no allocation
+// per candidate, so the planner can stream millions of candidates through the cost model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "autopar/space/config.h"
+#include "autopar/spec/cluster.h"
+#include "autopar/spec/model.h"
+#include "autopar/spec/train.h"
+
+namespace autopar {
+
+// The user's restrictions. An empty list means "every value the constraints allow"; a non-empty
+// list restricts (`--tp 1,2,4`) or pins (`--fix sp=on`) the dimension.
+struct SpaceOptions {
+  std::vector<int32_t> tp, pp, dp, cp, up, ep, vpp, mbs, recompute_layers;
+  std::vector<bool> sp, dist_opt;
+  std::vector<Recompute> recompute;
+  bool tp_across_nodes = false;  // allow tp groups larger than a node
+  int32_t max_mbs = 16;          // default upper bound on micro-batch sizes
+  // Sweep the number of fully-recomputed layers per stage (1 .. layers per stage) instead of
+  // recomputing every layer. Multiplies the space; off unless asked for.
+  bool sweep_recompute_layers = false;
+  // Explore context / Ulysses parallelism when the list is empty and seq_length is at least this.
+  int64_t long_sequence_threshold = 16384;
+};
+
+// Applies `--fix key=value[,key=value...]` to options (same keys as SPEC). Throws InputError("--fix").
+void ApplyFix(const std::string& text, SpaceOptions& options);
+
+// Parses a list flag value such as "1,2,4". Throws InputError(flag).
+std::vector<int32_t> ParseIntList(const std::string& flag, const std::string& text);
+
+class SearchSpace {
+ public:
+  // Throws InputError naming the flag when a restricted value can never satisfy a constraint
+  // (e.g. `--tp 3` with 32 heads), so the user learns why rather than getting an empty space.
+  SearchSpace(const ModelSpec& model, const TrainSpec& train, const ClusterSpec& cluster,
+              SpaceOptions options);
+
+  // Empty when `c` is valid, else the first violated constraint in words.
+  std::string Check(const ParallelConfig& c) const;
+
+  // Calls fn(const ParallelConfig&) for every valid configuration, in a fixed order.
+  template <class Fn>
+  void ForEach(Fn&& fn) const;
+
+  int64_t Count() const;
+
+  const ModelSpec& model() const { return model_; }
+  const TrainSpec& train() const { return train_; }
+  const ClusterSpec& cluster() const { return cluster_; }
+  const SpaceOptions& options() const { return options_; }
+
+ private:
+  // Candidate values per dimension, after applying the options and the per-dimension constraints.
+  std::vector<int32_t> TpValues() const;
+  std::vector<int32_t> PpValues() const;
+  std::vector<int32_t> SeqSplitValues(const std::vector<int32_t>& allowed) const;
+  std::vector<int32_t> EpValues(int64_t dp_cp) const;
+  std::vector<int32_t> VppValues(int32_t pp) const;
+  std::vector<int32_t> MbsValues(int64_t batch_per_replica) const;
+  std::vector<int32_t> RecomputeLayerValues(int32_t layers_per_stage) const;
+  void ValidateOptions() const;
+
+  ModelSpec model_;
+  TrainSpec train_;
+  ClusterSpec cluster_;
+  SpaceOptions options_;
+};
+
+namespace space_detail {
+inline bool Contains(const std::vector<int32_t>& values, int64_t v) {
+  for (int32_t x : values) {
+    if (x == v) return true;
+  }
+  return false;
+}
+}  // namespace space_detail
+
+template <class Fn>
+void SearchSpace::ForEach(Fn&& fn) const {
+  const int64_t world = cluster_.world_size();
+  const std::vector<bool> bools = {false, true};
+  const std::vector<bool>& sp_values = options_.sp.empty() ? bools : options_.sp;
+  const std::vector<bool>& dist_opt_values = options_.dist_opt.empty() ? bools : options_.dist_opt;
+  const std::vector<Recompute> all_recompute = {Recompute::kNone, Recompute::kSelective,
+                                                Recompute::kFull};
+  const std::vector<Recompute>& recompute_values =
+      options_.recompute.empty() ? all_recompute : options_.recompute;
+  const std::vector<int32_t> cp_values = SeqSplitValues(options_.cp);
+  const std::vector<int32_t> up_values = SeqSplitValues(options_.up);
+  const std::vector<int32_t> kEveryLayer = {0};
+
+  ParallelConfig c;
+  for (int32_t tp : TpValues()) {
+    c.tp = tp;
+    for (int32_t up : up_values) {
+      c.up = up;
+      if (world % (int64_t{tp} * up) != 0) continue;
+      if (model_.num_attention_heads % (int64_t{tp} * up) != 0) continue;
+      for (int32_t cp : cp_values) {
+        c.cp = cp;
+        const int64_t seq_split = int64_t{cp} * up;
+        if (seq_split > 1 && train_.seq_length % (2 * seq_split) != 0) continue;
+        for (int32_t pp : PpValues()) {
+          c.pp = pp;
+          const std::vector<int32_t> full_layer_counts =
+              RecomputeLayerValues(static_cast<int32_t>(model_.num_layers / pp));
+          const int64_t mp = int64_t{tp} * up * cp * pp;
+          if (world % mp != 0) continue;
+          const int64_t dp = world / mp;
+          if (!options_.dp.empty() && !space_detail::Contains(options_.dp, dp)) continue;
+          if (train_.global_batch_size % dp != 0) continue;
+          c.dp = static_cast<int32_t>(dp);
+          const int64_t batch_per_replica = train_.global_batch_size / dp;
+          for (int32_t ep : EpValues(dp * cp)) {
+            c.ep = ep;
+            for (int32_t mbs : MbsValues(batch_per_replica)) {
+              c.mbs = mbs;
+              const int64_t microbatches = batch_per_replica / mbs;
+              for (int32_t vpp : VppValues(pp)) {
+                // The interleaved schedule needs at least one micro-batch per pipeline rank in
+                // flight to fill the virtual stages.
+                if (vpp > 1 && microbatches < pp) continue;
+                c.vpp = vpp;
+                for (bool sp : sp_values) {
+                  if (sp && tp == 1) continue;
+                  c.sp = sp;
+                  for (Recompute r : recompute_values) {
+                    c.recompute = r;
+                    const std::vector<int32_t>& layer_counts =
+                        r == Recompute::kFull ? full_layer_counts : kEveryLayer;
+                    for (int32_t layers : layer_counts) {
+                      c.recompute_layers = layers;
+                      for (bool dist_opt : dist_opt_values) {
+                        // With one data-parallel replica there is nothing to distribute over.
+                        if (dist_opt && dp * cp == 1) continue;
+                        c.dist_opt = dist_opt;
+                        fn(static_cast<const ParallelConfig&>(c));
+                      }
+                    }
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace autopar

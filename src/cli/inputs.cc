@@ -1,0 +1,330 @@
+#include "autopar/cli/inputs.h"
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "autopar/common/status.h"
+#include "autopar/spec/parse.h"
+
+namespace autopar::cli {
+namespace {
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool IsFlag(const std::string& s) {
+  // "-5" is a value, "--x" a flag.
+  return s.size() > 2 && s[0] == '-' && s[1] == '-';
+}
+
+int64_t ToInt(const std::string& flag, const std::string& text, int64_t min_value) {
+  int64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || ptr != end || v < min_value) {
+    throw InputError(flag, "expected an integer >= " + std::to_string(min_value) + ", got '" +
+                               text + "'");
+  }
+  return v;
+}
+
+double ToDouble(const std::string& flag, const std::string& text) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used != text.size() || !(v >= 0)) throw std::invalid_argument(text);
+    return v;
+  } catch (const std::exception&) {
+    throw InputError(flag, "expected a non-negative number, got '" + text + "'");
+  }
+}
+
+ModelSpec LoadModel(const std::string& value) {
+  if (HasModelPreset(value)) return ModelPreset(value);
+  const bool is_file = EndsWith(value, ".json") || EndsWith(value, ".yaml") ||
+                       EndsWith(value, ".yml");
+  if (!is_file) return ModelPreset(value);  // throws, listing the presets
+  const std::string text = ReadTextFile("--model", value);
+  return EndsWith(value, ".json") ? ModelFromHfConfig(text) : ModelFromYaml(text);
+}
+
+GpuSpec LoadGpu(const std::string& value) {
+  if (HasGpuPreset(value)) return GpuPreset(value);
+  if (!EndsWith(value, ".yaml") && !EndsWith(value, ".yml")) return GpuPreset(value);
+  return GpuFromYaml(ReadTextFile("--gpu", value));
+}
+
+// Megatron-LM's parallelism and software-stack flags, taken out of `args` (argv items).
+// Returns the configuration they describe, if any parallel flag was present.
+std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>& args,
+                                                        const ModelSpec& model,
+                                                        StackOptions& stack) {
+  std::optional<ParallelConfig> config;
+  auto cfg = [&]() -> ParallelConfig& {
+    if (!config) config = ParallelConfig{};
+    return *config;
+  };
+  int64_t layers_per_virtual_stage = 0;
+  std::string recompute_method;
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i];
+    std::optional<std::string> value;
+    if (const size_t eq = flag.find('='); IsFlag(flag) && eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    }
+    auto next = [&]() -> std::string {
+      if (value) return *value;
+      if (i + 1 >= args.size() || IsFlag(args[i + 1])) throw InputError(flag, "needs a value");
+      return args[++i];
+    };
+    auto next_int = [&]() { return static_cast<int32_t>(ToInt(flag, next(), 1)); };
+    if (flag == "--tensor-model-parallel-size") cfg().tp = next_int();
+    else if (flag == "--pipeline-model-parallel-size") cfg().pp = next_int();
+    else if (flag == "--context-parallel-size") cfg().cp = next_int();
+    else if (flag == "--expert-model-parallel-size") cfg().ep = next_int();
+    else if (flag == "--virtual-pipeline-model-parallel-size") cfg().vpp = next_int();
+    else if (flag == "--num-layers-per-virtual-pipeline-stage") layers_per_virtual_stage = next_int();
+    else if (flag == "--micro-batch-size") cfg().mbs = next_int();
+    else if (flag == "--sequence-parallel") cfg().sp = true;
+    else if (flag == "--use-distributed-optimizer") cfg().dist_opt = true;
+    else if (flag == "--recompute-activations") cfg().recompute = Recompute::kSelective;
+    else if (flag == "--recompute-granularity") {
+      const std::string v = next();
+      if (v == "full") cfg().recompute = Recompute::kFull;
+      else if (v == "selective") cfg().recompute = Recompute::kSelective;
+      else throw InputError(flag, "allowed: full, selective; got '" + v + "'");
+    } else if (flag == "--recompute-method") recompute_method = next();
+    else if (flag == "--recompute-num-layers") cfg().recompute_layers = next_int();
+    else if (flag == "--attention-dropout" || flag == "--hidden-dropout") {
+      stack.dropout = stack.dropout || ToDouble(flag, next()) > 0;
+    } else if (flag == "--use-flash-attn") stack.flash_attention = true;
+    else if (flag == "--overlap-grad-reduce") stack.overlap_grad_reduce = true;
+    else if (flag == "--overlap-param-gather") stack.overlap_param_gather = true;
+    else if (flag == "--accumulate-allreduce-grads-in-fp32") stack.grad_reduce_in_fp32 = true;
+    else {
+      rest.push_back(args[i]);
+    }
+  }
+  args = rest;
+  if (config) {
+    if (layers_per_virtual_stage > 0) {
+      const int64_t per_stage = model.num_layers / config->pp;
+      if (per_stage % layers_per_virtual_stage != 0) {
+        throw InputError("--num-layers-per-virtual-pipeline-stage",
+                         "must divide the " + std::to_string(per_stage) + " layers per stage");
+      }
+      config->vpp = static_cast<int32_t>(per_stage / layers_per_virtual_stage);
+    }
+    // `uniform` with N layers per checkpoint recomputes every layer; only `block` limits it.
+    if (config->recompute == Recompute::kFull && recompute_method != "block") {
+      config->recompute_layers = 0;
+    }
+    if (config->recompute != Recompute::kFull ||
+        config->recompute_layers >= model.num_layers / config->pp) {
+      config->recompute_layers = 0;  // every layer
+    }
+  }
+  return config;
+}
+
+}  // namespace
+
+std::string ReadTextFile(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(flag, "cannot read '" + path + "': " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw InputError(flag, "error reading '" + path + "'");
+  return text.str();
+}
+
+Format ParseFormat(const std::string& text) {
+  if (text == "table") return Format::kTable;
+  if (text == "json") return Format::kJson;
+  if (text == "csv") return Format::kCsv;
+  if (text == "megatron") return Format::kMegatron;
+  if (text == "yaml") return Format::kYaml;
+  throw InputError("--format", "allowed: table, json, csv, megatron, yaml; got '" + text + "'");
+}
+
+Args::Args(const std::vector<std::string>& argv) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (!IsFlag(a)) throw InputError(a, "unexpected argument (flags start with --)");
+    Item item;
+    if (const size_t eq = a.find('='); eq != std::string::npos) {
+      item.flag = a.substr(0, eq);
+      item.value = a.substr(eq + 1);
+    } else {
+      item.flag = a;
+      if (i + 1 < argv.size() && !IsFlag(argv[i + 1])) item.value = argv[++i];
+    }
+    items_.push_back(std::move(item));
+  }
+}
+
+Args::Item* Args::Find(const std::string& flag) {
+  Item* found = nullptr;
+  for (Item& item : items_) {
+    if (item.flag == flag && !item.used) found = &item;  // the last one wins, as in argparse
+  }
+  return found;
+}
+
+std::optional<std::string> Args::Value(const std::string& flag) {
+  Item* item = Find(flag);
+  if (item == nullptr) return std::nullopt;
+  if (!item->value) throw InputError(flag, "needs a value");
+  for (Item& i : items_) {
+    if (i.flag == flag) i.used = true;
+  }
+  return item->value;
+}
+
+bool Args::Switch(const std::string& flag) {
+  Item* item = Find(flag);
+  if (item == nullptr) return false;
+  if (item->value) throw InputError(flag, "takes no value, got '" + *item->value + "'");
+  item->used = true;
+  return true;
+}
+
+int64_t Args::Int(const std::string& flag, int64_t fallback, int64_t min_value) {
+  const auto v = Value(flag);
+  return v ? ToInt(flag, *v, min_value) : fallback;
+}
+
+double Args::Double(const std::string& flag, double fallback) {
+  const auto v = Value(flag);
+  return v ? ToDouble(flag, *v) : fallback;
+}
+
+std::vector<std::string> Args::Remaining() const {
+  std::vector<std::string> out;
+  for (const Item& item : items_) {
+    if (item.used) continue;
+    out.push_back(item.flag);
+    if (item.value) out.push_back(*item.value);
+  }
+  return out;
+}
+
+void Args::Finish() const {
+  for (const Item& item : items_) {
+    if (!item.used) throw InputError(item.flag, "unknown flag (see autopar-tune --help)");
+  }
+}
+
+Inputs ReadInputs(Args& args) {
+  Inputs in;
+  // Our own flags first; whatever is left is Megatron-LM's (model and train flags).
+  const auto model_value = args.Value("--model");
+  const auto cluster_file = args.Value("--cluster");
+  const auto gpu_value = args.Value("--gpu");
+  const auto nnodes = args.Value("--nnodes");
+  const auto nproc = args.Value("--nproc-per-node");
+  const auto memory = args.Value("--device-memory-gib");
+  std::vector<std::string> pasted;
+  if (const auto text = args.Value("--megatron-args")) pasted = SplitCommandLine(*text);
+  if (const auto file = args.Value("--megatron-args-file")) {
+    pasted = SplitCommandLine(ReadTextFile("--megatron-args-file", *file));
+  }
+  const bool no_flash = args.Switch("--no-flash-attention");
+  const bool no_overlap_grad = args.Switch("--no-overlap-grad-reduce");
+  const bool no_overlap_param = args.Switch("--no-overlap-param-gather");
+  SpaceOptions& space = in.space;
+  auto list = [&](const char* flag, std::vector<int32_t>& to) {
+    if (const auto v = args.Value(flag)) to = ParseIntList(flag, *v);
+  };
+  list("--tp", space.tp);
+  list("--pp", space.pp);
+  list("--dp", space.dp);
+  list("--cp", space.cp);
+  list("--up", space.up);
+  list("--ep", space.ep);
+  list("--vpp", space.vpp);
+  list("--mbs", space.mbs);
+  list("--recompute-layers", space.recompute_layers);
+  if (const auto v = args.Value("--recompute")) {
+    std::istringstream items(*v);
+    std::string r;
+    while (std::getline(items, r, ',')) {
+      SpaceOptions one;
+      try {
+        ApplyFix("recompute=" + r, one);
+      } catch (const InputError&) {
+        throw InputError("--recompute", "allowed: none, selective, full; got '" + r + "'");
+      }
+      space.recompute.push_back(one.recompute.at(0));
+    }
+  }
+  if (const auto v = args.Value("--fix")) ApplyFix(*v, space);
+  space.tp_across_nodes = args.Switch("--tp-across-nodes");
+  space.sweep_recompute_layers = args.Switch("--sweep-recompute-layers");
+  space.max_mbs = static_cast<int32_t>(args.Int("--max-mbs", space.max_mbs));
+  if (const auto f = args.Value("--format")) in.format = ParseFormat(*f);
+
+  // ---- model and training job: preset or file, pasted script, then flags on the command line ----
+  ModelSpec base;
+  if (model_value) base = LoadModel(*model_value);
+  TrainSpec train;
+  train.global_batch_size = 0;
+  MegatronArgs from_script = ApplyMegatronFlags(pasted, base, train);
+  const std::vector<std::string> command_line = args.Remaining();
+  args.ConsumeAll();
+  MegatronArgs megatron = ApplyMegatronFlags(command_line, from_script.model, from_script.train);
+  in.model = megatron.model;
+  in.train = megatron.train;
+  if (in.model.num_layers == 0) {
+    std::string names;
+    for (const std::string& n : ModelPresetNames()) names += (names.empty() ? "" : ", ") + n;
+    throw InputError("--model", "required (a preset, a .yaml file or a config.json, or Megatron "
+                                "flags such as --num-layers); presets: " + names);
+  }
+  if (in.train.seq_length == 0) {
+    in.train.seq_length = std::min<int64_t>(in.model.max_position_embeddings, 4096);
+  }
+  if (in.train.global_batch_size == 0) {
+    throw InputError("--global-batch-size", "required (sequences per optimizer step)");
+  }
+
+  // ---- cluster ----
+  if (cluster_file) {
+    in.cluster = ClusterFromYaml(ReadTextFile("--cluster", *cluster_file));
+  } else {
+    in.cluster.gpu = GpuPreset("a100-80gb");
+    in.cluster.nnodes = 1;
+    in.cluster.gpus_per_node = 8;
+  }
+  if (gpu_value) in.cluster.gpu = LoadGpu(*gpu_value);
+  if (nnodes) in.cluster.nnodes = ToInt("--nnodes", *nnodes, 1);
+  if (nproc) in.cluster.gpus_per_node = ToInt("--nproc-per-node", *nproc, 1);
+  if (memory) in.cluster.gpu.memory_gib = ToDouble("--device-memory-gib", *memory);
+  Validate(in.model);
+  Validate(in.train);
+  Validate(in.cluster);
+
+  // ---- the software stack the estimate assumes ----
+  in.constants = DefaultConstants(in.cluster.gpu.name);
+  StackOptions& stack = in.constants.stack;
+  // Parallel flags of a pasted script are taken as given; the rest of a script is Megatron's
+  // business (learning rate, data paths, ...) and ignored. On our command line, an unknown
+  // flag is an error.
+  std::vector<std::string> script_rest = from_script.unused;
+  in.megatron_config = TakeMegatronParallelFlags(script_rest, in.model, stack);
+  std::vector<std::string> rest = megatron.unused;
+  if (auto c = TakeMegatronParallelFlags(rest, in.model, stack)) in.megatron_config = c;
+  if (!rest.empty()) throw InputError(rest[0], "unknown flag (see autopar-tune --help)");
+  if (no_flash) stack.flash_attention = false;
+  if (no_overlap_grad) stack.overlap_grad_reduce = false;
+  if (no_overlap_param) stack.overlap_param_gather = false;
+  return in;
+}
+
+}  // namespace autopar::cli

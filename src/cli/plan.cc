@@ -1,0 +1,92 @@
+// `plan` and `predict`: the analytic model alone, no MPI and no trials.
+#include <chrono>
+
+#include "autopar/cli/commands.h"
+#include "autopar/cli/inputs.h"
+#include "autopar/cli/report.h"
+#include "autopar/common/status.h"
+#include "autopar/perf/rank.h"
+
+namespace autopar::cli {
+namespace {
+
+// Pasted Megatron parallel flags describe one configuration: pin every dimension they set.
+void PinSpace(const ParallelConfig& c, SpaceOptions& space) {
+  space.tp = {c.tp};
+  space.pp = {c.pp};
+  space.cp = {c.cp};
+  space.ep = {c.ep};
+  space.vpp = {c.vpp};
+  space.mbs = {c.mbs};
+  space.sp = {c.sp};
+  space.dist_opt = {c.dist_opt};
+  space.recompute = {c.recompute};
+  space.recompute_layers = {c.recompute_layers};
+}
+
+}  // namespace
+
+int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+  Args args(argv);
+  const int64_t top = args.Int("--top", 5);
+  const bool breakdown = args.Switch("--breakdown");
+  Inputs in = ReadInputs(args);
+  if (in.megatron_config) PinSpace(*in.megatron_config, in.space);
+
+  const auto start = std::chrono::steady_clock::now();
+  const SearchSpace space(in.model, in.train, in.cluster, in.space);
+  const CostModel model(in.model, in.train, in.cluster, in.constants);
+  const Ranking ranking = RankSpace(space, model, top);
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  if (ranking.candidates == 0) {
+    err << "autopar-tune plan: no configuration satisfies the constraints of DESIGN §3 for "
+        << in.model.name << " on " << in.cluster.world_size() << " GPUs with these restrictions\n";
+    return kExitInfeasible;
+  }
+  if (ranking.feasible == 0) {
+    err << "autopar-tune plan: none of the " << ranking.candidates
+        << " configurations fits in memory: the smallest needs " << ranking.min_memory_gib
+        << " GiB per GPU, the GPU has " << in.cluster.gpu.memory_gib << " GiB\n";
+    return kExitInfeasible;
+  }
+  std::vector<Ranked> ranked;
+  for (const RankedConfig& r : ranking.top) ranked.push_back({r.config, r.estimate});
+  WriteRanked(out, in.format, in, {ranking.candidates, ranking.feasible, elapsed}, ranked,
+              breakdown);
+  return kExitOk;
+}
+
+int RunPredict(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+  Args args(argv);
+  const auto spec = args.Value("--config");
+  Inputs in = ReadInputs(args);
+  ParallelConfig c;
+  if (spec) {
+    c = ParseSpec(*spec);
+  } else if (in.megatron_config) {
+    c = *in.megatron_config;
+  } else {
+    throw InputError("--config", "required: a SPEC such as tp=8,pp=4,mbs=1,sp=on (or Megatron "
+                                 "flags such as --tensor-model-parallel-size)");
+  }
+  c = Complete(c, in.cluster.world_size());
+  // The space with no restrictions judges validity, so the reason names the broken constraint.
+  SpaceOptions open = in.space;
+  open.tp_across_nodes = true;
+  const SearchSpace space(in.model, in.train, in.cluster, open);
+  if (const std::string reason = space.Check(c); !reason.empty()) {
+    throw InputError("--config", reason);
+  }
+  const CostModel model(in.model, in.train, in.cluster, in.constants);
+  const Estimate estimate = model.Evaluate(c);
+  WriteRanked(out, in.format, in, {}, {{c, estimate}}, /*with_breakdown=*/true);
+  if (!estimate.fits) {
+    err << "autopar-tune predict: " << ToSpec(c) << " needs " << estimate.peak_memory_gib
+        << " GiB per GPU, more than the " << in.cluster.gpu.memory_gib << " GiB available\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace autopar::cli

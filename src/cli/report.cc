@@ -1,0 +1,186 @@
+#include "autopar/cli/report.h"
+
+#include <cstdio>
+#include <iomanip>
+#include <sstream>
+
+#include "autopar/cli/json.h"
+
+namespace autopar::cli {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string Fixed(double v, int digits) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(digits) << v;
+  return s.str();
+}
+
+void WriteMemoryJson(JsonWriter& j, const MemoryBreakdown& m) {
+  j.Key("memory_gib").BeginObject();
+  j.Field("weights", m.weights / kGiB).Field("gradients", m.gradients / kGiB);
+  j.Field("optimizer", m.optimizer / kGiB).Field("activations", m.activations / kGiB);
+  j.Field("logits", m.logits / kGiB).Field("overhead", m.overhead / kGiB);
+  j.EndObject();
+}
+
+void WriteTimeJson(JsonWriter& j, const TimeBreakdown& t) {
+  j.Key("time_s").BeginObject();
+  for (int k = 0; k < kNumFeatures; ++k) j.Field(FeatureName(k), t.features[k]);
+  j.EndObject();
+  j.Field("microbatches", t.microbatches).Field("bubble_fraction", t.bubble_fraction);
+  j.Field("forward_per_microbatch_s", t.forward_per_microbatch_s);
+  j.Field("backward_per_microbatch_s", t.backward_per_microbatch_s);
+}
+
+void WriteJson(std::ostream& out, const Inputs& in, const PlanSummary& summary,
+               const std::vector<Ranked>& ranked, bool with_breakdown) {
+  JsonWriter j(out);
+  j.BeginObject();
+  j.Field("model", in.model.name).Field("gpu", in.cluster.gpu.name);
+  j.Field("nnodes", in.cluster.nnodes).Field("gpus_per_node", in.cluster.gpus_per_node);
+  j.Field("global_batch_size", in.train.global_batch_size).Field("seq_length", in.train.seq_length);
+  j.Field("candidates", summary.candidates).Field("feasible", summary.feasible);
+  j.Field("elapsed_s", summary.elapsed_s);
+  j.Key("configs").BeginArray();
+  for (const Ranked& r : ranked) {
+    const Estimate& e = r.estimate;
+    j.BeginObject();
+    j.Field("config", ToSpec(r.config));
+    j.Field("step_time_s", e.time.step_time_s).Field("tokens_per_s", e.tokens_per_s);
+    j.Field("model_tflops_per_gpu", e.model_tflops_per_gpu).Field("mfu", e.mfu);
+    j.Field("peak_memory_gib", e.peak_memory_gib).Field("fits", e.fits);
+    j.Field("megatron_args", MegatronFlags(r.config, in.model, in.train));
+    if (with_breakdown) {
+      j.Key("breakdown").BeginObject();
+      WriteTimeJson(j, e.time);
+      WriteMemoryJson(j, e.memory);
+      j.EndObject();
+    }
+    j.EndObject();
+  }
+  j.EndArray().EndObject();
+  out << "\n";
+}
+
+void WriteTable(std::ostream& out, const Inputs& in, const PlanSummary& summary,
+                const std::vector<Ranked>& ranked, bool with_breakdown) {
+  out << in.model.name << " on " << in.cluster.nnodes << " x " << in.cluster.gpus_per_node << " "
+      << in.cluster.gpu.name << ", global batch " << in.train.global_batch_size << " x "
+      << in.train.seq_length << " tokens (" << ToString(in.train.precision) << ")\n";
+  if (summary.candidates > 0) {
+    out << summary.candidates << " configurations satisfy the constraints, " << summary.feasible
+        << " fit in " << Fixed(in.cluster.gpu.memory_gib, 1) << " GiB; ranked in "
+        << Fixed(summary.elapsed_s * 1e3, 1) << " ms\n";
+  }
+  out << "\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-4s %-86s %9s %11s %8s %6s %8s\n", "rank", "config",
+                "step_s", "tokens/s", "TFLOP/s", "MFU", "mem_GiB");
+  out << line;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    const Estimate& e = ranked[i].estimate;
+    std::snprintf(line, sizeof line, "%-4zu %-86s %9.3f %11.0f %8.1f %5.1f%% %8.1f%s\n", i + 1,
+                  ToSpec(ranked[i].config).c_str(), e.time.step_time_s, e.tokens_per_s,
+                  e.model_tflops_per_gpu, 100 * e.mfu, e.peak_memory_gib, e.fits ? "" : " (OOM)");
+    out << line;
+  }
+  if (!with_breakdown) return;
+  for (const Ranked& r : ranked) {
+    const Estimate& e = r.estimate;
+    out << "\ntime breakdown (s per step, " << e.time.microbatches << " micro-batches, bubble "
+        << Fixed(100 * e.time.bubble_fraction, 1) << "%):\n";
+    for (int k = 0; k < kNumFeatures; ++k) {
+      if (e.time.features[k] == 0) continue;
+      std::snprintf(line, sizeof line, "  %-14s %10.4f  %5.1f%%\n", FeatureName(k),
+                    e.time.features[k], 100 * e.time.features[k] / e.time.step_time_s);
+      out << line;
+    }
+    const MemoryBreakdown& m = e.memory;
+    out << "memory breakdown (GiB, most loaded rank):\n";
+    const std::pair<const char*, double> parts[] = {
+        {"weights", m.weights}, {"gradients", m.gradients}, {"optimizer", m.optimizer},
+        {"activations", m.activations}, {"logits", m.logits}, {"overhead", m.overhead}};
+    for (const auto& [name, bytes] : parts) {
+      std::snprintf(line, sizeof line, "  %-14s %10.2f\n", name, bytes / kGiB);
+      out << line;
+    }
+    std::snprintf(line, sizeof line, "  %-14s %10.2f of %.2f%s\n", "total", m.total() / kGiB,
+                  in.cluster.gpu.memory_gib, e.fits ? "" : "  (does not fit)");
+    out << line;
+    out << "megatron: " << MegatronFlags(r.config, in.model, in.train) << "\n";
+  }
+}
+
+void WriteCsv(std::ostream& out, const std::vector<Ranked>& ranked) {
+  out << "rank,tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,step_time_s,"
+         "tokens_per_s,model_tflops_per_gpu,mfu,peak_memory_gib,fits\n";
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    const ParallelConfig& c = ranked[i].config;
+    const Estimate& e = ranked[i].estimate;
+    out << i + 1 << ',' << c.tp << ',' << c.pp << ',' << c.dp << ',' << c.cp << ',' << c.up << ','
+        << c.ep << ',' << c.vpp << ',' << c.mbs << ',' << (c.sp ? "on" : "off") << ','
+        << ToString(c.recompute) << ',' << c.recompute_layers << ','
+        << (c.dist_opt ? "on" : "off") << ',' << e.time.step_time_s << ',' << e.tokens_per_s
+        << ',' << e.model_tflops_per_gpu << ',' << e.mfu << ',' << e.peak_memory_gib << ','
+        << (e.fits ? "true" : "false") << '\n';
+  }
+}
+
+void WriteYaml(std::ostream& out, const Inputs& in, const std::vector<Ranked>& ranked) {
+  out << "model: " << in.model.name << "\ngpu: " << in.cluster.gpu.name
+      << "\nnnodes: " << in.cluster.nnodes << "\ngpus_per_node: " << in.cluster.gpus_per_node
+      << "\nconfigs:\n";
+  for (const Ranked& r : ranked) {
+    const ParallelConfig& c = r.config;
+    const Estimate& e = r.estimate;
+    out << "  - {tp: " << c.tp << ", pp: " << c.pp << ", dp: " << c.dp << ", cp: " << c.cp
+        << ", up: " << c.up << ", ep: " << c.ep << ", vpp: " << c.vpp << ", mbs: " << c.mbs
+        << ", sp: " << (c.sp ? "true" : "false") << ", recompute: " << ToString(c.recompute)
+        << ", recompute_layers: " << c.recompute_layers
+        << ", dist_opt: " << (c.dist_opt ? "true" : "false")
+        << ", step_time_s: " << e.time.step_time_s << ", tokens_per_s: " << e.tokens_per_s
+        << ", model_tflops_per_gpu: " << e.model_tflops_per_gpu << ", mfu: " << e.mfu
+        << ", peak_memory_gib: " << e.peak_memory_gib << "}\n";
+  }
+}
+
+}  // namespace
+
+std::string MegatronFlags(const ParallelConfig& c, const ModelSpec& model, const TrainSpec& train) {
+  std::ostringstream f;
+  f << "--tensor-model-parallel-size " << c.tp << " --pipeline-model-parallel-size " << c.pp;
+  if (c.vpp > 1) {
+    f << " --num-layers-per-virtual-pipeline-stage " << model.num_layers / c.pp / c.vpp;
+  }
+  if (c.cp > 1) f << " --context-parallel-size " << c.cp;
+  if (c.ep > 1) f << " --expert-model-parallel-size " << c.ep;
+  f << " --micro-batch-size " << c.mbs << " --global-batch-size " << train.global_batch_size;
+  if (c.sp) f << " --sequence-parallel";
+  if (c.recompute == Recompute::kSelective) f << " --recompute-granularity selective";
+  if (c.recompute == Recompute::kFull) {
+    f << " --recompute-granularity full";
+    if (c.recompute_layers == 0) f << " --recompute-method uniform --recompute-num-layers 1";
+    else f << " --recompute-method block --recompute-num-layers " << c.recompute_layers;
+  }
+  if (c.dist_opt) f << " --use-distributed-optimizer";
+  // Megatron-LM has no Ulysses; DeepSpeed's sequence-parallel degree is the equivalent knob.
+  if (c.up > 1) f << " --ds-sequence-parallel-size " << c.up;
+  return f.str();
+}
+
+void WriteRanked(std::ostream& out, Format format, const Inputs& in, const PlanSummary& summary,
+                 const std::vector<Ranked>& ranked, bool with_breakdown) {
+  switch (format) {
+    case Format::kJson: return WriteJson(out, in, summary, ranked, with_breakdown);
+    case Format::kCsv: return WriteCsv(out, ranked);
+    case Format::kYaml: return WriteYaml(out, in, ranked);
+    case Format::kMegatron:
+      for (const Ranked& r : ranked) out << MegatronFlags(r.config, in.model, in.train) << "\n";
+      return;
+    case Format::kTable: return WriteTable(out, in, summary, ranked, with_breakdown);
+  }
+}
+
+}  // namespace autopar::cli

@@ -1,0 +1,39 @@
+#include "autopar/perf/constants.h"
+
+#include <algorithm>
+#include <cctype>
+
+namespace autopar {
+
+PerfConstants DefaultConstants(const std::string& gpu_name) {
+  std::string name = gpu_name;
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  PerfConstants k;
+  // One set of efficiencies per GPU generation, set against shared/calibration (see
+  // scripts/bench_accuracy.sh); never per configuration.
+  if (name.rfind("v100", 0) == 0) {
+    k.eff.gemm = 0.70;
+    k.eff.attention = 0.45;
+    k.eff.attention_unfused = 0.35;
+    k.eff.memory_bound = 0.7;
+    k.stack.flash_attention = false;  // flash attention needs sm80+
+  } else if (name.rfind("a100", 0) == 0 || name == "a800") {
+    k.eff.gemm = 0.75;
+    k.eff.attention = 0.55;
+    k.eff.attention_unfused = 0.35;
+  } else if (name == "h100" || name == "h800" || name == "h200") {
+    k.eff.gemm = 0.70;
+    k.eff.attention = 0.50;
+    k.eff.attention_unfused = 0.30;
+  } else if (name == "b200") {
+    k.eff.gemm = 0.65;
+    k.eff.attention = 0.45;
+  } else if (name == "ascend-910b") {
+    k.eff.gemm = 0.60;
+    k.eff.attention = 0.40;
+  }
+  return k;
+}
+
+}  // namespace autopar

@@ -1,0 +1,183 @@
+#include "autopar/perf/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace autopar {
+namespace {
+
+constexpr double kBf16Bytes = 2;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+}  // namespace
+
+const char* FeatureName(int k) {
+  static const char* const kNames[kNumFeatures] = {
+      "gemm", "attention", "memory_bound", "tp_comm", "cp_comm",
+      "ulysses_comm", "ep_comm", "pp_comm", "dp_comm", "optimizer"};
+  return k >= 0 && k < kNumFeatures ? kNames[k] : "?";
+}
+
+CostModel::CostModel(const ModelSpec& model, const TrainSpec& train, const ClusterSpec& cluster,
+                     const PerfConstants& constants)
+    : model_(model), train_(train), cluster_(cluster), constants_(constants) {
+  params_ = CountParams(model_);
+  peak_flops_ = cluster_.gpu.PeakFlops(train_.precision);
+  model_flops_per_step_ = ModelFlopsPerStep(model_, train_.global_batch_size, train_.seq_length);
+}
+
+// ---- collectives on the link a group crosses (DESIGN §4) ----
+
+bool CostModel::CrossesNodes(int64_t n, int64_t stride) const {
+  if (n <= 1 || cluster_.nnodes == 1) return false;
+  const int64_t span = n * stride;
+  return span > cluster_.gpus_per_node || cluster_.gpus_per_node % span != 0;
+}
+
+double CostModel::BusBandwidth(int64_t n, int64_t stride) const {
+  const GpuSpec& g = cluster_.gpu;
+  return CrossesNodes(n, stride) ? g.inter_node_bandwidth * constants_.eff.inter_node_bus
+                                 : g.intra_node_bandwidth * constants_.eff.intra_node_bus;
+}
+
+double CostModel::Latency(int64_t n, int64_t stride) const {
+  return CrossesNodes(n, stride) ? cluster_.gpu.inter_node_latency_s
+                                 : cluster_.gpu.intra_node_latency_s;
+}
+
+double CostModel::AllReduceTime(double bytes, int64_t n, int64_t stride) const {
+  if (n <= 1) return 0;
+  // Ring bandwidth term; NCCL switches to trees at scale, so latency grows with log n there.
+  const double steps = std::min<double>(2.0 * (n - 1), 2.0 * std::ceil(std::log2(n)) + 2);
+  return 2.0 * (n - 1) / n * bytes / BusBandwidth(n, stride) + steps * Latency(n, stride);
+}
+
+double CostModel::AllGatherTime(double bytes_total, int64_t n, int64_t stride) const {
+  if (n <= 1) return 0;
+  return static_cast<double>(n - 1) / n * bytes_total / BusBandwidth(n, stride) +
+         static_cast<double>(n - 1) * Latency(n, stride);
+}
+
+double CostModel::AllToAllTime(double bytes, int64_t n, int64_t stride) const {
+  if (n <= 1) return 0;
+  const GpuSpec& g = cluster_.gpu;
+  const double sent = static_cast<double>(n - 1) / n * bytes;
+  if (!CrossesNodes(n, stride)) {
+    return sent / (g.intra_node_bandwidth * constants_.eff.intra_node_bus) + g.intra_node_latency_s;
+  }
+  // Peers on the same node go over NVLink, the rest over the NIC, concurrently.
+  const double local_peers =
+      std::max<double>(1.0, std::min<double>(n, cluster_.gpus_per_node / std::max<int64_t>(1, stride)));
+  const double remote_share = (n - local_peers) / (n - 1);
+  const double remote = sent * remote_share / (g.inter_node_bandwidth * constants_.eff.inter_node_bus);
+  const double local =
+      sent * (1 - remote_share) / (g.intra_node_bandwidth * constants_.eff.intra_node_bus);
+  return std::max(remote, local) + g.inter_node_latency_s;
+}
+
+double CostModel::P2PTime(double bytes, bool crosses_nodes) const {
+  const GpuSpec& g = cluster_.gpu;
+  return crosses_nodes ? bytes / (g.inter_node_bandwidth * constants_.eff.inter_node_bus) +
+                             g.inter_node_latency_s
+                       : bytes / (g.intra_node_bandwidth * constants_.eff.intra_node_bus) +
+                             g.intra_node_latency_s;
+}
+
+double CostModel::GemmTime(double flops, double sharded_dim) const {
+  if (flops <= 0) return 0;
+  // Narrow GEMMs (a dimension cut thin by tensor parallelism) keep fewer tensor cores busy.
+  const Efficiency& e = constants_.eff;
+  const double eff = e.gemm * sharded_dim / (sharded_dim + e.gemm_half_dim);
+  return flops / (peak_flops_ * eff);
+}
+
+// ---- memory (DESIGN §4) ----
+
+MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
+  const ModelSpec& m = model_;
+  const StackOptions& stack = constants_.stack;
+  const double t = c.tp;
+  const double ep = c.ep;
+  const int64_t layers_per_stage = m.num_layers / c.pp;
+  const int64_t microbatches = train_.global_batch_size / (int64_t{c.dp} * c.mbs);
+  const double dp_cp = static_cast<double>(c.dp) * c.cp;
+
+  // Activation bytes of one layer for one micro-batch (Korthikanti et al. 2022, generalised to
+  // GQA, gated MLPs, MoE and sequence splitting).
+  const double tokens = static_cast<double>(c.mbs) * train_.seq_length / (c.cp * c.up);
+  const double h = m.hidden_size;
+  const double a = m.num_attention_heads;
+  const double d = m.is_mla() ? m.qk_head_dim + m.qk_pos_emb_head_dim : m.head_dim();
+  const double g = m.is_mla() ? a : m.num_query_groups;
+  const double replicated = (8 + (stack.dropout ? 2 : 0)) * tokens * h;  // norm in/out, masks
+  const double attention_sharded = tokens * (2 * a * d + 4 * g * d + 2 * a * d);
+  const double gated = m.activation == Activation::kSwiGLU ? 6 : 4;  // fc1 out (+gate), act out
+  const double scores =
+      stack.flash_attention || c.recompute == Recompute::kSelective
+          ? 0
+          : (stack.dropout ? 5 : 2) * c.mbs * (a / c.up) * (train_.seq_length / c.cp) *
+                train_.seq_length;
+  auto layer_bytes = [&](bool moe) {
+    double mlp = gated * tokens * m.ffn_hidden_size;
+    if (moe) {
+      mlp = gated * tokens * m.moe_router_topk * m.moe_ffn_hidden_size +
+            2 * tokens * m.moe_router_topk * h +  // dispatched tokens
+            gated * tokens * m.moe_shared_expert_intermediate_size;
+    }
+    return replicated / (c.sp ? t : 1) + (attention_sharded + mlp + scores) / t;
+  };
+  const double layer_input = 2 * tokens * h / (c.sp ? t : 1);  // what full recompute keeps
+
+  auto stage_bytes = [&](int64_t stage) {
+    MemoryBreakdown mem;
+    const int64_t first_layer = stage * layers_per_stage;
+    const int64_t dense_layers = std::clamp<int64_t>(
+        m.num_layers - m.num_moe_layers() - first_layer, 0, layers_per_stage);
+    const int64_t moe_layers = layers_per_stage - dense_layers;
+
+    // Parameters held by this rank: dense ones split by tp, experts by tp·ep.
+    double dense = dense_layers * static_cast<double>(params_.dense_layer()) +
+                   moe_layers * static_cast<double>(params_.moe_layer_non_expert());
+    if (stage == 0) dense += params_.embedding;
+    if (stage == c.pp - 1) {
+      dense += params_.final_norm;
+      // A tied embedding is duplicated on the last stage when the pipeline splits them.
+      dense += params_.output_layer > 0 ? params_.output_layer
+                                        : (c.pp > 1 ? m.vocab_size * h : 0);
+    }
+    dense /= t;
+    const double experts = moe_layers * static_cast<double>(params_.expert_per_layer) / (t * ep);
+    mem.weights = kBf16Bytes * (dense + experts);
+    mem.gradients = 4 * (dense + experts);  // fp32 main gradients
+    mem.optimizer = c.dist_opt ? 12 * (dense / dp_cp + experts / (dp_cp / ep))
+                               : 12 * (dense + experts);
+
+    // Micro-batches whose activations are alive at the peak of this stage.
+    double in_flight = std::min<double>(microbatches, c.pp - stage);
+    if (c.vpp > 1) in_flight *= 1 + (c.pp - 1.0) / (c.pp * c.vpp);
+    const double dense_layer_bytes = layer_bytes(false);
+    const double moe_layer_bytes = layer_bytes(true);
+    double per_microbatch = dense_layers * dense_layer_bytes + moe_layers * moe_layer_bytes;
+    double working = 0;
+    if (c.recompute == Recompute::kFull) {
+      const int64_t recomputed = c.recompute_layers == 0 ? layers_per_stage : c.recompute_layers;
+      const double avg_layer = per_microbatch / layers_per_stage;
+      per_microbatch = recomputed * layer_input + (layers_per_stage - recomputed) * avg_layer;
+      working = std::max(dense_layer_bytes, moe_layers > 0 ? moe_layer_bytes : 0.0);
+    }
+    mem.activations = in_flight * per_microbatch + working;
+    if (stage == c.pp - 1) {
+      // bf16 logits plus the fp32 copy the vocab-parallel cross-entropy works on.
+      mem.logits = 6 * tokens * m.vocab_size / t;
+    }
+    const double tensors = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.logits;
+    mem.overhead = constants_.mem.runtime_overhead_gib * kGiB + constants_.mem.fragmentation * tensors;
+    return mem;
+  };
+  MemoryBreakdown first = stage_bytes(0);
+  if (c.pp == 1) return first;
+  MemoryBreakdown last = stage_bytes(c.pp - 1);
+  return last.total() > first.total() ? last : first;
+}
+
+}  // namespace autopar

@@ -1,0 +1,236 @@
+// The analytic time model of DESIGN §4: compute, collectives on the links they cross, the
+// pipeline schedule and the overlap of data-parallel communication.
+#include <algorithm>
+#include <cmath>
+
+#include "autopar/perf/cost_model.h"
+
+namespace autopar {
+namespace {
+
+constexpr double kBf16Bytes = 2;
+constexpr double kAdamBytesPerParam = 4 + 12 + 12 + 2 + 4;  // see Memory(): grad, m, v, master
+
+// Forward-pass component times of one transformer layer for one micro-batch on one rank.
+struct LayerCost {
+  std::array<double, kNumFeatures> fwd{};
+  std::array<double, kNumFeatures> bwd{};
+  double Sum(const std::array<double, kNumFeatures>& x) const {
+    double s = 0;
+    for (double v : x) s += v;
+    return s;
+  }
+  double forward() const { return Sum(fwd); }
+  double backward() const { return Sum(bwd); }
+};
+
+void AddScaled(std::array<double, kNumFeatures>& to, const std::array<double, kNumFeatures>& x,
+               double scale) {
+  for (int k = 0; k < kNumFeatures; ++k) to[k] += scale * x[k];
+}
+
+}  // namespace
+
+TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
+  const ModelSpec& m = model_;
+  const StackOptions& stack = constants_.stack;
+  const Efficiency& e = constants_.eff;
+  const GpuSpec& gpu = cluster_.gpu;
+  const double t = c.tp;
+  const double s = train_.seq_length;
+  const double h = m.hidden_size;
+  const double a = m.num_attention_heads;
+  const double tokens = c.mbs * s / (c.cp * c.up);
+  const double hbm = gpu.hbm_bandwidth * e.memory_bound;
+
+  // Megatron-core rank order tp-up-cp-(ep ⊂ dp)-dp-pp: each group's stride decides its link.
+  const int64_t tp_stride = 1;
+  const int64_t up_stride = c.tp;
+  const int64_t cp_stride = int64_t{c.tp} * c.up;
+  const int64_t dp_stride = cp_stride * c.cp;
+  const int64_t pp_stride = dp_stride * c.dp;
+
+  // ---- one transformer layer, forward, per rank ----
+  const double qk_dim = m.is_mla() ? m.qk_head_dim + m.qk_pos_emb_head_dim : m.head_dim();
+  const double v_dim = m.is_mla() ? m.v_head_dim : m.head_dim();
+  const double kv_heads = m.is_mla() ? a : m.num_query_groups;
+  const double attn_params = params_.attention_per_layer;
+  const double one_expert =
+      m.is_moe() ? static_cast<double>(params_.expert_per_layer) / m.num_experts : 0;
+
+  auto layer_cost = [&](bool moe) {
+    LayerCost lc;
+    auto& f = lc.fwd;
+    // GEMMs: 2 FLOPs per parameter per token, split by tp.
+    f[kGemm] = GemmTime(2 * tokens * attn_params / t, a * qk_dim / t);
+    if (moe) {
+      const double routed = 2 * tokens * m.moe_router_topk * one_expert / t;
+      const double shared = 2 * tokens * (params_.shared_expert_per_layer +
+                                          params_.moe_router_per_layer) / t;
+      f[kGemm] += GemmTime(routed, m.moe_ffn_hidden_size / t) +
+                  (shared > 0 ? GemmTime(shared, std::max<double>(h, 1) / t) : 0);
+    } else {
+      f[kGemm] += GemmTime(2 * tokens * params_.dense_mlp_per_layer / t, m.ffn_hidden_size / t);
+    }
+    // Attention core over the full key range; flash skips the masked half of a causal square.
+    const double heads = a / (t * c.up);
+    const double attn_flops = 2 * c.mbs * (s / c.cp) * s * heads * (qk_dim + v_dim) * c.up;
+    if (stack.flash_attention) {
+      f[kAttention] = 0.5 * attn_flops / (peak_flops_ * e.attention);
+    } else {
+      f[kAttention] = attn_flops / (peak_flops_ * e.attention_unfused);
+      // Scale-mask-softmax and dropout over the score matrix, bf16 in and out (+ a byte mask).
+      const double score_elems = c.mbs * heads * (s / c.cp) * s * c.up;
+      f[kMemoryBound] += score_elems * (stack.dropout ? 9 : 4) / hbm;
+    }
+    // Elementwise traffic: norms, residuals, RoPE, bias and dropout on hidden-sized tensors
+    // (replicated over tp unless SP shards them), the activation function on the MLP width.
+    const double hidden_passes = 10 + (stack.dropout ? 6 : 0) + (m.add_bias_linear ? 4 : 0);
+    const double width = moe ? m.moe_router_topk * m.moe_ffn_hidden_size +
+                                   m.moe_shared_expert_intermediate_size
+                             : m.ffn_hidden_size;
+    const double act_passes = m.activation == Activation::kSwiGLU ? 3 : 2;
+    f[kMemoryBound] += kBf16Bytes * (hidden_passes * tokens * h / (c.sp ? t : 1) +
+                                     act_passes * tokens * width / t) / hbm;
+    if (moe) f[kMemoryBound] += kBf16Bytes * 4 * tokens * m.moe_router_topk * h / t / hbm;
+
+    // Tensor parallel: two all-reduces of the layer's activations (or AG + RS with SP).
+    const double act_bytes = kBf16Bytes * tokens * h;
+    f[kTpComm] = c.sp ? 4 * AllGatherTime(act_bytes, c.tp, tp_stride)
+                      : 2 * AllReduceTime(act_bytes, c.tp, tp_stride);
+    // Ulysses: all-to-all q, k, v into head shards and the output back.
+    f[kUlyssesComm] = AllToAllTime(kBf16Bytes * tokens * (2 * a * qk_dim + 2 * kv_heads * v_dim) / t,
+                                   c.up, up_stride);
+    // Context parallel: cp − 1 ring steps pass K/V blocks, each hidden behind one block's attention.
+    if (c.cp > 1) {
+      const double kv_block = kBf16Bytes * tokens * kv_heads * (qk_dim + v_dim) / t;
+      const double step = P2PTime(kv_block, CrossesNodes(c.cp, cp_stride));
+      const double compute_step = f[kAttention] / c.cp;
+      f[kCpComm] = (c.cp - 1) * std::max(0.0, step - compute_step);
+    }
+    // Expert parallel: dispatch and combine all-to-alls of the routed tokens.
+    if (moe) {
+      f[kEpComm] = 2 * AllToAllTime(kBf16Bytes * tokens * m.moe_router_topk * h / (c.sp ? t : 1),
+                                    c.ep, cp_stride);
+    }
+
+    // Backward: twice the GEMM FLOPs (input and weight gradients), the same collectives.
+    auto& b = lc.bwd;
+    b = f;
+    b[kGemm] = 2 * f[kGemm];
+    b[kAttention] = (stack.flash_attention ? 2.5 : 2.0) * f[kAttention];
+    b[kMemoryBound] = 2 * f[kMemoryBound];
+    b[kCpComm] = 2 * f[kCpComm];
+    if (c.recompute == Recompute::kSelective) {
+      b[kAttention] += f[kAttention];
+      if (!stack.flash_attention) b[kMemoryBound] += f[kMemoryBound];
+    }
+    return lc;
+  };
+
+  const LayerCost dense_layer = layer_cost(false);
+  const LayerCost moe_layer = m.is_moe() ? layer_cost(true) : LayerCost{};
+
+  // ---- the bottleneck pipeline stage: the last one (most MoE layers, plus the logits) ----
+  const int64_t layers_per_stage = m.num_layers / c.pp;
+  const int64_t moe_layers = std::min<int64_t>(layers_per_stage, m.num_moe_layers());
+  const int64_t dense_layers = layers_per_stage - moe_layers;
+  std::array<double, kNumFeatures> stage_fwd{}, stage_bwd{};
+  AddScaled(stage_fwd, dense_layer.fwd, dense_layers);
+  AddScaled(stage_fwd, moe_layer.fwd, moe_layers);
+  AddScaled(stage_bwd, dense_layer.bwd, dense_layers);
+  AddScaled(stage_bwd, moe_layer.bwd, moe_layers);
+  if (c.recompute == Recompute::kFull) {
+    // Recomputed layers run their forward (GEMMs, kernels and collectives) again in backward.
+    const double share =
+        c.recompute_layers == 0 ? 1.0 : static_cast<double>(c.recompute_layers) / layers_per_stage;
+    AddScaled(stage_bwd, stage_fwd, share);
+  }
+  // Logits and vocab-parallel cross-entropy on the last stage.
+  const double v = m.vocab_size;
+  const double logits_fwd = GemmTime(2 * tokens * h * v / t, v / t);
+  const double ce_fwd = 10 * tokens * v / t / hbm;
+  stage_fwd[kGemm] += logits_fwd;
+  stage_bwd[kGemm] += 2 * logits_fwd;
+  stage_fwd[kMemoryBound] += ce_fwd;
+  stage_bwd[kMemoryBound] += ce_fwd;
+  if (c.sp) {
+    stage_fwd[kTpComm] += AllGatherTime(kBf16Bytes * tokens * h, c.tp, tp_stride);
+    stage_bwd[kTpComm] += AllGatherTime(kBf16Bytes * tokens * h, c.tp, tp_stride);
+  }
+
+  TimeBreakdown out;
+  const int64_t microbatches = train_.global_batch_size / (int64_t{c.dp} * c.mbs);
+  out.microbatches = microbatches;
+  // 1F1B: (m + p − 1)·(t_f + t_b); interleaved: bubble (p − 1)/v instead of p − 1.
+  const double slots = microbatches + (c.pp - 1.0) / c.vpp;
+  out.bubble_fraction = 1.0 - microbatches / slots;
+  for (int k = 0; k < kNumFeatures; ++k) out.features[k] = slots * (stage_fwd[k] + stage_bwd[k]);
+  out.layer_forward_s = dense_layer.forward();
+  out.layer_backward_s = dense_layer.backward();
+  double fwd = 0, bwd = 0;
+  for (int k = 0; k < kNumFeatures; ++k) {
+    fwd += stage_fwd[k];
+    bwd += stage_bwd[k];
+  }
+  out.forward_per_microbatch_s = fwd;
+  out.backward_per_microbatch_s = bwd;
+
+  // Pipeline p2p: every micro-batch crosses each virtual stage boundary forward and backward.
+  if (c.pp > 1) {
+    const double bytes = kBf16Bytes * tokens * h / t;  // scatter-gather / SP shard by tp
+    const double p2p = P2PTime(bytes, CrossesNodes(c.pp, pp_stride));
+    out.features[kPpComm] = 2 * p2p * (microbatches * c.vpp + (c.pp - 1));
+  }
+
+  // Data-parallel gradient reduction (and the distributed optimizer's parameter all-gather),
+  // over dp·cp for dense parameters and dp·cp/ep for experts.
+  const double dense_params =
+      (dense_layers * static_cast<double>(params_.dense_layer()) +
+       moe_layers * static_cast<double>(params_.moe_layer_non_expert()) + params_.embedding) / t;
+  const double expert_params = moe_layers * static_cast<double>(params_.expert_per_layer) / (t * c.ep);
+  const double grad_bytes = stack.grad_reduce_in_fp32 ? 4 : 2;
+  const int64_t dp_group = int64_t{c.dp} * c.cp;
+  const int64_t edp_group = dp_group / c.ep;
+  double grad_time, gather_time = 0;
+  if (c.dist_opt) {
+    grad_time = AllGatherTime(grad_bytes * dense_params, dp_group, cp_stride) +
+                AllGatherTime(grad_bytes * expert_params, edp_group, cp_stride * c.ep);
+    gather_time = AllGatherTime(kBf16Bytes * dense_params, dp_group, cp_stride) +
+                  AllGatherTime(kBf16Bytes * expert_params, edp_group, cp_stride * c.ep);
+  } else {
+    grad_time = AllReduceTime(grad_bytes * dense_params, dp_group, cp_stride) +
+                AllReduceTime(grad_bytes * expert_params, edp_group, cp_stride * c.ep);
+  }
+  if (c.pp > 1 && params_.output_layer == 0) {
+    // Tied embeddings: first and last stage all-reduce the embedding gradient.
+    grad_time += AllReduceTime(grad_bytes * m.vocab_size * h / t, 2, pp_stride * (c.pp - 1));
+  }
+  const double grad_window = stack.overlap_grad_reduce ? bwd : 0;
+  const double gather_window = stack.overlap_param_gather ? fwd : 0;
+  out.features[kDpComm] = std::max(grad_time * (1 - e.dp_overlap), grad_time - grad_window) +
+                          std::max(0.0, gather_time - gather_window);
+
+  const double optimizer_params =
+      c.dist_opt ? dense_params / dp_group + expert_params / edp_group : dense_params + expert_params;
+  out.features[kOptimizer] = kAdamBytesPerParam * optimizer_params / hbm;
+
+  for (double x : out.features) out.step_time_s += x;
+  return out;
+}
+
+Estimate CostModel::Evaluate(const ParallelConfig& c) const {
+  Estimate est;
+  est.time = Time(c);
+  est.memory = Memory(c);
+  const double tokens = static_cast<double>(train_.global_batch_size) * train_.seq_length;
+  est.tokens_per_s = tokens / est.time.step_time_s;
+  est.model_tflops_per_gpu =
+      model_flops_per_step_ / est.time.step_time_s / cluster_.world_size() / 1e12;
+  est.mfu = est.model_tflops_per_gpu * 1e12 / peak_flops_;
+  est.peak_memory_gib = est.memory.total() / (1024.0 * 1024.0 * 1024.0);
+  est.fits = est.peak_memory_gib <= cluster_.gpu.memory_gib;
+  return est;
+}
+
+}  // namespace autopar

@@ -1,0 +1,108 @@
+#include "autopar/space/config.h"
+
+#include <charconv>
+#include <sstream>
+
+#include "autopar/common/status.h"
+
+namespace autopar {
+namespace {
+
+constexpr const char* kFlag = "--config";
+constexpr const char* kKeys = "tp, pp, dp, cp, up, ep, vpp, mbs, sp, recompute, recompute_layers, dist_opt";
+
+int32_t ParsePositive(const std::string& key, const std::string& value, bool allow_zero) {
+  int32_t v = 0;
+  const char* end = value.data() + value.size();
+  auto [ptr, ec] = std::from_chars(value.data(), end, v);
+  if (ec != std::errc() || ptr != end || v < (allow_zero ? 0 : 1)) {
+    throw InputError(kFlag, "key '" + key + "' needs " +
+                                (allow_zero ? "a non-negative" : "a positive") +
+                                " integer, got '" + value + "'");
+  }
+  return v;
+}
+
+bool ParseOnOff(const std::string& key, const std::string& value) {
+  if (value == "on" || value == "true" || value == "1") return true;
+  if (value == "off" || value == "false" || value == "0") return false;
+  throw InputError(kFlag, "key '" + key + "' takes on|off, got '" + value + "'");
+}
+
+}  // namespace
+
+const char* ToString(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kSelective: return "selective";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
+
+std::string ToSpec(const ParallelConfig& c) {
+  std::ostringstream out;
+  out << "tp=" << c.tp << ",pp=" << c.pp << ",dp=" << c.dp << ",cp=" << c.cp << ",up=" << c.up
+      << ",ep=" << c.ep << ",vpp=" << c.vpp << ",mbs=" << c.mbs << ",sp=" << (c.sp ? "on" : "off")
+      << ",recompute=" << ToString(c.recompute);
+  if (c.recompute_layers != 0) out << ",recompute_layers=" << c.recompute_layers;
+  out << ",dist_opt=" << (c.dist_opt ? "on" : "off");
+  return out.str();
+}
+
+ParallelConfig ParseSpec(const std::string& text) {
+  ParallelConfig c;
+  std::istringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      throw InputError(kFlag, "'" + item + "' is not key=value; keys: " + kKeys);
+    }
+    const std::string key = item.substr(0, eq);
+    const std::string value = item.substr(eq + 1);
+    if (key == "tp") c.tp = ParsePositive(key, value, false);
+    else if (key == "pp") c.pp = ParsePositive(key, value, false);
+    else if (key == "dp") c.dp = ParsePositive(key, value, false);
+    else if (key == "cp") c.cp = ParsePositive(key, value, false);
+    else if (key == "up") c.up = ParsePositive(key, value, false);
+    else if (key == "ep") c.ep = ParsePositive(key, value, false);
+    else if (key == "vpp") c.vpp = ParsePositive(key, value, false);
+    else if (key == "mbs") c.mbs = ParsePositive(key, value, false);
+    else if (key == "recompute_layers") c.recompute_layers = ParsePositive(key, value, true);
+    else if (key == "sp") c.sp = ParseOnOff(key, value);
+    else if (key == "dist_opt") c.dist_opt = ParseOnOff(key, value);
+    else if (key == "recompute") {
+      if (value == "none") c.recompute = Recompute::kNone;
+      else if (value == "selective") c.recompute = Recompute::kSelective;
+      else if (value == "full") c.recompute = Recompute::kFull;
+      else throw InputError(kFlag, "key 'recompute' takes none|selective|full, got '" + value + "'");
+    } else {
+      throw InputError(kFlag, "unknown key '" + key + "'; keys: " + kKeys);
+    }
+  }
+  if (c.recompute_layers != 0 && c.recompute != Recompute::kFull) {
+    throw InputError(kFlag, "recompute_layers needs recompute=full");
+  }
+  return c;
+}
+
+ParallelConfig Complete(ParallelConfig c, int64_t world_size) {
+  const int64_t mp = c.model_parallel_size();
+  if (c.dp == 0) {
+    if (world_size % mp != 0) {
+      throw InputError(kFlag, "tp·cp·up·pp = " + std::to_string(mp) +
+                                  " does not divide the world size " + std::to_string(world_size));
+    }
+    c.dp = static_cast<int32_t>(world_size / mp);
+  }
+  if (c.world_size() != world_size) {
+    throw InputError(kFlag, "tp·cp·up·dp·pp = " + std::to_string(c.world_size()) +
+                                " but the world size (--nnodes × --nproc-per-node) is " +
+                                std::to_string(world_size));
+  }
+  return c;
+}
+
+}  // namespace autopar

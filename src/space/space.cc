@@ -1,0 +1,310 @@
+#include "autopar/space/space.h"
+
+#include <algorithm>
+#include <charconv>
+#include <sstream>
+
+#include "autopar/common/status.h"
+
+namespace autopar {
+namespace {
+
+std::vector<int32_t> Divisors(int64_t n, int64_t at_most) {
+  std::vector<int32_t> out;
+  for (int64_t d = 1; d <= n && d <= at_most; ++d) {
+    if (n % d == 0) out.push_back(static_cast<int32_t>(d));
+  }
+  return out;
+}
+
+std::vector<int32_t> PowersOfTwo(int64_t at_most) {
+  std::vector<int32_t> out;
+  for (int64_t v = 1; v <= at_most; v *= 2) out.push_back(static_cast<int32_t>(v));
+  return out;
+}
+
+// Keeps the values of `wanted` (or of `defaults` when `wanted` is empty) that satisfy `ok`.
+template <class Ok>
+std::vector<int32_t> Select(const std::vector<int32_t>& wanted,
+                            const std::vector<int32_t>& defaults, Ok ok) {
+  std::vector<int32_t> out;
+  for (int32_t v : wanted.empty() ? defaults : wanted) {
+    if (ok(v)) out.push_back(v);
+  }
+  return out;
+}
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+SearchSpace::SearchSpace(const ModelSpec& model, const TrainSpec& train,
+                         const ClusterSpec& cluster, SpaceOptions options)
+    : model_(model), train_(train), cluster_(cluster), options_(std::move(options)) {
+  Validate(model_);
+  Validate(train_);
+  Validate(cluster_);
+  ValidateOptions();
+}
+
+// Constraints that involve one dimension only. Kept in one place so that Check() (one config)
+// and the enumeration (whole space) agree; the per-dimension value lists below apply them.
+namespace {
+std::string TpReason(const ModelSpec& m, const ClusterSpec& cl, bool across_nodes, int64_t tp) {
+  if (m.num_attention_heads % tp != 0) {
+    return "tp=" + Str(tp) + " does not divide num_attention_heads=" + Str(m.num_attention_heads);
+  }
+  if (m.num_query_groups % tp != 0 && tp % m.num_query_groups != 0) {
+    return "tp=" + Str(tp) + " neither divides nor is a multiple of num_query_groups=" +
+           Str(m.num_query_groups);
+  }
+  if (m.ffn_hidden_size % tp != 0) {
+    return "tp=" + Str(tp) + " does not divide ffn_hidden_size=" + Str(m.ffn_hidden_size);
+  }
+  if (cl.world_size() % tp != 0) {
+    return "tp=" + Str(tp) + " does not divide the world size " + Str(cl.world_size());
+  }
+  if (!across_nodes && (tp > cl.gpus_per_node || cl.gpus_per_node % tp != 0)) {
+    return "tp=" + Str(tp) + " does not fit in a node of " + Str(cl.gpus_per_node) +
+           " GPUs (pass --tp-across-nodes to allow it)";
+  }
+  return {};
+}
+
+std::string SeqSplitReason(const TrainSpec& t, const char* name, int64_t v) {
+  if (v > 1 && t.seq_length % (2 * v) != 0) {
+    return std::string(name) + "=" + Str(v) + ": seq_length=" + Str(t.seq_length) +
+           " is not divisible by 2·" + name + "=" + Str(2 * v);
+  }
+  return {};
+}
+}  // namespace
+
+void SearchSpace::ValidateOptions() const {
+  const int64_t world = cluster_.world_size();
+  auto fail_if = [](const char* flag, const std::string& reason) {
+    if (!reason.empty()) throw InputError(flag, reason);
+  };
+  for (int32_t tp : options_.tp) {
+    fail_if("--tp", tp < 1 ? "must be positive" : TpReason(model_, cluster_,
+                                                           options_.tp_across_nodes, tp));
+  }
+  for (int32_t pp : options_.pp) {
+    if (pp < 1 || model_.num_layers % pp != 0 || world % pp != 0) {
+      throw InputError("--pp", "pp=" + Str(pp) + " must divide num_layers=" +
+                                   Str(model_.num_layers) + " and the world size " + Str(world));
+    }
+  }
+  for (int32_t dp : options_.dp) {
+    if (dp < 1 || world % dp != 0 || train_.global_batch_size % dp != 0) {
+      throw InputError("--dp", "dp=" + Str(dp) + " must divide the world size " + Str(world) +
+                                   " and global_batch_size=" + Str(train_.global_batch_size));
+    }
+  }
+  for (int32_t cp : options_.cp) {
+    fail_if("--cp", cp < 1 ? "must be positive" : SeqSplitReason(train_, "cp", cp));
+  }
+  for (int32_t up : options_.up) {
+    fail_if("--up", up < 1 ? "must be positive" : SeqSplitReason(train_, "up", up));
+    if (model_.num_attention_heads % up != 0) {
+      throw InputError("--up", "up=" + Str(up) + " does not divide num_attention_heads=" +
+                                   Str(model_.num_attention_heads));
+    }
+  }
+  for (int32_t ep : options_.ep) {
+    if (ep < 1) throw InputError("--ep", "must be positive");
+    if (ep > 1 && !model_.is_moe()) {
+      throw InputError("--ep", "ep=" + Str(ep) + " needs a mixture-of-experts model; " +
+                                   model_.name + " is dense (allowed: 1)");
+    }
+    if (model_.is_moe() && model_.num_experts % ep != 0) {
+      throw InputError("--ep", "ep=" + Str(ep) + " does not divide num_experts=" +
+                                   Str(model_.num_experts));
+    }
+  }
+  for (int32_t vpp : options_.vpp) {
+    if (vpp < 1 || model_.num_layers % vpp != 0) {
+      throw InputError("--vpp", "vpp=" + Str(vpp) + " must divide num_layers=" +
+                                    Str(model_.num_layers));
+    }
+  }
+  for (int32_t mbs : options_.mbs) {
+    if (mbs < 1 || train_.global_batch_size % mbs != 0) {
+      throw InputError("--micro-batch-size", "mbs=" + Str(mbs) +
+                                                 " must divide global_batch_size=" +
+                                                 Str(train_.global_batch_size));
+    }
+  }
+  for (int32_t n : options_.recompute_layers) {
+    if (n < 0 || n > model_.num_layers) {
+      throw InputError("--recompute-num-layers",
+                       "must be between 0 (every layer) and num_layers=" + Str(model_.num_layers));
+    }
+  }
+  if (options_.sp.size() == 1 && options_.sp[0] && options_.tp.size() == 1 &&
+      options_.tp[0] == 1) {
+    throw InputError("--fix", "sp=on needs tp > 1");
+  }
+}
+
+std::string SearchSpace::Check(const ParallelConfig& c) const {
+  const int64_t world = cluster_.world_size();
+  if (c.tp < 1 || c.pp < 1 || c.dp < 1 || c.cp < 1 || c.up < 1 || c.ep < 1 || c.vpp < 1 ||
+      c.mbs < 1 || c.recompute_layers < 0) {
+    return "every degree must be positive";
+  }
+  if (c.world_size() != world) {
+    return "tp·cp·up·dp·pp = " + Str(c.world_size()) + " but the world size is " + Str(world);
+  }
+  if (std::string r = TpReason(model_, cluster_, options_.tp_across_nodes, c.tp); !r.empty()) {
+    return r;
+  }
+  if (model_.num_attention_heads % (int64_t{c.tp} * c.up) != 0) {
+    return "tp·up = " + Str(int64_t{c.tp} * c.up) + " does not divide num_attention_heads=" +
+           Str(model_.num_attention_heads);
+  }
+  if (model_.num_layers % c.pp != 0) {
+    return "pp=" + Str(c.pp) + " does not divide num_layers=" + Str(model_.num_layers);
+  }
+  const int64_t layers_per_stage = model_.num_layers / c.pp;
+  if (layers_per_stage % c.vpp != 0) {
+    return "vpp=" + Str(c.vpp) + " does not divide the " + Str(layers_per_stage) +
+           " layers per pipeline stage";
+  }
+  if (c.vpp > 1 && c.pp == 1) return "vpp > 1 needs pp > 1";
+  if (std::string r = SeqSplitReason(train_, "cp·up", int64_t{c.cp} * c.up); !r.empty()) return r;
+  if (train_.global_batch_size % (int64_t{c.dp} * c.mbs) != 0) {
+    return "dp·mbs = " + Str(int64_t{c.dp} * c.mbs) + " does not divide global_batch_size=" +
+           Str(train_.global_batch_size);
+  }
+  const int64_t microbatches = train_.global_batch_size / (int64_t{c.dp} * c.mbs);
+  if (c.vpp > 1 && microbatches < c.pp) {
+    return "the interleaved schedule needs at least pp=" + Str(c.pp) + " micro-batches, got " +
+           Str(microbatches);
+  }
+  if (!model_.is_moe() && c.ep != 1) return "ep > 1 needs a mixture-of-experts model";
+  if (model_.is_moe()) {
+    if (model_.num_experts % c.ep != 0) {
+      return "ep=" + Str(c.ep) + " does not divide num_experts=" + Str(model_.num_experts);
+    }
+    if ((int64_t{c.dp} * c.cp) % c.ep != 0) {
+      return "ep=" + Str(c.ep) + " does not divide dp·cp = " + Str(int64_t{c.dp} * c.cp);
+    }
+  }
+  if (c.sp && c.tp == 1) return "sp=on needs tp > 1";
+  if (c.recompute_layers != 0 &&
+      (c.recompute != Recompute::kFull || c.recompute_layers >= layers_per_stage)) {
+    return "recompute_layers needs recompute=full and fewer than the " + Str(layers_per_stage) +
+           " layers per stage (0 recomputes every layer)";
+  }
+  return {};
+}
+
+int64_t SearchSpace::Count() const {
+  int64_t n = 0;
+  ForEach([&n](const ParallelConfig&) { ++n; });
+  return n;
+}
+
+std::vector<int32_t> SearchSpace::TpValues() const {
+  const int64_t limit = options_.tp_across_nodes ? cluster_.world_size() : cluster_.gpus_per_node;
+  return Select(options_.tp, PowersOfTwo(limit), [&](int32_t tp) {
+    return TpReason(model_, cluster_, options_.tp_across_nodes, tp).empty();
+  });
+}
+
+std::vector<int32_t> SearchSpace::PpValues() const {
+  return Select(options_.pp, Divisors(model_.num_layers, cluster_.world_size()),
+                [&](int32_t pp) { return model_.num_layers % pp == 0; });
+}
+
+std::vector<int32_t> SearchSpace::SeqSplitValues(const std::vector<int32_t>& allowed) const {
+  std::vector<int32_t> defaults = {1};
+  if (train_.seq_length >= options_.long_sequence_threshold) {
+    defaults = PowersOfTwo(cluster_.world_size());
+  }
+  return Select(allowed, defaults, [&](int32_t v) {
+    return v == 1 || train_.seq_length % (2 * int64_t{v}) == 0;
+  });
+}
+
+std::vector<int32_t> SearchSpace::EpValues(int64_t dp_cp) const {
+  if (!model_.is_moe()) return {1};
+  return Select(options_.ep, Divisors(model_.num_experts, dp_cp),
+                [&](int32_t ep) { return dp_cp % ep == 0 && model_.num_experts % ep == 0; });
+}
+
+std::vector<int32_t> SearchSpace::VppValues(int32_t pp) const {
+  const int64_t layers_per_stage = model_.num_layers / pp;
+  if (pp == 1) {
+    return Select(options_.vpp, {1}, [](int32_t v) { return v == 1; });
+  }
+  return Select(options_.vpp, Divisors(layers_per_stage, layers_per_stage),
+                [&](int32_t v) { return layers_per_stage % v == 0; });
+}
+
+std::vector<int32_t> SearchSpace::MbsValues(int64_t batch_per_replica) const {
+  return Select(options_.mbs, Divisors(batch_per_replica, options_.max_mbs),
+                [&](int32_t m) { return batch_per_replica % m == 0; });
+}
+
+std::vector<int32_t> SearchSpace::RecomputeLayerValues(int32_t layers_per_stage) const {
+  std::vector<int32_t> defaults = {0};
+  if (options_.sweep_recompute_layers) {
+    for (int32_t n = 1; n < layers_per_stage; ++n) defaults.push_back(n);
+  }
+  return Select(options_.recompute_layers, defaults,
+                [&](int32_t n) { return n < layers_per_stage; });
+}
+
+std::vector<int32_t> ParseIntList(const std::string& flag, const std::string& text) {
+  std::vector<int32_t> out;
+  std::istringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    int32_t v = 0;
+    const char* end = item.data() + item.size();
+    auto [ptr, ec] = std::from_chars(item.data(), end, v);
+    if (item.empty() || ec != std::errc() || ptr != end || v < 0) {
+      throw InputError(flag, "expected a comma-separated list of non-negative integers, got '" +
+                                 text + "'");
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) throw InputError(flag, "expected at least one value");
+  return out;
+}
+
+void ApplyFix(const std::string& text, SpaceOptions& options) {
+  // A pinned SPEC fragment: every key given becomes a one-value list.
+  std::istringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    if (eq == std::string::npos) {
+      throw InputError("--fix", "'" + item + "' is not key=value");
+    }
+    // Parse the fragment with the SPEC parser so the allowed values are the same.
+    ParallelConfig c;
+    try {
+      c = ParseSpec(key == "recompute_layers" ? "recompute=full," + item : item);
+    } catch (const InputError& e) {
+      throw InputError("--fix", e.what());
+    }
+    if (key == "tp") options.tp = {c.tp};
+    else if (key == "pp") options.pp = {c.pp};
+    else if (key == "dp") options.dp = {c.dp};
+    else if (key == "cp") options.cp = {c.cp};
+    else if (key == "up") options.up = {c.up};
+    else if (key == "ep") options.ep = {c.ep};
+    else if (key == "vpp") options.vpp = {c.vpp};
+    else if (key == "mbs") options.mbs = {c.mbs};
+    else if (key == "sp") options.sp = {c.sp};
+    else if (key == "dist_opt") options.dist_opt = {c.dist_opt};
+    else if (key == "recompute") options.recompute = {c.recompute};
+    else if (key == "recompute_layers") options.recompute_layers = {c.recompute_layers};
+  }
+}
+
+}  // namespace autopar

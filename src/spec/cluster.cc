@@ -1,0 +1,76 @@
+#include "autopar/spec/cluster.h"
+
+#include <cmath>
+#include <string>
+
+#include "autopar/common/status.h"
+
+namespace autopar {
+
+const char* ToString(Precision p) {
+  switch (p) {
+    case Precision::kBF16: return "bf16";
+    case Precision::kFP16: return "fp16";
+    case Precision::kFP8: return "fp8";
+  }
+  return "unknown";
+}
+
+double GpuSpec::PeakFlops(Precision p) const {
+  switch (p) {
+    case Precision::kBF16: return peak_flops_bf16;
+    case Precision::kFP16: return peak_flops_fp16;
+    case Precision::kFP8:
+      // Failing here, rather than returning 0, keeps a division by zero out of the time model.
+      if (peak_flops_fp8 <= 0) {
+        throw InputError("--fp8-format", "GPU '" + name +
+                                             "' has no FP8 tensor cores; allowed precisions: "
+                                             "--bf16, --fp16");
+      }
+      return peak_flops_fp8;
+  }
+  return 0;
+}
+
+namespace {
+
+// `!(value > 0)` is also true for NaN, which must not slip through as a size.
+void RequirePositive(double value, const char* field) {
+  if (!(value > 0) || !std::isfinite(value)) {
+    throw InputError(field, "must be a positive finite number, got " + std::to_string(value));
+  }
+}
+
+void RequireNonNegative(double value, const char* field) {
+  if (!(value >= 0) || !std::isfinite(value)) {
+    throw InputError(field, "must be a non-negative finite number, got " + std::to_string(value));
+  }
+}
+
+}  // namespace
+
+void Validate(const GpuSpec& g) {
+  RequirePositive(g.memory_gib, "memory_gib");
+  RequirePositive(g.peak_flops_bf16, "peak_flops_bf16");
+  RequirePositive(g.peak_flops_fp16, "peak_flops_fp16");
+  RequireNonNegative(g.peak_flops_fp8, "peak_flops_fp8");
+  RequireNonNegative(g.peak_flops_fp32, "peak_flops_fp32");
+  RequirePositive(g.hbm_bandwidth, "hbm_bandwidth");
+  RequirePositive(g.intra_node_bandwidth, "intra_node_bandwidth");
+  RequireNonNegative(g.intra_node_latency_s, "intra_node_latency_s");
+  RequirePositive(g.inter_node_bandwidth, "inter_node_bandwidth");
+  RequireNonNegative(g.inter_node_latency_s, "inter_node_latency_s");
+}
+
+void Validate(const ClusterSpec& c) {
+  if (c.nnodes <= 0) {
+    throw InputError("nnodes", "must be a positive integer, got " + std::to_string(c.nnodes));
+  }
+  if (c.gpus_per_node <= 0) {
+    throw InputError("gpus_per_node",
+                     "must be a positive integer, got " + std::to_string(c.gpus_per_node));
+  }
+  Validate(c.gpu);
+}
+
+}  // namespace autopar

@@ -1,0 +1,46 @@
+// Helpers shared by the spec parsers (private to src/spec).
+//
+// All of them turn malformed text into InputError naming the field, so the parsers can read
+// values without repeating checks.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "autopar/common/status.h"
+#include "autopar/spec/model.h"
+
+namespace autopar::spec_internal {
+
+std::string Lower(std::string_view text);
+std::string Join(const std::vector<std::string>& items, std::string_view separator);
+
+// Strict number parsing: the whole text must be the number (no "4096.5", no "32k").
+int64_t ParseInt(std::string_view text, const std::string& field);
+double ParseDouble(std::string_view text, const std::string& field);
+
+// The same message under another field name, for errors raised by a callee that names a flag
+// (`--gpu`) where the user wrote a key (`gpu`).
+InputError Rename(const InputError& error, std::string field);
+
+// Parses a YAML (or JSON) document that must be a mapping. `kind` names the document in errors
+// ("model YAML", "config.json"), with the parser's 1-based line and column.
+YAML::Node LoadMapping(const std::string& text, const std::string& kind);
+
+// Scalar readers; `field` is what an error names.
+int64_t NodeInt(const YAML::Node& node, const std::string& field);
+double NodeDouble(const YAML::Node& node, const std::string& field);
+bool NodeBool(const YAML::Node& node, const std::string& field);
+std::string NodeString(const YAML::Node& node, const std::string& field);
+
+// Enum spellings, case-insensitive; the error lists the accepted values. The canonical spellings
+// are those ToString prints (Megatron-LM's where it has one).
+Activation ParseActivation(std::string_view text, const std::string& field);
+NormKind ParseNorm(std::string_view text, const std::string& field);
+PositionEmbedding ParsePositionEmbedding(std::string_view text, const std::string& field);
+
+}  // namespace autopar::spec_internal

@@ -1,0 +1,353 @@
+// Megatron-LM arguments → ModelSpec and TrainSpec.
+//
+// A user pastes the flags of a Megatron-LM training script. Two cases:
+//  - `base` is an empty ModelSpec: the flags describe the model from scratch, and every flag they
+//    leave out takes Megatron-LM's default (GeLU, LayerNorm, learned absolute positions, tied
+//    embeddings, biases, ffn_hidden_size from hidden_size, ...), as Megatron itself would train.
+//  - `base` is a model (a preset): flags override its fields; the rest keep the base's values.
+// Flags we do not model (--lr, --tensor-model-parallel-size, ...) come back in `unused`.
+#include <cctype>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autopar/common/status.h"
+#include "autopar/spec/parse.h"
+#include "internal.h"
+
+namespace autopar {
+namespace {
+
+using spec_internal::ParseInt;
+
+struct IntFlag {
+  const char* flag;
+  int64_t ModelSpec::*member;
+  bool allow_zero;  // 0 is meaningful ("none") rather than a missing size
+};
+
+constexpr IntFlag kModelIntFlags[] = {
+    {"--num-layers", &ModelSpec::num_layers, false},
+    {"--hidden-size", &ModelSpec::hidden_size, false},
+    {"--ffn-hidden-size", &ModelSpec::ffn_hidden_size, false},
+    {"--num-attention-heads", &ModelSpec::num_attention_heads, false},
+    {"--num-query-groups", &ModelSpec::num_query_groups, false},
+    {"--kv-channels", &ModelSpec::kv_channels, false},
+    {"--max-position-embeddings", &ModelSpec::max_position_embeddings, false},
+    {"--vocab-size", &ModelSpec::vocab_size, false},
+    {"--q-lora-rank", &ModelSpec::q_lora_rank, true},
+    {"--kv-lora-rank", &ModelSpec::kv_lora_rank, false},
+    {"--qk-head-dim", &ModelSpec::qk_head_dim, false},
+    {"--qk-pos-emb-head-dim", &ModelSpec::qk_pos_emb_head_dim, false},
+    {"--v-head-dim", &ModelSpec::v_head_dim, false},
+    {"--num-experts", &ModelSpec::num_experts, false},
+    {"--moe-router-topk", &ModelSpec::moe_router_topk, false},
+    {"--moe-ffn-hidden-size", &ModelSpec::moe_ffn_hidden_size, false},
+    {"--moe-shared-expert-intermediate-size", &ModelSpec::moe_shared_expert_intermediate_size,
+     true},
+};
+
+// Megatron-LM's defaults for what a from-scratch command line leaves out (arguments.py).
+ModelSpec MegatronDefaults() {
+  ModelSpec m;
+  m.name = "megatron";
+  m.activation = Activation::kGeLU;
+  m.norm = NormKind::kLayerNorm;
+  m.position_embedding = PositionEmbedding::kLearned;
+  m.untie_embeddings = false;
+  m.add_bias_linear = true;
+  return m;
+}
+
+bool IsEmpty(const ModelSpec& m) {
+  return m.num_layers == 0 && m.hidden_size == 0 && m.num_attention_heads == 0;
+}
+
+int64_t PositiveInt(const std::string& text, const std::string& flag, bool allow_zero) {
+  const int64_t value = ParseInt(text, flag);
+  if (value < 0 || (value == 0 && !allow_zero)) {
+    throw InputError(flag, std::string("must be a ") + (allow_zero ? "non-negative" : "positive") +
+                               " integer, got " + text);
+  }
+  return value;
+}
+
+// --moe-layer-freq: an integer (only 1, every layer MoE, is representable) or Megatron's Python
+// list expression, e.g. "([0]*3+[1]*58)" for DeepSeek-V3. Returns the leading dense layer count and
+// the pattern length (0 for the integer form).
+struct LayerFreq {
+  int64_t first_dense = 0;
+  int64_t length = 0;
+};
+
+LayerFreq ParseMoeLayerFreq(const std::string& raw) {
+  const std::string flag = "--moe-layer-freq";
+  const std::string expected = "; expected 1 or a list such as [0]*3+[1]*58";
+  std::string text;
+  for (char c : raw) {
+    if (c != ' ' && c != '"' && c != '\'') text += c;
+  }
+  if (text.size() >= 2 && text.front() == '(' && text.back() == ')') {
+    text = text.substr(1, text.size() - 2);
+  }
+  if (text.empty() || text.front() != '[') {
+    const int64_t every = ParseInt(text, flag);
+    if (every != 1) {
+      throw InputError(flag, "MoE on every " + text +
+                                 "-th layer cannot be modelled (only leading dense layers)" +
+                                 expected);
+    }
+    return {};
+  }
+
+  std::vector<int64_t> pattern;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t close = text.find(']', pos);
+    if (text[pos] != '[' || close == std::string::npos) {
+      throw InputError(flag, "cannot parse '" + raw + "'" + expected);
+    }
+    std::vector<int64_t> items;
+    size_t start = pos + 1;
+    while (start < close) {
+      size_t comma = text.find(',', start);
+      if (comma == std::string::npos || comma > close) comma = close;
+      const int64_t item = ParseInt(text.substr(start, comma - start), flag);
+      if (item != 0 && item != 1) {
+        throw InputError(flag, "entries must be 0 (dense) or 1 (MoE), got " + std::to_string(item));
+      }
+      items.push_back(item);
+      start = comma + 1;
+    }
+    pos = close + 1;
+    int64_t repeat = 1;
+    if (pos < text.size() && text[pos] == '*') {
+      const size_t end = text.find('+', pos);
+      const size_t stop = end == std::string::npos ? text.size() : end;
+      repeat = PositiveInt(text.substr(pos + 1, stop - pos - 1), flag, /*allow_zero=*/true);
+      pos = stop;
+    }
+    for (int64_t r = 0; r < repeat; ++r) pattern.insert(pattern.end(), items.begin(), items.end());
+    if (pos < text.size()) {
+      if (text[pos] != '+') throw InputError(flag, "cannot parse '" + raw + "'" + expected);
+      ++pos;
+    }
+  }
+
+  LayerFreq result;
+  result.length = static_cast<int64_t>(pattern.size());
+  while (result.first_dense < result.length && pattern[result.first_dense] == 0) {
+    ++result.first_dense;
+  }
+  for (int64_t i = result.first_dense; i < result.length; ++i) {
+    if (pattern[i] != 1) {
+      throw InputError(flag, "dense layers after the first MoE layer cannot be modelled; only "
+                             "leading dense layers such as [0]*3+[1]*58 are supported");
+    }
+  }
+  return result;
+}
+
+// The Megatron flag for a ModelSpec field, so Validate's errors name what the user typed.
+std::string FlagForField(const std::string& field) {
+  if (field == "moe_first_dense_layers") return "--moe-layer-freq";
+  std::string flag = "--" + field;
+  for (char& c : flag) {
+    if (c == '_') c = '-';
+  }
+  return flag;
+}
+
+// `NAME=` as it stands just before a quote opens: a shell variable assignment.
+bool IsShellAssignment(const std::string& word) {
+  if (word.size() < 2 || word.back() != '=') return false;
+  if (std::isdigit(static_cast<unsigned char>(word[0]))) return false;
+  for (size_t i = 0; i + 1 < word.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(word[i]);
+    if (!std::isalnum(c) && c != '_') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::string> SplitCommandLine(const std::string& text) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;  // a quoted empty string is still a word
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\\') {
+      if (i + 1 < text.size() && text[i + 1] == '\n') {
+        ++i;  // line continuation
+      } else if (i + 2 < text.size() && text[i + 1] == '\r' && text[i + 2] == '\n') {
+        i += 2;
+      } else if (i + 1 < text.size()) {
+        word += text[++i];
+        in_word = true;
+      }
+    } else if (c == '\'' || c == '"') {
+      const size_t close = text.find(c, i + 1);
+      if (close == std::string::npos) {
+        throw InputError("megatron args", std::string("unterminated ") + c + " quote");
+      }
+      const std::string quoted = text.substr(i + 1, close - i - 1);
+      i = close;
+      if (IsShellAssignment(word)) {
+        // GPT_ARGS="--num-layers 32 ...": scripts expand such a variable unquoted, so its words
+        // are the flags. Keep `GPT_ARGS=` as a word of its own (it lands in `unused`).
+        words.push_back(word);
+        word.clear();
+        in_word = false;
+        for (std::string& inner : SplitCommandLine(quoted)) words.push_back(std::move(inner));
+        continue;
+      }
+      word += quoted;
+      in_word = true;
+    } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+      if (in_word) words.push_back(word);
+      word.clear();
+      in_word = false;
+    } else if (c == '#' && !in_word) {
+      // A comment runs to the end of the line, as in the shell scripts flags are pasted from.
+      const size_t end = text.find('\n', i);
+      i = end == std::string::npos ? text.size() : end - 1;
+    } else {
+      word += c;
+      in_word = true;
+    }
+  }
+  if (in_word) words.push_back(word);
+  return words;
+}
+
+MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const ModelSpec& base,
+                                const TrainSpec& train) {
+  const bool from_scratch = IsEmpty(base);
+  MegatronArgs out{from_scratch ? MegatronDefaults() : base, train, {}};
+  ModelSpec& m = out.model;
+  std::set<std::string> given;  // model flags seen
+  bool fp8 = false;
+  LayerFreq layer_freq;
+
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg.rfind("--", 0) != 0) {
+      out.unused.push_back(arg);
+      continue;
+    }
+    const size_t eq = arg.find('=');
+    const std::string flag = arg.substr(0, eq);
+    const bool has_inline = eq != std::string::npos;
+    const auto value = [&]() -> std::string {
+      if (has_inline) return arg.substr(eq + 1);
+      if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0) {
+        throw InputError(flag, "needs a value");
+      }
+      return args[++i];
+    };
+    const auto switch_flag = [&]() {
+      if (has_inline) throw InputError(flag, "takes no value, got '" + arg.substr(eq + 1) + "'");
+    };
+
+    const IntFlag* int_flag = nullptr;
+    for (const IntFlag& f : kModelIntFlags) {
+      if (flag == f.flag) int_flag = &f;
+    }
+    if (int_flag != nullptr) {
+      m.*(int_flag->member) = PositiveInt(value(), flag, int_flag->allow_zero);
+    } else if (flag == "--swiglu") {
+      switch_flag();
+      m.activation = Activation::kSwiGLU;
+    } else if (flag == "--normalization") {
+      m.norm = spec_internal::ParseNorm(value(), flag);
+    } else if (flag == "--position-embedding-type") {
+      m.position_embedding = spec_internal::ParsePositionEmbedding(value(), flag);
+    } else if (flag == "--use-rotary-position-embeddings") {  // older Megatron-LM spelling
+      switch_flag();
+      m.position_embedding = PositionEmbedding::kRope;
+    } else if (flag == "--untie-embeddings-and-output-weights") {
+      switch_flag();
+      m.untie_embeddings = true;
+    } else if (flag == "--disable-bias-linear") {
+      switch_flag();
+      m.add_bias_linear = false;
+    } else if (flag == "--group-query-attention" || flag == "--multi-latent-attention") {
+      switch_flag();
+    } else if (flag == "--moe-layer-freq") {
+      layer_freq = ParseMoeLayerFreq(value());
+      m.moe_first_dense_layers = layer_freq.first_dense;
+    } else if (flag == "--global-batch-size") {
+      out.train.global_batch_size = PositiveInt(value(), flag, false);
+      continue;
+    } else if (flag == "--seq-length") {
+      out.train.seq_length = PositiveInt(value(), flag, false);
+      continue;
+    } else if (flag == "--bf16" || flag == "--fp16") {
+      switch_flag();
+      out.train.precision = flag == "--bf16" ? Precision::kBF16 : Precision::kFP16;
+      continue;
+    } else if (flag == "--fp8-format") {
+      const std::string format = value();
+      if (format != "e4m3" && format != "hybrid") {
+        throw InputError(flag, "unknown format '" + format + "'; allowed: e4m3|hybrid");
+      }
+      fp8 = true;
+      continue;
+    } else {
+      out.unused.push_back(arg);
+      continue;
+    }
+    given.insert(flag);
+  }
+  // Megatron-LM trains in FP8 with --fp8-format alongside --bf16, whatever their order.
+  if (fp8) out.train.precision = Precision::kFP8;
+
+  if (given.empty()) {
+    out.model = base;  // train flags only: the model is whatever the caller had
+    return out;
+  }
+  const auto was_given = [&](const char* flag) { return given.count(flag) > 0; };
+  const bool gqa = was_given("--group-query-attention");
+
+  if (from_scratch) {
+    // Megatron keeps a SwiGLU MLP's parameter count near a 4h one, rounded down to 64.
+    if (!was_given("--ffn-hidden-size")) {
+      m.ffn_hidden_size = m.activation == Activation::kSwiGLU ? m.hidden_size / 24 * 64
+                                                              : 4 * m.hidden_size;
+    }
+    if (!was_given("--max-position-embeddings")) m.max_position_embeddings = out.train.seq_length;
+  }
+  // Without --num-query-groups: Megatron's GQA default is 1 group; without GQA there is one
+  // group per head, also when a base without GQA gets a new head count.
+  const bool base_is_mha = from_scratch || base.num_query_groups == base.num_attention_heads;
+  if (!was_given("--num-query-groups") && base_is_mha) {
+    m.num_query_groups = gqa ? 1 : m.num_attention_heads;
+  }
+  if (was_given("--multi-latent-attention")) {
+    // Megatron-LM's MLA defaults (MLATransformerConfig).
+    if (m.kv_lora_rank == 0) m.kv_lora_rank = 32;
+    if (m.qk_head_dim == 0) m.qk_head_dim = 128;
+    if (m.qk_pos_emb_head_dim == 0) m.qk_pos_emb_head_dim = 64;
+    if (m.v_head_dim == 0) m.v_head_dim = 128;
+  }
+  if (m.num_experts > 0) {
+    if (m.moe_router_topk == 0) m.moe_router_topk = 2;  // Megatron's --moe-router-topk default
+    if (m.moe_ffn_hidden_size == 0) m.moe_ffn_hidden_size = m.ffn_hidden_size;
+  }
+  if (layer_freq.length > 0 && layer_freq.length != m.num_layers) {
+    throw InputError("--moe-layer-freq", "the pattern lists " + std::to_string(layer_freq.length) +
+                                             " layers but the model has " +
+                                             std::to_string(m.num_layers));
+  }
+
+  try {
+    Validate(m);
+  } catch (const InputError& e) {
+    throw spec_internal::Rename(e, FlagForField(e.field()));
+  }
+  return out;
+}
+
+}  // namespace autopar

@@ -1,0 +1,176 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "autopar/perf/cost_model.h"
+#include "autopar/perf/rank.h"
+#include "autopar/spec/parse.h"
+#include "space_test_util.h"
+
+namespace autopar {
+namespace {
+
+using testing::SmallCluster;
+using testing::SmallTrain;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+TEST(Params, PublishedCounts) {
+  EXPECT_NEAR(CountParams(ModelPreset("llama2-7b")).total() / 1e9, 6.74, 0.005);
+  EXPECT_NEAR(CountParams(ModelPreset("llama2-70b")).total() / 1e9, 68.98, 0.005);
+  EXPECT_NEAR(CountParams(ModelPreset("gpt3-175b")).total() / 1e9, 174.6, 0.1);
+  EXPECT_NEAR(CountParams(ModelPreset("llama3-8b")).total() / 1e9, 8.03, 0.01);
+  EXPECT_NEAR(CountParams(ModelPreset("llama3-405b")).total() / 1e9, 405.9, 1.0);
+  // Mixtral 8x7B: 46.7 B in total, 12.9 B active per token. The published active count
+  // includes the input embedding, which does no FLOPs and so is not in active().
+  const ParamCounts mixtral = CountParams(ModelPreset("mixtral-8x7b"));
+  EXPECT_NEAR(mixtral.total() / 1e9, 46.7, 0.1);
+  EXPECT_NEAR((mixtral.active() + mixtral.embedding) / 1e9, 12.9, 0.05);
+  // DeepSeek-V3: 671 B in total, 37 B activated (its 14 B multi-token-prediction module comes on
+  // top and is not modelled).
+  const ParamCounts dsv3 = CountParams(ModelPreset("deepseek-v3"));
+  EXPECT_NEAR(dsv3.total() / 1e9, 671, 3);
+  EXPECT_NEAR((dsv3.active() + dsv3.embedding) / 1e9, 37, 1.5);
+}
+
+// GPT-style layer with Korthikanti et al. 2022's assumptions: GeLU, ffn = 4h, MHA, dropout,
+// no flash attention.
+struct KorthikantiCase : ::testing::Test {
+  ModelSpec model = ModelPreset("gpt3-175b");
+  TrainSpec train = SmallTrain(64, 2048);
+  ClusterSpec cluster = SmallCluster(8, 8);
+  PerfConstants k;
+  KorthikantiCase() {
+    k.stack.flash_attention = false;
+    k.stack.dropout = true;
+  }
+  double Activations(const std::string& spec) {
+    const CostModel cm(model, train, cluster, k);
+    return cm.Memory(Complete(ParseSpec(spec), cluster.world_size())).activations;
+  }
+  // Bytes per layer per micro-batch of Korthikanti et al. (2022) eq. 2–6, for b = 1.
+  double Sbh() const { return 1.0 * train.seq_length * model.hidden_size; }
+  double Score(double t) const {
+    return 5.0 * model.num_attention_heads * train.seq_length / (model.hidden_size * t);
+  }
+};
+
+TEST_F(KorthikantiCase, TensorParallelWithoutSp) {
+  // One micro-batch in flight with pp = 1; 96 layers.
+  const double t = 8;
+  EXPECT_NEAR(Activations("tp=8,pp=1,mbs=1"), 96 * Sbh() * (10 + 24 / t + Score(t)), 1);
+}
+
+TEST_F(KorthikantiCase, SequenceParallel) {
+  const double t = 8;
+  EXPECT_NEAR(Activations("tp=8,pp=1,mbs=1,sp=on"), 96 * Sbh() * (34 / t + Score(t)), 1);
+}
+
+TEST_F(KorthikantiCase, SelectiveRecomputeDropsTheScoreTerm) {
+  const double t = 8;
+  EXPECT_NEAR(Activations("tp=8,pp=1,mbs=1,sp=on,recompute=selective"), 96 * Sbh() * 34 / t, 1);
+}
+
+TEST_F(KorthikantiCase, FullRecomputeKeepsLayerInputsPlusOneLayer) {
+  const double t = 8;
+  const double one_layer = Sbh() * (34 / t + Score(t));
+  EXPECT_NEAR(Activations("tp=8,pp=1,mbs=1,sp=on,recompute=full"),
+              96 * 2 * Sbh() / t + one_layer, 1);
+}
+
+TEST_F(KorthikantiCase, PipelineKeepsPpMicrobatchesOnTheFirstStage) {
+  // 1F1B: the first stage holds pp micro-batches of L/pp layers = L layers' worth;
+  // interleaving multiplies that by 1 + (p − 1)/(p·v).
+  const double t = 8;
+  const double all_layers = 96 * Sbh() * (34 / t + Score(t));
+  EXPECT_NEAR(Activations("tp=8,pp=8,mbs=1,sp=on"), all_layers, 1);
+  EXPECT_NEAR(Activations("tp=8,pp=8,vpp=2,mbs=1,sp=on"), all_layers * (1 + 7.0 / 16), 1);
+}
+
+TEST(Memory, BytesPerParameterMatchMegatron) {
+  // 18 bytes per parameter, or 6 + 12/d with the distributed optimizer over d replicas.
+  const ModelSpec m = ModelPreset("llama2-7b");
+  const ClusterSpec cluster = SmallCluster(1, 8);
+  const CostModel cm(m, SmallTrain(64, 4096), cluster, PerfConstants{});
+  const double params = static_cast<double>(CountParams(m).total());
+  auto state_bytes = [&](const std::string& spec) {
+    const MemoryBreakdown mem = cm.Memory(Complete(ParseSpec(spec), 8));
+    return mem.weights + mem.gradients + mem.optimizer;
+  };
+  EXPECT_NEAR(state_bytes("tp=1,pp=1") / params, 18, 1e-9);
+  EXPECT_NEAR(state_bytes("tp=1,pp=1,dist_opt=on") / params, 6 + 12.0 / 8, 1e-9);
+  EXPECT_NEAR(state_bytes("tp=2,pp=1,dist_opt=on") / params, (6 + 12.0 / 4) / 2, 1e-9);
+}
+
+TEST(Time, CollectivesUseTheLinkTheGroupCrosses) {
+  const ClusterSpec cluster = SmallCluster(4, 8);
+  PerfConstants k;
+  k.eff.intra_node_bus = k.eff.inter_node_bus = 1;
+  const CostModel cm(ModelPreset("llama2-7b"), SmallTrain(64, 4096), cluster, k);
+  EXPECT_FALSE(cm.CrossesNodes(8, 1));   // tp = 8 inside a node
+  EXPECT_TRUE(cm.CrossesNodes(4, 8));    // dp across the 4 nodes
+  EXPECT_TRUE(cm.CrossesNodes(4, 4));    // two nodes, two members each
+  EXPECT_FALSE(cm.CrossesNodes(2, 4));
+  const double bytes = 1e9;
+  // Ring all-reduce: 2(n−1)/n · bytes / bandwidth + latency steps.
+  EXPECT_NEAR(cm.AllReduceTime(bytes, 8, 1), 2 * 7.0 / 8 * bytes / 300e9, 1e-4);
+  EXPECT_NEAR(cm.AllReduceTime(bytes, 4, 8), 2 * 3.0 / 4 * bytes / 25e9, 1e-3);
+  EXPECT_NEAR(cm.AllGatherTime(bytes, 8, 1), 7.0 / 8 * bytes / 300e9, 1e-4);
+  EXPECT_EQ(cm.AllReduceTime(bytes, 1, 1), 0);
+}
+
+TEST(Time, PipelineScheduleFactors) {
+  // Step time components scale with the schedule's slots: m + (p − 1)/v.
+  const ClusterSpec cluster = SmallCluster(1, 8);
+  const CostModel cm(ModelPreset("llama2-7b"), SmallTrain(64, 4096), cluster, PerfConstants{});
+  const TimeBreakdown one_f_one_b = cm.Time(Complete(ParseSpec("tp=1,pp=8,mbs=1"), 8));
+  EXPECT_EQ(one_f_one_b.microbatches, 64);
+  EXPECT_NEAR(one_f_one_b.bubble_fraction, 7.0 / (64 + 7), 1e-12);
+  const double per_slot = one_f_one_b.forward_per_microbatch_s + one_f_one_b.backward_per_microbatch_s;
+  double compute = 0;
+  for (int k : {kGemm, kAttention, kMemoryBound, kTpComm}) compute += one_f_one_b.features[k];
+  EXPECT_NEAR(compute, (64 + 7) * per_slot, 1e-9 * compute);
+  const TimeBreakdown interleaved = cm.Time(Complete(ParseSpec("tp=1,pp=8,vpp=2,mbs=1"), 8));
+  EXPECT_NEAR(interleaved.bubble_fraction, 3.5 / (64 + 3.5), 1e-12);
+  EXPECT_LT(interleaved.features[kGemm], one_f_one_b.features[kGemm]);
+  EXPECT_GT(interleaved.features[kPpComm], one_f_one_b.features[kPpComm]);
+}
+
+TEST(Time, StepTimeIsTheSumOfFeaturesAndRecomputeCosts) {
+  const ClusterSpec cluster = SmallCluster(1, 8);
+  const CostModel cm(ModelPreset("llama2-7b"), SmallTrain(64, 4096), cluster, PerfConstants{});
+  const TimeBreakdown none = cm.Time(Complete(ParseSpec("tp=2,pp=2,sp=on"), 8));
+  double sum = 0;
+  for (double x : none.features) sum += x;
+  EXPECT_DOUBLE_EQ(sum, none.step_time_s);
+  const TimeBreakdown selective = cm.Time(Complete(ParseSpec("tp=2,pp=2,sp=on,recompute=selective"), 8));
+  const TimeBreakdown full = cm.Time(Complete(ParseSpec("tp=2,pp=2,sp=on,recompute=full"), 8));
+  EXPECT_LT(none.step_time_s, selective.step_time_s);
+  EXPECT_LT(selective.step_time_s, full.step_time_s);
+  // Full recompute repeats the forward: GEMM time grows by a third (fwd 1 + bwd 2 → 4 of 3).
+  EXPECT_NEAR(full.features[kGemm] / none.features[kGemm], 4.0 / 3, 0.02);
+}
+
+TEST(Rank, KeepsTheFastestThatFitInOrder) {
+  const ModelSpec m = ModelPreset("llama2-7b");
+  const ClusterSpec cluster = SmallCluster(1, 8);
+  const TrainSpec train = SmallTrain(64, 4096);
+  const SearchSpace space(m, train, cluster, {});
+  const CostModel cm(m, train, cluster, PerfConstants{});
+  const Ranking r = RankSpace(space, cm, 10);
+  EXPECT_EQ(r.candidates, space.Count());
+  ASSERT_EQ(r.top.size(), 10u);
+  double best_brute = 1e30;
+  space.ForEach([&](const ParallelConfig& c) {
+    const Estimate e = cm.Evaluate(c);
+    if (e.fits) best_brute = std::min(best_brute, e.time.step_time_s);
+  });
+  EXPECT_DOUBLE_EQ(r.top[0].estimate.time.step_time_s, best_brute);
+  for (size_t i = 1; i < r.top.size(); ++i) {
+    EXPECT_LE(r.top[i - 1].estimate.time.step_time_s, r.top[i].estimate.time.step_time_s);
+    EXPECT_TRUE(r.top[i].estimate.fits);
+  }
+}
+
+}  // namespace
+}  // namespace autopar

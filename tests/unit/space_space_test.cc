@@ -1,0 +1,185 @@
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "autopar/common/status.h"
+#include "autopar/space/space.h"
+#include "space_test_util.h"
+
+namespace autopar {
+namespace {
+
+using testing::SmallCluster;
+using testing::SmallTrain;
+using testing::TinyModel;
+
+TEST(Spec, PrintsEveryKeyAndParsesBack) {
+  ParallelConfig c;
+  c.tp = 8;
+  c.pp = 4;
+  c.dp = 2;
+  c.vpp = 3;
+  c.mbs = 2;
+  c.sp = true;
+  c.recompute = Recompute::kSelective;
+  c.dist_opt = true;
+  EXPECT_EQ(ToSpec(c),
+            "tp=8,pp=4,dp=2,cp=1,up=1,ep=1,vpp=3,mbs=2,sp=on,recompute=selective,dist_opt=on");
+  EXPECT_EQ(ParseSpec(ToSpec(c)), c);
+  c.recompute = Recompute::kFull;
+  c.recompute_layers = 5;
+  EXPECT_EQ(ParseSpec(ToSpec(c)), c);
+}
+
+TEST(Spec, OmittedKeysTakeDefaultsAndDpIsDerived) {
+  const ParallelConfig c = Complete(ParseSpec("tp=2,pp=2"), 16);
+  EXPECT_EQ(c.dp, 4);
+  EXPECT_EQ(c.mbs, 1);
+  EXPECT_FALSE(c.sp);
+  EXPECT_EQ(c.recompute, Recompute::kNone);
+}
+
+TEST(Spec, BadTextNamesTheFlagAndTheAllowedValues) {
+  for (const char* bad : {"tp=0", "tp=x", "foo=1", "tp", "sp=maybe", "recompute=some",
+                          "recompute_layers=2"}) {
+    try {
+      ParseSpec(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.field(), "--config") << bad;
+    }
+  }
+  try {
+    ParseSpec("recompute=some");
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("none|selective|full"), std::string::npos);
+  }
+  EXPECT_THROW(Complete(ParseSpec("tp=2,dp=3"), 16), InputError);
+  EXPECT_THROW(Complete(ParseSpec("tp=3"), 16), InputError);
+}
+
+TEST(SearchSpace, HandCountedTinySpace) {
+  // 4 GPUs, 4 layers, 4 heads, gbs 8; no SP, recompute or distributed optimizer.
+  // (tp,pp,dp): (1,1,4) mbs∈{1,2}: 2; (1,2,2) mbs∈{1,2,4} + vpp=2 for mbs∈{1,2}: 5;
+  // (1,4,1) mbs∈{1,2,4,8}: 4; (2,1,2): 3; (2,2,1) 4 + vpp=2 for mbs∈{1,2,4}: 7; (4,1,1): 4.
+  SpaceOptions o;
+  o.sp = {false};
+  o.recompute = {Recompute::kNone};
+  o.dist_opt = {false};
+  const SearchSpace space(TinyModel(), SmallTrain(8, 64), SmallCluster(1, 4), o);
+  EXPECT_EQ(space.Count(), 25);
+
+  o.sp = {};
+  EXPECT_EQ(SearchSpace(TinyModel(), SmallTrain(8, 64), SmallCluster(1, 4), o).Count(), 25 + 14);
+}
+
+TEST(SearchSpace, EnumerationEqualsBruteForceFilteredByCheck) {
+  ModelSpec m = TinyModel();
+  m.num_experts = 4;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 32;
+  SpaceOptions o;
+  o.cp = {1, 2};
+  o.up = {1, 2};
+  o.sweep_recompute_layers = true;
+  const SearchSpace space(m, SmallTrain(8, 64), SmallCluster(2, 4), o);
+  std::set<std::string> enumerated;
+  space.ForEach([&](const ParallelConfig& c) {
+    EXPECT_EQ(space.Check(c), "") << ToSpec(c);
+    EXPECT_TRUE(enumerated.insert(ToSpec(c)).second) << "duplicate " << ToSpec(c);
+  });
+  std::set<std::string> brute;
+  const int32_t degrees[] = {1, 2, 4, 8};
+  for (int32_t tp : degrees)
+    for (int32_t pp : degrees)
+      for (int32_t dp : degrees)
+        for (int32_t cp : {1, 2})
+          for (int32_t up : {1, 2})
+            for (int32_t ep : degrees)
+              for (int32_t vpp : {1, 2, 4})
+                for (int32_t mbs : {1, 2, 4, 8})
+                  for (bool sp : {false, true})
+                    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
+                      for (int32_t layers : {0, 1, 2, 3})
+                        for (bool dist_opt : {false, true}) {
+                          ParallelConfig c{tp, pp, dp, cp, up, ep, vpp, mbs, sp, r, layers, dist_opt};
+                          if (dist_opt && dp * cp == 1) continue;  // same as dist_opt=off
+                          if (space.Check(c).empty()) brute.insert(ToSpec(c));
+                        }
+  EXPECT_EQ(enumerated, brute);
+  EXPECT_GT(brute.size(), 100u);
+}
+
+TEST(SearchSpace, CheckNamesTheBrokenConstraint) {
+  const SearchSpace space(TinyModel(), SmallTrain(8, 64), SmallCluster(1, 8), {});
+  EXPECT_NE(space.Check(Complete(ParseSpec("tp=8"), 8)).find("num_attention_heads"),
+            std::string::npos);
+  EXPECT_NE(space.Check(Complete(ParseSpec("pp=8"), 8)).find("num_layers"), std::string::npos);
+  EXPECT_NE(space.Check(Complete(ParseSpec("tp=1,sp=on"), 8)).find("sp=on"), std::string::npos);
+  EXPECT_NE(space.Check(Complete(ParseSpec("ep=2"), 8)).find("mixture-of-experts"),
+            std::string::npos);
+  EXPECT_EQ(space.Check(Complete(ParseSpec("tp=2,pp=2,sp=on"), 8)), "");
+}
+
+TEST(SearchSpace, ImpossibleRestrictionsNameTheFlag) {
+  auto field_of = [](SpaceOptions o) {
+    try {
+      SearchSpace(TinyModel(), SmallTrain(8, 64), SmallCluster(1, 8), o);
+    } catch (const InputError& e) {
+      return e.field();
+    }
+    return std::string("accepted");
+  };
+  SpaceOptions o;
+  o.tp = {3};
+  EXPECT_EQ(field_of(o), "--tp");
+  o = {};
+  o.pp = {3};
+  EXPECT_EQ(field_of(o), "--pp");
+  o = {};
+  o.ep = {2};
+  EXPECT_EQ(field_of(o), "--ep");
+  o = {};
+  o.mbs = {3};
+  EXPECT_EQ(field_of(o), "--micro-batch-size");
+  o = {};
+  o.cp = {3};
+  EXPECT_EQ(field_of(o), "--cp");
+  o = {};
+  o.tp = {2};
+  EXPECT_EQ(field_of(o), "accepted");
+}
+
+TEST(SearchSpace, FixPinsDimensions) {
+  SpaceOptions o;
+  ApplyFix("sp=on,tp=2,recompute=full,dist_opt=off", o);
+  const SearchSpace space(TinyModel(), SmallTrain(8, 64), SmallCluster(1, 4), o);
+  int64_t n = 0;
+  space.ForEach([&](const ParallelConfig& c) {
+    ++n;
+    EXPECT_TRUE(c.sp);
+    EXPECT_EQ(c.tp, 2);
+    EXPECT_EQ(c.recompute, Recompute::kFull);
+    EXPECT_FALSE(c.dist_opt);
+  });
+  EXPECT_EQ(n, 3 + 7);
+  EXPECT_THROW(ApplyFix("sp=maybe", o), InputError);
+  EXPECT_THROW(ApplyFix("tp", o), InputError);
+  EXPECT_EQ(ParseIntList("--tp", "1,2,4"), (std::vector<int32_t>{1, 2, 4}));
+  EXPECT_THROW(ParseIntList("--tp", "1,,2"), InputError);
+  EXPECT_THROW(ParseIntList("--tp", "a"), InputError);
+}
+
+TEST(SearchSpace, TensorParallelStaysInsideANodeUnlessAllowed) {
+  SpaceOptions o;
+  const SearchSpace in_node(TinyModel(), SmallTrain(8, 64), SmallCluster(2, 2), o);
+  in_node.ForEach([](const ParallelConfig& c) { EXPECT_LE(c.tp, 2); });
+  o.tp_across_nodes = true;
+  bool saw_tp4 = false;
+  SearchSpace(TinyModel(), SmallTrain(8, 64), SmallCluster(2, 2), o)
+      .ForEach([&](const ParallelConfig& c) { saw_tp4 |= c.tp == 4; });
+  EXPECT_TRUE(saw_tp4);
+}
+
+}  // namespace
+}  // namespace autopar
