@@ -102,7 +102,8 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
     } else if (flag == "--recompute-method") recompute_method = next();
     else if (flag == "--recompute-num-layers") cfg().recompute_layers = next_int();
     else if (flag == "--attention-dropout" || flag == "--hidden-dropout") {
-      stack.dropout = stack.dropout || ToDouble(flag, next()) > 0;
+      const double rate = ToDouble(flag, next());  // always consume the value
+      stack.dropout = stack.dropout || rate > 0;
     } else if (flag == "--use-flash-attn") stack.flash_attention = true;
     else if (flag == "--overlap-grad-reduce") stack.overlap_grad_reduce = true;
     else if (flag == "--overlap-param-gather") stack.overlap_param_gather = true;
@@ -163,7 +164,9 @@ Args::Args(const std::vector<std::string>& argv) {
       item.value = a.substr(eq + 1);
     } else {
       item.flag = a;
-      if (i + 1 < argv.size() && !IsFlag(argv[i + 1])) item.value = argv[++i];
+      // A pasted argument list starts with "--" itself: its value is always the next item.
+      const bool verbatim = a == "--megatron-args";
+      if (i + 1 < argv.size() && (verbatim || !IsFlag(argv[i + 1]))) item.value = argv[++i];
     }
     items_.push_back(std::move(item));
   }

@@ -32,6 +32,7 @@ void WriteTimeJson(JsonWriter& j, const TimeBreakdown& t) {
   j.Field("microbatches", t.microbatches).Field("bubble_fraction", t.bubble_fraction);
   j.Field("forward_per_microbatch_s", t.forward_per_microbatch_s);
   j.Field("backward_per_microbatch_s", t.backward_per_microbatch_s);
+  j.Field("layer_forward_s", t.layer_forward_s).Field("layer_backward_s", t.layer_backward_s);
 }
 
 void WriteJson(std::ostream& out, const Inputs& in, const PlanSummary& summary,

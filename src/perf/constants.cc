@@ -13,7 +13,7 @@ PerfConstants DefaultConstants(const std::string& gpu_name) {
   // One set of efficiencies per GPU generation, set against shared/calibration (see
   // scripts/bench_accuracy.sh); never per configuration.
   if (name.rfind("v100", 0) == 0) {
-    k.eff.gemm = 0.70;
+    k.eff.gemm = 0.82;
     k.eff.attention = 0.45;
     k.eff.attention_unfused = 0.35;
     k.eff.memory_bound = 0.7;

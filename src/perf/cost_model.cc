@@ -36,8 +36,13 @@ bool CostModel::CrossesNodes(int64_t n, int64_t stride) const {
 
 double CostModel::BusBandwidth(int64_t n, int64_t stride) const {
   const GpuSpec& g = cluster_.gpu;
-  return CrossesNodes(n, stride) ? g.inter_node_bandwidth * constants_.eff.inter_node_bus
-                                 : g.intra_node_bandwidth * constants_.eff.intra_node_bus;
+  const double intra = g.intra_node_bandwidth * constants_.eff.intra_node_bus;
+  if (!CrossesNodes(n, stride)) return intra;
+  // NCCL runs one ring per NIC: with k members of the group on a node, the node's k NICs carry
+  // the ring's inter-node traffic in parallel, up to what NVLink can feed them.
+  const int64_t members_per_node =
+      std::clamp<int64_t>(cluster_.gpus_per_node / std::max<int64_t>(stride, 1), 1, n);
+  return std::min(intra, members_per_node * g.inter_node_bandwidth * constants_.eff.inter_node_bus);
 }
 
 double CostModel::Latency(int64_t n, int64_t stride) const {

@@ -75,17 +75,24 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     // Attention core over the full key range; flash skips the masked half of a causal square.
     const double heads = a / (t * c.up);
     const double attn_flops = 2 * c.mbs * (s / c.cp) * s * heads * (qk_dim + v_dim) * c.up;
+    double softmax = 0;  // the unfused attention's passes over the score matrix
     if (stack.flash_attention) {
       f[kAttention] = 0.5 * attn_flops / (peak_flops_ * e.attention);
     } else {
       f[kAttention] = attn_flops / (peak_flops_ * e.attention_unfused);
       // Scale-mask-softmax and dropout over the score matrix, bf16 in and out (+ a byte mask).
       const double score_elems = c.mbs * heads * (s / c.cp) * s * c.up;
-      f[kMemoryBound] += score_elems * (stack.dropout ? 9 : 4) / hbm;
+      softmax = score_elems * (stack.dropout ? 9 : 4) / hbm;
+      f[kMemoryBound] += softmax;
     }
     // Elementwise traffic: norms, residuals, RoPE, bias and dropout on hidden-sized tensors
     // (replicated over tp unless SP shards them), the activation function on the MLP width.
-    const double hidden_passes = 10 + (stack.dropout ? 6 : 0) + (m.add_bias_linear ? 4 : 0);
+    // Two norms (read + write) and two residual adds (2 reads + 1 write); bias and dropout are
+    // fused into the adds and cost only the dropout masks; RoPE reads and writes q and k.
+    const double rope_passes =
+        m.position_embedding == PositionEmbedding::kRope ? 2 * (a * qk_dim + kv_heads * qk_dim) / h
+                                                         : 0;
+    const double hidden_passes = 10 + (stack.dropout ? 1 : 0) + rope_passes;
     const double width = moe ? m.moe_router_topk * m.moe_ffn_hidden_size +
                                    m.moe_shared_expert_intermediate_size
                              : m.ffn_hidden_size;
@@ -121,9 +128,9 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     b[kAttention] = (stack.flash_attention ? 2.5 : 2.0) * f[kAttention];
     b[kMemoryBound] = 2 * f[kMemoryBound];
     b[kCpComm] = 2 * f[kCpComm];
-    if (c.recompute == Recompute::kSelective) {
+    if (c.recompute == Recompute::kSelective) {  // the attention core runs forward again
       b[kAttention] += f[kAttention];
-      if (!stack.flash_attention) b[kMemoryBound] += f[kMemoryBound];
+      b[kMemoryBound] += softmax;
     }
     return lc;
   };
@@ -140,12 +147,12 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   AddScaled(stage_fwd, moe_layer.fwd, moe_layers);
   AddScaled(stage_bwd, dense_layer.bwd, dense_layers);
   AddScaled(stage_bwd, moe_layer.bwd, moe_layers);
-  if (c.recompute == Recompute::kFull) {
-    // Recomputed layers run their forward (GEMMs, kernels and collectives) again in backward.
-    const double share =
-        c.recompute_layers == 0 ? 1.0 : static_cast<double>(c.recompute_layers) / layers_per_stage;
-    AddScaled(stage_bwd, stage_fwd, share);
-  }
+  // Recomputed layers run their forward (GEMMs, kernels and collectives) again in backward.
+  const double recompute_share =
+      c.recompute != Recompute::kFull ? 0.0
+      : c.recompute_layers == 0       ? 1.0
+                                      : static_cast<double>(c.recompute_layers) / layers_per_stage;
+  AddScaled(stage_bwd, stage_fwd, recompute_share);
   // Logits and vocab-parallel cross-entropy on the last stage.
   const double v = m.vocab_size;
   const double logits_fwd = GemmTime(2 * tokens * h * v / t, v / t);
@@ -167,7 +174,7 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   out.bubble_fraction = 1.0 - microbatches / slots;
   for (int k = 0; k < kNumFeatures; ++k) out.features[k] = slots * (stage_fwd[k] + stage_bwd[k]);
   out.layer_forward_s = dense_layer.forward();
-  out.layer_backward_s = dense_layer.backward();
+  out.layer_backward_s = dense_layer.backward() + recompute_share * dense_layer.forward();
   double fwd = 0, bwd = 0;
   for (int k = 0; k < kNumFeatures; ++k) {
     fwd += stage_fwd[k];

@@ -9,17 +9,22 @@ namespace autopar {
 
 const char* ToString(Precision p) {
   switch (p) {
-    case Precision::kBF16: return "bf16";
-    case Precision::kFP16: return "fp16";
-    case Precision::kFP8: return "fp8";
+    case Precision::kBF16:
+      return "bf16";
+    case Precision::kFP16:
+      return "fp16";
+    case Precision::kFP8:
+      return "fp8";
   }
   return "unknown";
 }
 
 double GpuSpec::PeakFlops(Precision p) const {
   switch (p) {
-    case Precision::kBF16: return peak_flops_bf16;
-    case Precision::kFP16: return peak_flops_fp16;
+    case Precision::kBF16:
+      return peak_flops_bf16;
+    case Precision::kFP16:
+      return peak_flops_fp16;
     case Precision::kFP8:
       // Failing here, rather than returning 0, keeps a division by zero out of the time model.
       if (peak_flops_fp8 <= 0) {

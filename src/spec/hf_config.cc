@@ -128,8 +128,8 @@ ModelSpec FromGpt2(const YAML::Node& root) {
   m.num_query_groups = m.num_attention_heads;
   m.ffn_hidden_size = OptionalInt(root, "n_inner", 4 * m.hidden_size);
   m.vocab_size = RequiredInt(root, "vocab_size");
-  m.max_position_embeddings = Has(root, "n_positions") ? RequiredInt(root, "n_positions")
-                                                       : RequiredInt(root, "n_ctx");
+  m.max_position_embeddings =
+      Has(root, "n_positions") ? RequiredInt(root, "n_positions") : RequiredInt(root, "n_ctx");
   ReadTying(root, /*tied_by_default=*/true, m);
   return m;
 }
@@ -192,13 +192,13 @@ const Family& FindFamily(const YAML::Node& root) {
     for (const Family& f : kFamilies) {
       if (type == f.model_type) return f;
     }
-    throw InputError("model_type", "unsupported model_type '" + type +
-                                       "'; supported architectures: " +
-                                       Join(SupportedArchitectures(), ", "));
+    throw InputError("model_type",
+                     "unsupported model_type '" + type +
+                         "'; supported architectures: " + Join(SupportedArchitectures(), ", "));
   }
-  throw InputError("architectures", std::string("missing from ") + kDoc +
-                                        " (and no model_type); supported: " +
-                                        Join(SupportedArchitectures(), ", "));
+  throw InputError("architectures",
+                   std::string("missing from ") + kDoc +
+                       " (and no model_type); supported: " + Join(SupportedArchitectures(), ", "));
 }
 
 }  // namespace

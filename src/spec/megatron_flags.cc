@@ -142,8 +142,9 @@ LayerFreq ParseMoeLayerFreq(const std::string& raw) {
   }
   for (int64_t i = result.first_dense; i < result.length; ++i) {
     if (pattern[i] != 1) {
-      throw InputError(flag, "dense layers after the first MoE layer cannot be modelled; only "
-                             "leading dense layers such as [0]*3+[1]*58 are supported");
+      throw InputError(flag,
+                       "dense layers after the first MoE layer cannot be modelled; only "
+                       "leading dense layers such as [0]*3+[1]*58 are supported");
     }
   }
   return result;
@@ -314,8 +315,8 @@ MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const Mode
   if (from_scratch) {
     // Megatron keeps a SwiGLU MLP's parameter count near a 4h one, rounded down to 64.
     if (!was_given("--ffn-hidden-size")) {
-      m.ffn_hidden_size = m.activation == Activation::kSwiGLU ? m.hidden_size / 24 * 64
-                                                              : 4 * m.hidden_size;
+      m.ffn_hidden_size =
+          m.activation == Activation::kSwiGLU ? m.hidden_size / 24 * 64 : 4 * m.hidden_size;
     }
     if (!was_given("--max-position-embeddings")) m.max_position_embeddings = out.train.seq_length;
   }

@@ -9,8 +9,10 @@ namespace autopar {
 
 const char* ToString(Activation a) {
   switch (a) {
-    case Activation::kSwiGLU: return "swiglu";
-    case Activation::kGeLU: return "gelu";
+    case Activation::kSwiGLU:
+      return "swiglu";
+    case Activation::kGeLU:
+      return "gelu";
   }
   return "unknown";
 }
@@ -19,16 +21,20 @@ const char* ToString(Activation a) {
 // printed spec can be pasted back as flags.
 const char* ToString(NormKind n) {
   switch (n) {
-    case NormKind::kRMSNorm: return "RMSNorm";
-    case NormKind::kLayerNorm: return "LayerNorm";
+    case NormKind::kRMSNorm:
+      return "RMSNorm";
+    case NormKind::kLayerNorm:
+      return "LayerNorm";
   }
   return "unknown";
 }
 
 const char* ToString(PositionEmbedding p) {
   switch (p) {
-    case PositionEmbedding::kRope: return "rope";
-    case PositionEmbedding::kLearned: return "learned_absolute";
+    case PositionEmbedding::kRope:
+      return "rope";
+    case PositionEmbedding::kLearned:
+      return "learned_absolute";
   }
   return "unknown";
 }
@@ -98,10 +104,10 @@ void Validate(const ModelSpec& m) {
 
   // Each query group shares one key/value head, so the query heads must split evenly.
   if (m.num_attention_heads % m.num_query_groups != 0) {
-    throw InputError("num_query_groups",
-                     "num_attention_heads (" + std::to_string(m.num_attention_heads) +
-                         ") must be a multiple of num_query_groups (" +
-                         std::to_string(m.num_query_groups) + ")");
+    throw InputError("num_query_groups", "num_attention_heads (" +
+                                             std::to_string(m.num_attention_heads) +
+                                             ") must be a multiple of num_query_groups (" +
+                                             std::to_string(m.num_query_groups) + ")");
   }
   if (m.kv_channels == 0 && m.hidden_size % m.num_attention_heads != 0) {
     throw InputError("num_attention_heads",
@@ -130,10 +136,10 @@ void Validate(const ModelSpec& m) {
     }
     RequirePositive(m.moe_ffn_hidden_size, "moe_ffn_hidden_size");
     if (m.moe_first_dense_layers >= m.num_layers) {
-      throw InputError("moe_first_dense_layers",
-                       "must be less than num_layers (" + std::to_string(m.num_layers) +
-                           ") so that some layer has experts, got " +
-                           std::to_string(m.moe_first_dense_layers));
+      throw InputError("moe_first_dense_layers", "must be less than num_layers (" +
+                                                     std::to_string(m.num_layers) +
+                                                     ") so that some layer has experts, got " +
+                                                     std::to_string(m.moe_first_dense_layers));
     }
   }
 }

@@ -145,11 +145,14 @@ std::vector<GpuSpec> BuildGpuPresets() {
   a100_40.intra_node_latency_s = kNvlinkLatencyS;
   a100_40.inter_node_bandwidth = 25e9;
   a100_40.inter_node_latency_s = kNetworkLatencyS;
-  a100_40.source = std::string(
-      "A100 SXM4 40GB. Peak bf16/fp16 312 TFLOP/s dense: Narayanan et al. 2021 Sec 5 and the "
-      "NVIDIA A100 datasheet; fp32 19.5 TFLOP/s and HBM2 1.555 TB/s: A100 datasheet; NVLink3 600 "
-      "GB/s total = 300 GB/s per direction; network: one 200 Gb/s HDR InfiniBand HCA per GPU "
-      "(DGX A100); memory: 42298834944 bytes reported by deviceQuery (nvidia-smi 40960 MiB); ") +
+  a100_40.source =
+      std::string(
+          "A100 SXM4 40GB. Peak bf16/fp16 312 TFLOP/s dense: Narayanan et al. 2021 Sec 5 and the "
+          "NVIDIA A100 datasheet; fp32 19.5 TFLOP/s and HBM2 1.555 TB/s: A100 datasheet; NVLink3 "
+          "600 "
+          "GB/s total = 300 GB/s per direction; network: one 200 Gb/s HDR InfiniBand HCA per GPU "
+          "(DGX A100); memory: 42298834944 bytes reported by deviceQuery (nvidia-smi 40960 "
+          "MiB); ") +
       kLatencyNote;
   p.push_back(a100_40);
 
@@ -158,20 +161,23 @@ std::vector<GpuSpec> BuildGpuPresets() {
   a100_80.memory_gib = 79.25;
   a100_80.hbm_bandwidth = 2.039e12;
   a100_80.source = std::string(
-      "A100 SXM4 80GB. As a100-40gb (312 TFLOP/s bf16, NVLink3 300 GB/s per direction, 200 Gb/s "
-      "HDR per GPU) with HBM2e 2.039 TB/s (A100 datasheet); memory: 79.25 GiB total capacity in "
-      "PyTorch OOM reports (nvidia-smi 81920 MiB); ") +
-      kLatencyNote;
+                       "A100 SXM4 80GB. As a100-40gb (312 TFLOP/s bf16, NVLink3 300 GB/s per "
+                       "direction, 200 Gb/s "
+                       "HDR per GPU) with HBM2e 2.039 TB/s (A100 datasheet); memory: 79.25 GiB "
+                       "total capacity in "
+                       "PyTorch OOM reports (nvidia-smi 81920 MiB); ") +
+                   kLatencyNote;
   p.push_back(a100_80);
 
   GpuSpec a800 = a100_80;
   a800.name = "a800";
   a800.memory_gib = 79.33;
   a800.intra_node_bandwidth = 200e9;
-  a800.source = std::string(
-      "A800 SXM4 80GB, the export variant of the A100 80GB: same compute and HBM2e 2.039 TB/s, "
-      "NVLink cut to 400 GB/s total = 200 GB/s per direction (vendor spec sheet, secondary); "
-      "memory: 79.33 GiB total capacity in a PyTorch OOM report (nvidia-smi 81920 MiB); ") +
+  a800.source =
+      std::string(
+          "A800 SXM4 80GB, the export variant of the A100 80GB: same compute and HBM2e 2.039 TB/s, "
+          "NVLink cut to 400 GB/s total = 200 GB/s per direction (vendor spec sheet, secondary); "
+          "memory: 79.33 GiB total capacity in a PyTorch OOM report (nvidia-smi 81920 MiB); ") +
       kLatencyNote;
   p.push_back(a800);
 
@@ -187,21 +193,26 @@ std::vector<GpuSpec> BuildGpuPresets() {
   h100.intra_node_latency_s = kNvlinkLatencyS;
   h100.inter_node_bandwidth = 50e9;
   h100.inter_node_latency_s = kNetworkLatencyS;
-  h100.source = std::string(
-      "H100 SXM5 80GB. Peak bf16 989 / fp8 1979 TFLOP/s dense: NVIDIA dgxc-benchmarking READMEs; "
-      "fp32 67 TFLOP/s, HBM3 3.35 TB/s, NVLink4 900 GB/s total = 450 GB/s per direction: NVIDIA "
-      "H100 datasheet; network: one 400 Gb/s NDR port per GPU (DGX H100); memory: 79.18 GiB "
-      "visible to PyTorch (nvidia-smi 81559 MiB); ") +
+  h100.source =
+      std::string(
+          "H100 SXM5 80GB. Peak bf16 989 / fp8 1979 TFLOP/s dense: NVIDIA dgxc-benchmarking "
+          "READMEs; "
+          "fp32 67 TFLOP/s, HBM3 3.35 TB/s, NVLink4 900 GB/s total = 450 GB/s per direction: "
+          "NVIDIA "
+          "H100 datasheet; network: one 400 Gb/s NDR port per GPU (DGX H100); memory: 79.18 GiB "
+          "visible to PyTorch (nvidia-smi 81559 MiB); ") +
       kLatencyNote;
   p.push_back(h100);
 
   GpuSpec h800 = h100;
   h800.name = "h800";
   h800.intra_node_bandwidth = 200e9;
-  h800.source = std::string(
-      "H800 SXM5 80GB, the export variant of the H100: H100 compute and memory; NVLink 400 GB/s "
-      "total = 200 GB/s per direction (vendor spec sheets, secondary; DeepSeek-V3 report Sec "
-      "3.2.2 measures 160 GB/s usable); InfiniBand 50 GB/s per GPU (DeepSeek-V3 report); ") +
+  h800.source =
+      std::string(
+          "H800 SXM5 80GB, the export variant of the H100: H100 compute and memory; NVLink 400 "
+          "GB/s "
+          "total = 200 GB/s per direction (vendor spec sheets, secondary; DeepSeek-V3 report Sec "
+          "3.2.2 measures 160 GB/s usable); InfiniBand 50 GB/s per GPU (DeepSeek-V3 report); ") +
       kLatencyNote;
   p.push_back(h800);
 
@@ -209,10 +220,11 @@ std::vector<GpuSpec> BuildGpuPresets() {
   h200.name = "h200";
   h200.memory_gib = 139.80;
   h200.hbm_bandwidth = 4.8e12;
-  h200.source = std::string(
-      "H200 SXM 141GB: H100 SXM5 compute and NVLink4 (NVIDIA H200 datasheet); HBM3e 4.8 TB/s; "
-      "memory: 139.80 GiB total capacity in PyTorch OOM reports (nvidia-smi 143771 MiB); "
-      "network as h100; ") +
+  h200.source =
+      std::string(
+          "H200 SXM 141GB: H100 SXM5 compute and NVLink4 (NVIDIA H200 datasheet); HBM3e 4.8 TB/s; "
+          "memory: 139.80 GiB total capacity in PyTorch OOM reports (nvidia-smi 143771 MiB); "
+          "network as h100; ") +
       kLatencyNote;
   p.push_back(h200);
 
@@ -228,12 +240,16 @@ std::vector<GpuSpec> BuildGpuPresets() {
   b200.intra_node_latency_s = kNvlinkLatencyS;
   b200.inter_node_bandwidth = 50e9;
   b200.inter_node_latency_s = kNetworkLatencyS;
-  b200.source = std::string(
-      "B200 in HGX B200 (1000 W). Peak dense bf16 2.25 / fp8 4.5 PFLOP/s, fp32 80 TFLOP/s: NVIDIA "
-      "HGX B200 figures as tabulated at glennklockwood.com/garden/processors/B200; HBM3e 8 TB/s "
-      "(datasheet; 7.67 TB/s from the bus width reported by the driver, pytorch/ao#4002); NVLink5 "
-      "1.8 TB/s total = 900 GB/s per direction; network: one 400 Gb/s ConnectX-7 per GPU (DGX "
-      "B200); memory: 178.35 GiB reported by the CUDA runtime (nvidia-smi 183359 MiB); ") +
+  b200.source =
+      std::string(
+          "B200 in HGX B200 (1000 W). Peak dense bf16 2.25 / fp8 4.5 PFLOP/s, fp32 80 TFLOP/s: "
+          "NVIDIA "
+          "HGX B200 figures as tabulated at glennklockwood.com/garden/processors/B200; HBM3e 8 "
+          "TB/s "
+          "(datasheet; 7.67 TB/s from the bus width reported by the driver, pytorch/ao#4002); "
+          "NVLink5 "
+          "1.8 TB/s total = 900 GB/s per direction; network: one 400 Gb/s ConnectX-7 per GPU (DGX "
+          "B200); memory: 178.35 GiB reported by the CUDA runtime (nvidia-smi 183359 MiB); ") +
       kLatencyNote;
   p.push_back(b200);
 
@@ -297,8 +313,8 @@ bool HasGpuPreset(const std::string& name) { return Find(GpuPresets(), name) != 
 
 ModelSpec ModelPreset(const std::string& name) {
   if (const ModelSpec* m = Find(ModelPresets(), name)) return *m;
-  throw InputError("--model", "unknown model preset '" + name +
-                                  "'; allowed: " + Join(ModelPresetNames(), ", "));
+  throw InputError(
+      "--model", "unknown model preset '" + name + "'; allowed: " + Join(ModelPresetNames(), ", "));
 }
 
 GpuSpec GpuPreset(const std::string& name) {

@@ -55,10 +55,18 @@ constexpr IntKey kModelIntKeys[] = {
 // Keys with a meaning of their own. The struct's spellings (`norm`, `position_embedding`,
 // `untie_embeddings`) are accepted next to Megatron's so a printed spec reads back.
 const std::vector<std::string>& ModelOtherKeys() {
-  static const std::vector<std::string> keys = {
-      "base", "name", "activation", "swiglu", "normalization", "norm",
-      "position_embedding_type", "position_embedding", "untie_embeddings_and_output_weights",
-      "untie_embeddings", "add_bias_linear", "disable_bias_linear"};
+  static const std::vector<std::string> keys = {"base",
+                                                "name",
+                                                "activation",
+                                                "swiglu",
+                                                "normalization",
+                                                "norm",
+                                                "position_embedding_type",
+                                                "position_embedding",
+                                                "untie_embeddings_and_output_weights",
+                                                "untie_embeddings",
+                                                "add_bias_linear",
+                                                "disable_bias_linear"};
   return keys;
 }
 
@@ -176,16 +184,18 @@ GpuSpec GpuFromNode(const YAML::Node& root, const std::string& prefix) {
   if (g.peak_flops_fp16 == 0) g.peak_flops_fp16 = g.peak_flops_bf16;
   if (g.peak_flops_bf16 == 0) g.peak_flops_bf16 = g.peak_flops_fp16;
   if (overridden && !root["source"]) {
-    g.source = base.empty() ? "user YAML"
-                            : "user YAML over preset '" + base + "' (" + g.source + ")";
+    g.source =
+        base.empty() ? "user YAML" : "user YAML over preset '" + base + "' (" + g.source + ")";
   }
 
   try {
     Validate(g);
   } catch (const InputError& e) {
     const std::string key = prefix + GpuKeyForField(e.field());
-    throw InputError(key, "missing or not positive (give it, or start from `base:` with one "
-                          "of: " + Join(GpuPresetNames(), ", ") + ")");
+    throw InputError(key,
+                     "missing or not positive (give it, or start from `base:` with one "
+                     "of: " +
+                         Join(GpuPresetNames(), ", ") + ")");
   }
   return g;
 }
@@ -227,9 +237,7 @@ ModelSpec ModelFromYaml(const std::string& text) {
   return m;
 }
 
-GpuSpec GpuFromYaml(const std::string& text) {
-  return GpuFromNode(LoadMapping(text, kGpuDoc), "");
-}
+GpuSpec GpuFromYaml(const std::string& text) { return GpuFromNode(LoadMapping(text, kGpuDoc), ""); }
 
 // Fields the file leaves out stay zero: the CLI fills them from flags (--nnodes,
 // --nproc-per-node, --gpu) and then calls Validate(ClusterSpec).

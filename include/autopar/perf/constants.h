@@ -17,7 +17,9 @@ struct Efficiency {
   double memory_bound = 0.7;       // of HBM bandwidth, for norms, activations, softmax, Adam
   double intra_node_bus = 0.8;     // of NVLink bandwidth reached by NCCL collectives
   double inter_node_bus = 0.85;    // of the NIC bandwidth
-  double dp_overlap = 0.0;         // fraction of DP gradient reduction hidden behind backward
+  // With overlap on, at most this fraction of the DP gradient reduction hides behind the
+  // backward pass (the last bucket's reduction always shows).
+  double dp_overlap = 0.85;
 };
 
 struct MemoryConstants {

@@ -1,0 +1,141 @@
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "autopar/cli/commands.h"
+#include "autopar/common/status.h"
+
+namespace autopar::cli {
+namespace {
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result RunCli(const std::vector<std::string>& argv) {
+  std::ostringstream out, err;
+  const int code = Main(argv, out, err);
+  return {code, out.str(), err.str()};
+}
+
+std::vector<std::string> Llama7bOn(int nnodes, std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {"--model", "llama2-7b", "--gpu", "a100-80gb",
+                                   "--nnodes", std::to_string(nnodes), "--nproc-per-node", "8",
+                                   "--global-batch-size", "256", "--seq-length", "4096"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+std::vector<std::string> Cmd(const std::string& command, std::vector<std::string> rest) {
+  rest.insert(rest.begin(), command);
+  return rest;
+}
+
+std::string TempFile(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(Cli, PlanPrintsRankedTable) {
+  const Result r = RunCli(Cmd("plan", Llama7bOn(2, {"--top", "3"})));
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("rank config"), std::string::npos);
+  EXPECT_NE(r.out.find("\n3    tp="), std::string::npos);
+  EXPECT_EQ(r.out.find("\n4    tp="), std::string::npos);
+}
+
+TEST(Cli, PredictJsonHasTheContractKeys) {
+  const Result r = RunCli(Cmd("predict", Llama7bOn(2, {"--config", "tp=2,pp=2,sp=on", "--format",
+                                                    "json"})));
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  for (const char* key : {"\"step_time_s\"", "\"tokens_per_s\"", "\"model_tflops_per_gpu\"",
+                          "\"mfu\"", "\"peak_memory_gib\"", "\"fits\"", "\"breakdown\"",
+                          "\"tp_comm\"", "\"activations\"", "\"megatron_args\""}) {
+    EXPECT_NE(r.out.find(key), std::string::npos) << key;
+  }
+  EXPECT_NE(r.out.find("tp=2,pp=2,dp=4,"), std::string::npos);
+}
+
+TEST(Cli, EveryFormat) {
+  for (const char* f : {"table", "json", "csv", "megatron", "yaml"}) {
+    const Result r = RunCli(Cmd("plan", Llama7bOn(1, {"--top", "2", "--format", f})));
+    EXPECT_EQ(r.code, kExitOk) << f << ": " << r.err;
+    EXPECT_FALSE(r.out.empty()) << f;
+  }
+  const Result megatron = RunCli(Cmd("plan", Llama7bOn(1, {"--top", "1", "--format", "megatron"})));
+  EXPECT_NE(megatron.out.find("--tensor-model-parallel-size"), std::string::npos);
+}
+
+TEST(Cli, MegatronFlagsDescribeTheConfigToPredict) {
+  const Result pasted = RunCli(Cmd(
+      "predict", Llama7bOn(1, {"--megatron-args",
+                               "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+                               "--sequence-parallel --micro-batch-size 2 --lr 3e-4 \\\n --bf16",
+                               "--format", "csv"})));
+  ASSERT_EQ(pasted.code, kExitOk) << pasted.err;
+  EXPECT_NE(pasted.out.find("1,2,2,2,1,1,1,1,2,on,none,0,off"), std::string::npos) << pasted.out;
+}
+
+// Bad input: exit code 2 and a message naming the flag or field (and the allowed values).
+void ExpectBadInput(const std::vector<std::string>& argv, const std::string& must_mention) {
+  const Result r = RunCli(argv);
+  EXPECT_EQ(r.code, kExitBadInput) << r.out;
+  EXPECT_NE(r.err.find(must_mention), std::string::npos) << "message: " << r.err;
+}
+
+TEST(Cli, BadInputNamesTheFlagAndExitsTwo) {
+  ExpectBadInput({"plan", "--model", "llama9-1b", "--global-batch-size", "8"}, "--model");
+  ExpectBadInput({"plan", "--model", "llama9-1b", "--global-batch-size", "8"}, "llama2-70b");
+  ExpectBadInput(Cmd("predict", Llama7bOn(3, {"--config", "tp=3"})), "num_attention_heads");
+  ExpectBadInput(Cmd("predict", Llama7bOn(1, {"--config", "tp=2,dp=3"})), "world size");
+  ExpectBadInput(Cmd("plan", Llama7bOn(1, {"--tp", "3"})), "--tp");
+  ExpectBadInput(Cmd("plan", Llama7bOn(1, {"--format", "xml"})), "table, json, csv");
+  ExpectBadInput(Cmd("plan", Llama7bOn(1, {"--bogus-flag", "1"})), "--bogus-flag");
+  ExpectBadInput({"plan", "--model", "llama2-7b", "--global-batch-size", "0"},
+                 "--global-batch-size");
+  ExpectBadInput({"plan", "--model", "llama2-7b", "--global-batch-size", "-4"},
+                 "--global-batch-size");
+  ExpectBadInput({"plan", "--model", "llama2-7b"}, "--global-batch-size");
+  ExpectBadInput(Cmd("plan", Llama7bOn(1, {"--nnodes", "0"})), "--nnodes");
+  ExpectBadInput({"plan", "--model", "llama2-7b", "--num-layers", "-2", "--global-batch-size", "8"},
+                 "--num-layers");
+  ExpectBadInput({"plan", "--global-batch-size", "8"}, "--model");
+  ExpectBadInput({"frobnicate"}, "plan, predict");
+  ExpectBadInput({"plan", "--model", "/nonexistent/model.yaml", "--global-batch-size", "8"},
+                 "--model");
+}
+
+TEST(Cli, MalformedFilesAreBadInput) {
+  const std::string yaml = TempFile("bad_model.yaml", "num_layers: [1, 2\nhidden_size: 4\n");
+  ExpectBadInput({"plan", "--model", yaml, "--global-batch-size", "8"}, "YAML");
+  const std::string json = TempFile("bad_config.json", "{\"num_hidden_layers\": 32,,}");
+  const Result r = RunCli({"plan", "--model", json, "--global-batch-size", "8"});
+  EXPECT_EQ(r.code, kExitBadInput) << r.err;
+  const std::string heads = TempFile("heads.yaml", "base: llama2-7b\nnum_attention_heads: 0\n");
+  ExpectBadInput({"plan", "--model", heads, "--global-batch-size", "8"}, "num_attention_heads");
+}
+
+TEST(Cli, NoFeasibleConfigurationExitsThree) {
+  const Result r = RunCli({"plan", "--model", "llama2-70b", "--gpu", "a100-40gb", "--nnodes", "1",
+                        "--nproc-per-node", "1", "--global-batch-size", "8"});
+  EXPECT_EQ(r.code, kExitInfeasible);
+  EXPECT_NE(r.err.find("fits in memory"), std::string::npos) << r.err;
+}
+
+TEST(Cli, HuggingFaceConfigPlansLikeThePreset) {
+  const std::string hf = std::string(AUTOPAR_SOURCE_DIR) + "/tests/data/spec/llama-2-7b-hf.config.json";
+  std::vector<std::string> preset = Cmd("plan", Llama7bOn(1, {"--format", "csv"}));
+  std::vector<std::string> from_hf = preset;
+  from_hf[2] = hf;
+  const Result a = RunCli(preset), b = RunCli(from_hf);
+  ASSERT_EQ(a.code, kExitOk) << a.err;
+  ASSERT_EQ(b.code, kExitOk) << b.err;
+  EXPECT_EQ(a.out, b.out);
+}
+
+}  // namespace
+}  // namespace autopar::cli

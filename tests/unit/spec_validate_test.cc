@@ -1,0 +1,181 @@
+// Validate(), ToString() and GpuSpec::PeakFlops: errors name the field at fault.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "autopar/common/status.h"
+#include "autopar/spec/cluster.h"
+#include "autopar/spec/model.h"
+#include "autopar/spec/parse.h"
+#include "autopar/spec/train.h"
+
+namespace autopar {
+namespace {
+
+// Runs `fn`, which must throw InputError, and returns the field it names ("" if it did not throw).
+std::string FieldOfError(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const InputError& e) {
+    return e.field();
+  }
+  return "";
+}
+
+std::string ModelErrorField(const std::function<void(ModelSpec&)>& edit) {
+  ModelSpec m = ModelPreset("tiny");
+  edit(m);
+  return FieldOfError([&] { Validate(m); });
+}
+
+TEST(SpecToString, SpellingsMatchMegatronFlags) {
+  EXPECT_STREQ(ToString(Activation::kSwiGLU), "swiglu");
+  EXPECT_STREQ(ToString(Activation::kGeLU), "gelu");
+  EXPECT_STREQ(ToString(NormKind::kRMSNorm), "RMSNorm");
+  EXPECT_STREQ(ToString(NormKind::kLayerNorm), "LayerNorm");
+  EXPECT_STREQ(ToString(PositionEmbedding::kRope), "rope");
+  EXPECT_STREQ(ToString(PositionEmbedding::kLearned), "learned_absolute");
+  EXPECT_STREQ(ToString(Precision::kBF16), "bf16");
+  EXPECT_STREQ(ToString(Precision::kFP16), "fp16");
+  EXPECT_STREQ(ToString(Precision::kFP8), "fp8");
+}
+
+TEST(SpecValidateModel, AcceptsAValidModel) {
+  EXPECT_NO_THROW(Validate(ModelPreset("tiny")));
+  EXPECT_NO_THROW(Validate(ModelPreset("tiny-moe")));
+}
+
+TEST(SpecValidateModel, ZeroOrNegativeSizesNameTheField) {
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.num_layers = 0; }), "num_layers");
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.hidden_size = -64; }), "hidden_size");
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.ffn_hidden_size = 0; }), "ffn_hidden_size");
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.num_attention_heads = 0; }),
+            "num_attention_heads");
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.num_query_groups = 0; }), "num_query_groups");
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.vocab_size = 0; }), "vocab_size");
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.kv_channels = -1; }), "kv_channels");
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.max_position_embeddings = -1; }),
+            "max_position_embeddings");
+}
+
+TEST(SpecValidateModel, HeadsMustSplitIntoQueryGroups) {
+  // tiny has 4 heads; 3 groups would leave heads without a key/value head.
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.num_query_groups = 3; }), "num_query_groups");
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.num_query_groups = 4; }), "");
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.num_query_groups = 1; }), "");
+}
+
+TEST(SpecValidateModel, HiddenMustSplitIntoHeadsUnlessKvChannelsGiven) {
+  const auto five_heads = [](ModelSpec& m) {
+    m.num_attention_heads = 5;
+    m.num_query_groups = 5;
+  };
+  EXPECT_EQ(ModelErrorField(five_heads), "num_attention_heads");
+  EXPECT_EQ(ModelErrorField([&](ModelSpec& m) {
+              five_heads(m);
+              m.kv_channels = 16;
+            }),
+            "");
+}
+
+TEST(SpecValidateModel, LearnedPositionsNeedTheirTableSize) {
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) {
+              m.position_embedding = PositionEmbedding::kLearned;
+              m.max_position_embeddings = 0;
+            }),
+            "max_position_embeddings");
+  // RoPE has no table, so an unknown context is fine.
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.max_position_embeddings = 0; }), "");
+}
+
+TEST(SpecValidateModel, MixtureOfExpertsMustBeConsistent) {
+  const auto moe = [](const std::function<void(ModelSpec&)>& edit) {
+    ModelSpec m = ModelPreset("tiny-moe");  // 4 experts, top-2, 4 layers, 1 dense
+    edit(m);
+    return FieldOfError([&] { Validate(m); });
+  };
+  EXPECT_EQ(moe([](ModelSpec& m) { m.moe_router_topk = 5; }), "moe_router_topk");
+  EXPECT_EQ(moe([](ModelSpec& m) { m.moe_router_topk = 0; }), "moe_router_topk");
+  EXPECT_EQ(moe([](ModelSpec& m) { m.moe_router_topk = 4; }), "");
+  EXPECT_EQ(moe([](ModelSpec& m) { m.moe_ffn_hidden_size = 0; }), "moe_ffn_hidden_size");
+  EXPECT_EQ(moe([](ModelSpec& m) { m.moe_first_dense_layers = 4; }), "moe_first_dense_layers");
+  EXPECT_EQ(moe([](ModelSpec& m) { m.moe_first_dense_layers = 3; }), "");
+  EXPECT_EQ(moe([](ModelSpec& m) { m.moe_shared_expert_intermediate_size = -1; }),
+            "moe_shared_expert_intermediate_size");
+}
+
+TEST(SpecValidateModel, LatentAttentionNeedsItsHeadDims) {
+  const auto mla = [](ModelSpec& m) {
+    m.kv_lora_rank = 32;
+    m.qk_head_dim = 16;
+    m.qk_pos_emb_head_dim = 8;
+    m.v_head_dim = 16;
+  };
+  EXPECT_EQ(ModelErrorField(mla), "");
+  EXPECT_EQ(ModelErrorField([&](ModelSpec& m) {
+              mla(m);
+              m.qk_pos_emb_head_dim = 0;
+            }),
+            "qk_pos_emb_head_dim");
+  EXPECT_EQ(ModelErrorField([&](ModelSpec& m) {
+              mla(m);
+              m.v_head_dim = 0;
+            }),
+            "v_head_dim");
+}
+
+TEST(SpecGpu, PeakFlopsByPrecision) {
+  const GpuSpec h100 = GpuPreset("h100");
+  EXPECT_DOUBLE_EQ(h100.PeakFlops(Precision::kBF16), 989e12);
+  EXPECT_DOUBLE_EQ(h100.PeakFlops(Precision::kFP16), 989e12);
+  EXPECT_DOUBLE_EQ(h100.PeakFlops(Precision::kFP8), 1979e12);
+}
+
+TEST(SpecGpu, Fp8OnAGpuWithoutFp8IsBadInput) {
+  const GpuSpec a100 = GpuPreset("a100-80gb");
+  try {
+    a100.PeakFlops(Precision::kFP8);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "--fp8-format");
+    EXPECT_NE(std::string(e.what()).find("a100-80gb"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SpecValidateCluster, NamesTheFieldAtFault) {
+  ClusterSpec c{2, 8, GpuPreset("h100")};
+  EXPECT_EQ(c.world_size(), 16);
+  EXPECT_NO_THROW(Validate(c));
+
+  ClusterSpec no_nodes = c;
+  no_nodes.nnodes = 0;
+  EXPECT_EQ(FieldOfError([&] { Validate(no_nodes); }), "nnodes");
+  ClusterSpec no_gpus = c;
+  no_gpus.gpus_per_node = -8;
+  EXPECT_EQ(FieldOfError([&] { Validate(no_gpus); }), "gpus_per_node");
+  ClusterSpec no_memory = c;
+  no_memory.gpu.memory_gib = 0;
+  EXPECT_EQ(FieldOfError([&] { Validate(no_memory); }), "memory_gib");
+  ClusterSpec nan_bandwidth = c;
+  nan_bandwidth.gpu.hbm_bandwidth = std::nan("");
+  EXPECT_EQ(FieldOfError([&] { Validate(nan_bandwidth); }), "hbm_bandwidth");
+  ClusterSpec no_network = c;
+  no_network.gpu.inter_node_bandwidth = 0;
+  EXPECT_EQ(FieldOfError([&] { Validate(no_network); }), "inter_node_bandwidth");
+  ClusterSpec empty;
+  EXPECT_EQ(FieldOfError([&] { Validate(empty); }), "nnodes");
+}
+
+TEST(SpecValidateTrain, NamesTheFieldAtFault) {
+  EXPECT_NO_THROW(Validate(TrainSpec{512, 4096, Precision::kBF16}));
+  EXPECT_EQ(FieldOfError([] {
+              Validate(TrainSpec{0, 4096, Precision::kBF16});
+            }),
+            "global_batch_size");
+  EXPECT_EQ(FieldOfError([] { Validate(TrainSpec{512, -1, Precision::kBF16}); }), "seq_length");
+}
+
+}  // namespace
+}  // namespace autopar
