@@ -100,6 +100,13 @@ double CostModel::GemmTime(double flops, double sharded_dim) const {
 
 MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
   const ModelSpec& m = model_;
+  // Mixed precision keeps 16-bit weights and activations, fp32 main gradients and an fp32
+  // master copy with Adam's moments (Megatron's 18 bytes per parameter); fp32 training (the CPU
+  // backend) has 4-byte everything and the weights are their own master copy.
+  const bool fp32 = train_.precision == Precision::kFP32;
+  const double elem = fp32 ? 4 : kBf16Bytes;
+  const double weight_bytes = elem;
+  const double optimizer_bytes = fp32 ? 8 : 12;
   const StackOptions& stack = constants_.stack;
   const double t = c.tp;
   const double ep = c.ep;
@@ -114,24 +121,27 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
   const double a = m.num_attention_heads;
   const double d = m.is_mla() ? m.qk_head_dim + m.qk_pos_emb_head_dim : m.head_dim();
   const double g = m.is_mla() ? a : m.num_query_groups;
-  const double replicated = (8 + (stack.dropout ? 2 : 0)) * tokens * h;  // norm in/out, masks
-  const double attention_sharded = tokens * (2 * a * d + 4 * g * d + 2 * a * d);
-  const double gated = m.activation == Activation::kSwiGLU ? 6 : 4;  // fc1 out (+gate), act out
+  // Saved per layer: the inputs and outputs of both norms (replicated over tp unless SP shards
+  // them) and dropout masks; q, k, v and the attention output; the MLP's fc1 output (gate and up
+  // for SwiGLU) and activation output.
+  const double replicated = (4 * elem + (stack.dropout ? 2 : 0)) * tokens * h;
+  const double attention_sharded = elem * tokens * (2 * a * d + 2 * g * d);
+  const double gated = elem * (m.activation == Activation::kSwiGLU ? 3 : 2);
   const double scores =
       stack.flash_attention || c.recompute == Recompute::kSelective
           ? 0
-          : (stack.dropout ? 5 : 2) * c.mbs * (a / c.up) * (train_.seq_length / c.cp) *
-                train_.seq_length;
+          : ((stack.dropout ? 1 + 2 * elem : elem)) * c.mbs * (a / c.up) *
+                (train_.seq_length / c.cp) * train_.seq_length;
   auto layer_bytes = [&](bool moe) {
     double mlp = gated * tokens * m.ffn_hidden_size;
     if (moe) {
       mlp = gated * tokens * m.moe_router_topk * m.moe_ffn_hidden_size +
-            2 * tokens * m.moe_router_topk * h +  // dispatched tokens
+            elem * tokens * m.moe_router_topk * h +  // dispatched tokens
             gated * tokens * m.moe_shared_expert_intermediate_size;
     }
     return replicated / (c.sp ? t : 1) + (attention_sharded + mlp + scores) / t;
   };
-  const double layer_input = 2 * tokens * h / (c.sp ? t : 1);  // what full recompute keeps
+  const double layer_input = elem * tokens * h / (c.sp ? t : 1);  // what full recompute keeps
 
   auto stage_bytes = [&](int64_t stage) {
     MemoryBreakdown mem;
@@ -152,10 +162,10 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
     }
     dense /= t;
     const double experts = moe_layers * static_cast<double>(params_.expert_per_layer) / (t * ep);
-    mem.weights = kBf16Bytes * (dense + experts);
+    mem.weights = weight_bytes * (dense + experts);
     mem.gradients = 4 * (dense + experts);  // fp32 main gradients
-    mem.optimizer = c.dist_opt ? 12 * (dense / dp_cp + experts / (dp_cp / ep))
-                               : 12 * (dense + experts);
+    mem.optimizer = optimizer_bytes * (c.dist_opt ? dense / dp_cp + experts / (dp_cp / ep)
+                                                  : dense + experts);
 
     // Micro-batches whose activations are alive at the peak of this stage.
     double in_flight = std::min<double>(microbatches, c.pp - stage);
@@ -172,8 +182,9 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
     }
     mem.activations = in_flight * per_microbatch + working;
     if (stage == c.pp - 1) {
-      // bf16 logits plus the fp32 copy the vocab-parallel cross-entropy works on.
-      mem.logits = 6 * tokens * m.vocab_size / t;
+      // 16-bit logits plus the fp32 copy the vocab-parallel cross-entropy works on (in fp32 the
+      // loss works on the logits themselves).
+      mem.logits = (fp32 ? 4 : elem + 4) * tokens * m.vocab_size / t;
     }
     const double tensors = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.logits;
     mem.overhead = constants_.mem.runtime_overhead_gib * kGiB + constants_.mem.fragmentation * tensors;

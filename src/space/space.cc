@@ -178,9 +178,9 @@ std::string SearchSpace::Check(const ParallelConfig& c) const {
            Str(train_.global_batch_size);
   }
   const int64_t microbatches = train_.global_batch_size / (int64_t{c.dp} * c.mbs);
-  if (c.vpp > 1 && microbatches < c.pp) {
-    return "the interleaved schedule needs at least pp=" + Str(c.pp) + " micro-batches, got " +
-           Str(microbatches);
+  if (c.vpp > 1 && microbatches % c.pp != 0) {
+    return "the interleaved schedule runs micro-batches in groups of pp=" + Str(c.pp) + "; " +
+           Str(microbatches) + " micro-batches is not a multiple";
   }
   if (!model_.is_moe() && c.ep != 1) return "ep > 1 needs a mixture-of-experts model";
   if (model_.is_moe()) {

@@ -15,6 +15,8 @@ const char* ToString(Precision p) {
       return "fp16";
     case Precision::kFP8:
       return "fp8";
+    case Precision::kFP32:
+      return "fp32";
   }
   return "unknown";
 }
@@ -33,6 +35,8 @@ double GpuSpec::PeakFlops(Precision p) const {
                                              "--bf16, --fp16");
       }
       return peak_flops_fp8;
+    case Precision::kFP32:
+      return peak_flops_fp32;
   }
   return 0;
 }

@@ -126,9 +126,8 @@ void SearchSpace::ForEach(Fn&& fn) const {
               c.mbs = mbs;
               const int64_t microbatches = batch_per_replica / mbs;
               for (int32_t vpp : VppValues(pp)) {
-                // The interleaved schedule needs at least one micro-batch per pipeline rank in
-                // flight to fill the virtual stages.
-                if (vpp > 1 && microbatches < pp) continue;
+                // Megatron's interleaved schedule runs micro-batches in groups of pp.
+                if (vpp > 1 && microbatches % pp != 0) continue;
                 c.vpp = vpp;
                 for (bool sp : sp_values) {
                   if (sp && tp == 1) continue;

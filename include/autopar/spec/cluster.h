@@ -9,7 +9,8 @@
 
 namespace autopar {
 
-enum class Precision { kBF16, kFP16, kFP8 };
+// kFP32 is what the CPU backend trains in: fp32 weights with no separate master copy.
+enum class Precision { kBF16, kFP16, kFP8, kFP32 };
 const char* ToString(Precision p);
 
 struct GpuSpec {

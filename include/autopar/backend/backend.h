@@ -1,0 +1,44 @@
+// A backend: one device plus the way to build collectives over process groups on it.
+//
+// The trial runner is written against this interface; `MakeCpuBackend` gives OpenBLAS + MPI, and a
+// CUDA backend (cuBLAS + kernels/ + NCCL) will implement the same one. Collectives are made per
+// group because an NCCL communicator is bound to both a device and a group.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string_view>
+
+#include "autopar/backend/collectives.h"
+#include "autopar/backend/device.h"
+#include "autopar/backend/group.h"
+#include "autopar/backend/status.h"
+
+namespace autopar::backend {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual Device& device() = 0;
+  // Collective over the members of `group`; an empty group is kInvalid. The result keeps its own
+  // communicator, so it may outlive `group`.
+  virtual StatusOr<std::unique_ptr<Collectives>> Connect(const Group& group) = 0;
+};
+
+struct CpuBackendOptions {
+  // Per-rank device memory budget (`--device-memory-gib`); allocations past it are kOom.
+  std::size_t memory_budget_bytes = std::numeric_limits<std::size_t>::max();
+  // OpenBLAS threads; 1 keeps ranks sharing a host from oversubscribing its cores.
+  int blas_threads = 1;
+  // Tile sizes of the blockwise attention: memory is O(block_q * block_kv) per call.
+  std::int64_t attention_block_q = 64;
+  std::int64_t attention_block_kv = 64;
+};
+
+// fp32 compute on the host; no MPI call is made until Connect.
+StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const CpuBackendOptions& options);
+
+}  // namespace autopar::backend

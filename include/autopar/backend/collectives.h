@@ -1,0 +1,67 @@
+// Communication on one process group, over device memory.
+//
+// Ranks and peers are ranks within the group. Buffers may be the same view (in place) where noted.
+// Reductions need f32 (or i32) on the CPU backend; data movement works on any dtype. Every call
+// returns kCommError when the transport fails and kInvalid for mismatched arguments.
+//
+// Non-blocking calls return a Request that must complete (Wait, or Test until true) before the
+// buffers are reused; they let a context-parallel ring send the next chunk while attention runs on
+// the current one, and let the data-parallel gradient reduction run under the backward pass.
+#pragma once
+
+#include <memory>
+
+#include "autopar/backend/status.h"
+#include "autopar/backend/tensor.h"
+
+namespace autopar::backend {
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+// One in-flight non-blocking operation. Destroying an unfinished request waits for it, so its
+// buffers are never freed under the transport.
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual Status Wait() = 0;
+  // True once complete (then Wait returns at once); drives progress on transports that need it.
+  virtual StatusOr<bool> Test() = 0;
+  // Gives up on an operation that will not complete (a peer stalled or died): point-to-point
+  // requests are cancelled, collective ones are left to the transport. The caller must treat the
+  // group as broken afterwards; destroying an abandoned request does not wait.
+  virtual void Abandon() = 0;
+};
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // recv = op over ranks of send; same numel; send may equal recv.
+  virtual Status AllReduce(Tensor send, Tensor recv, ReduceOp op) = 0;
+  // recv [size * n] = concatenation of every rank's send [n] in rank order.
+  virtual Status AllGather(Tensor send, Tensor recv) = 0;
+  // send [size * n]; recv [n] = op over ranks of their block `rank()` of send.
+  virtual Status ReduceScatter(Tensor send, Tensor recv, ReduceOp op) = 0;
+  // send, recv [size * n]: block j of send goes to rank j, block i of recv came from rank i.
+  virtual Status AllToAll(Tensor send, Tensor recv) = 0;
+  // buf on `root` is copied to every rank.
+  virtual Status Broadcast(Tensor buf, int root) = 0;
+  virtual Status Barrier() = 0;
+
+  virtual Status Send(Tensor buf, int peer, int tag) = 0;
+  virtual Status Recv(Tensor buf, int peer, int tag) = 0;
+  // Sends to `dst` and receives from `src` at once, so a ring shift cannot deadlock.
+  virtual Status SendRecv(Tensor send, int dst, Tensor recv, int src, int tag) = 0;
+
+  virtual StatusOr<std::unique_ptr<Request>> ISend(Tensor buf, int peer, int tag) = 0;
+  virtual StatusOr<std::unique_ptr<Request>> IRecv(Tensor buf, int peer, int tag) = 0;
+  virtual StatusOr<std::unique_ptr<Request>> IAllReduce(Tensor send, Tensor recv, ReduceOp op) = 0;
+  virtual StatusOr<std::unique_ptr<Request>> IAllGather(Tensor send, Tensor recv) = 0;
+  virtual StatusOr<std::unique_ptr<Request>> IReduceScatter(Tensor send, Tensor recv,
+                                                            ReduceOp op) = 0;
+};
+
+}  // namespace autopar::backend

@@ -1,0 +1,69 @@
+// One real training step of a parallel configuration, on every rank (DESIGN §5).
+//
+// RunTrial builds the configuration's process groups (Megatron-core rank order tp-up-cp-dp-pp),
+// allocates the real per-rank footprint (weights, fp32 gradients, Adam states — sharded over dp
+// with the distributed optimizer — and the activations of the micro-batches in flight under the
+// pipeline schedule), and runs the step program: embedding on the first stage, the stage's
+// transformer layers (norm, QKV with GQA, RoPE, causal attention, output projection, SwiGLU or
+// GeLU MLP, residuals) with tensor-parallel all-reduces (or all-gather / reduce-scatter with
+// sequence parallelism), final norm, vocab-parallel logits and cross-entropy on the last stage,
+// the full backward with real gradient GEMMs, pipeline send/recv under 1F1B or the interleaved
+// schedule, the data-parallel gradient all-reduce (or reduce-scatter + parameter all-gather with
+// the distributed optimizer), and the Adam step; recompute none / selective / full.
+//
+// Outcomes are values, never crashes: an allocation past the budget ends the trial as `oom` on
+// every rank and frees everything, so the next trial in the same process runs normally.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "autopar/backend/backend.h"
+#include "autopar/backend/group.h"
+#include "autopar/space/config.h"
+#include "autopar/spec/model.h"
+#include "autopar/spec/train.h"
+
+namespace autopar::trial {
+
+struct TrialOptions {
+  int warmup_iterations = 1;  // run and discarded
+  int timed_iterations = 3;
+  // Micro-batches run per iteration: 0 picks the steady-state minimum (TrialMicrobatches) and
+  // extrapolates; -1 runs the job's full count (what numerical checks need).
+  int max_microbatches = 0;
+  uint64_t seed = 1234;        // weights and data are pure functions of (seed, global index)
+  double timeout_s = 600;      // the whole trial, set-up included
+  float learning_rate = 1e-3f;
+  // Adam's epsilon. Numerical tests raise it so the update is proportional to the gradient (the
+  // first Adam step is otherwise lr·sign(g), blind to a wrongly scaled gradient).
+  float adam_eps = 1e-8f;
+  int stall_rank = -1;         // test hook: this world rank stops working (a stalled worker)
+  bool fingerprint = false;    // compute weight fingerprints after the last iteration
+};
+
+struct TrialMeasurement {
+  backend::Outcome outcome = backend::Outcome::kOk;
+  std::string message;                   // the failing rank's error, when not ok
+  double step_time_s = 0;                // median over timed iterations of the max over ranks
+  std::vector<double> iteration_times_s; // each timed iteration, extrapolated, max over ranks
+  std::vector<double> peak_memory_gib;   // per world rank: the trial's peak device memory
+  double tokens_per_s = 0;
+  int microbatches_run = 0;
+  int microbatches_total = 0;
+  double loss = 0;  // mean token loss of the first iteration over the whole global batch
+  // Sharding-invariant checksums of the updated weights (sum, and a hash-weighted sum), equal for
+  // every layout of the same model and seed up to rounding.
+  double weight_sum = 0;
+  double weight_projection = 0;
+};
+
+// Collective over `world` (every rank calls it with the same arguments); the result is the same
+// on every rank. `world` must have exactly config.world_size() ranks. Configurations the runner
+// cannot express yet (cp, up, ep > 1) end as `invalid` with the reason.
+TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world,
+                          const ModelSpec& model, const TrainSpec& train,
+                          const ParallelConfig& config, const TrialOptions& options);
+
+}  // namespace autopar::trial

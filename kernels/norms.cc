@@ -1,0 +1,104 @@
+#include "kernels/norms.h"
+
+#include <cmath>
+
+namespace autopar::kernels::ref {
+
+template <typename T>
+void RmsNormForward(const T* x, const T* gamma, std::int64_t rows, std::int64_t hidden, T eps, T* y,
+                    T* rstd) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * hidden;
+    double sum_sq = 0.0;
+    for (std::int64_t i = 0; i < hidden; ++i) sum_sq += double{xr[i]} * double{xr[i]};
+    const double inv = 1.0 / std::sqrt(sum_sq / static_cast<double>(hidden) + double{eps});
+    rstd[r] = static_cast<T>(inv);
+    for (std::int64_t i = 0; i < hidden; ++i) {
+      y[r * hidden + i] = static_cast<T>(double{xr[i]} * inv * double{gamma[i]});
+    }
+  }
+}
+
+template <typename T>
+void RmsNormBackward(const T* dy, const T* x, const T* gamma, const T* rstd, std::int64_t rows,
+                     std::int64_t hidden, T* dx, T* dgamma) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * hidden;
+    const T* dyr = dy + r * hidden;
+    const double inv = rstd[r];
+    // dx = rstd * (g - xhat * mean(g * xhat)) with g = dy * gamma, xhat = x * rstd.
+    double dot = 0.0;
+    for (std::int64_t i = 0; i < hidden; ++i) {
+      dot += double{dyr[i]} * double{gamma[i]} * double{xr[i]} * inv;
+    }
+    const double mean_dot = dot / static_cast<double>(hidden);
+    for (std::int64_t i = 0; i < hidden; ++i) {
+      const double xhat = double{xr[i]} * inv;
+      const double g = double{dyr[i]} * double{gamma[i]};
+      dx[r * hidden + i] = static_cast<T>(inv * (g - xhat * mean_dot));
+      dgamma[i] = static_cast<T>(double{dgamma[i]} + double{dyr[i]} * xhat);
+    }
+  }
+}
+
+template <typename T>
+void LayerNormForward(const T* x, const T* gamma, const T* beta, std::int64_t rows,
+                      std::int64_t hidden, T eps, T* y, T* mean, T* rstd) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * hidden;
+    double sum = 0.0;
+    for (std::int64_t i = 0; i < hidden; ++i) sum += xr[i];
+    const double mu = sum / static_cast<double>(hidden);
+    double var = 0.0;
+    for (std::int64_t i = 0; i < hidden; ++i) var += (double{xr[i]} - mu) * (double{xr[i]} - mu);
+    const double inv = 1.0 / std::sqrt(var / static_cast<double>(hidden) + double{eps});
+    mean[r] = static_cast<T>(mu);
+    rstd[r] = static_cast<T>(inv);
+    for (std::int64_t i = 0; i < hidden; ++i) {
+      y[r * hidden + i] =
+          static_cast<T>((double{xr[i]} - mu) * inv * double{gamma[i]} + double{beta[i]});
+    }
+  }
+}
+
+template <typename T>
+void LayerNormBackward(const T* dy, const T* x, const T* gamma, const T* mean, const T* rstd,
+                       std::int64_t rows, std::int64_t hidden, T* dx, T* dgamma, T* dbeta) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * hidden;
+    const T* dyr = dy + r * hidden;
+    const double mu = mean[r];
+    const double inv = rstd[r];
+    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma.
+    double sum_g = 0.0;
+    double sum_g_xhat = 0.0;
+    for (std::int64_t i = 0; i < hidden; ++i) {
+      const double g = double{dyr[i]} * double{gamma[i]};
+      sum_g += g;
+      sum_g_xhat += g * (double{xr[i]} - mu) * inv;
+    }
+    const double mean_g = sum_g / static_cast<double>(hidden);
+    const double mean_g_xhat = sum_g_xhat / static_cast<double>(hidden);
+    for (std::int64_t i = 0; i < hidden; ++i) {
+      const double xhat = (double{xr[i]} - mu) * inv;
+      const double g = double{dyr[i]} * double{gamma[i]};
+      dx[r * hidden + i] = static_cast<T>(inv * (g - mean_g - xhat * mean_g_xhat));
+      dgamma[i] = static_cast<T>(double{dgamma[i]} + double{dyr[i]} * xhat);
+      dbeta[i] = static_cast<T>(double{dbeta[i]} + double{dyr[i]});
+    }
+  }
+}
+
+#define AUTOPAR_INSTANTIATE_NORMS(T)                                                             \
+  template void RmsNormForward<T>(const T*, const T*, std::int64_t, std::int64_t, T, T*, T*);    \
+  template void RmsNormBackward<T>(const T*, const T*, const T*, const T*, std::int64_t,         \
+                                   std::int64_t, T*, T*);                                        \
+  template void LayerNormForward<T>(const T*, const T*, const T*, std::int64_t, std::int64_t, T, \
+                                    T*, T*, T*);                                                 \
+  template void LayerNormBackward<T>(const T*, const T*, const T*, const T*, const T*,           \
+                                     std::int64_t, std::int64_t, T*, T*, T*);
+AUTOPAR_INSTANTIATE_NORMS(float)
+AUTOPAR_INSTANTIATE_NORMS(double)
+#undef AUTOPAR_INSTANTIATE_NORMS
+
+}  // namespace autopar::kernels::ref

@@ -1,0 +1,293 @@
+#include "src/backend/cpu/mpi_collectives.h"
+
+#include <climits>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "autopar/backend/mpi_check.h"
+
+namespace autopar::backend {
+namespace {
+
+// MPI types for moving data; 16-bit floats travel as opaque 16-bit words.
+MPI_Datatype MpiType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kBF16:
+    case DType::kF16:
+      return MPI_UINT16_T;
+    case DType::kU8:
+      return MPI_BYTE;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op MpiOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return MPI_SUM;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+Status CheckView(const char* op, const Tensor& t) {
+  AUTOPAR_CHECK_ARG(t.valid(), std::string(op) + ": invalid view");
+  AUTOPAR_CHECK_ARG(t.numel <= INT_MAX, std::string(op) + ": more than INT_MAX elements");
+  return OkStatus();
+}
+
+// MPI has no 16-bit float arithmetic; reductions run on f32 and i32 only.
+Status CheckReducible(const char* op, const Tensor& t) {
+  AUTOPAR_CHECK_ARG(t.dtype == DType::kF32 || t.dtype == DType::kI32,
+                    std::string(op) + ": cannot reduce " + DTypeName(t.dtype) + " over MPI");
+  return OkStatus();
+}
+
+Status CheckPair(const char* op, const Tensor& send, const Tensor& recv,
+                 std::int64_t recv_per_send_num, std::int64_t recv_per_send_den) {
+  AUTOPAR_RETURN_IF_ERROR(CheckView(op, send));
+  AUTOPAR_RETURN_IF_ERROR(CheckView(op, recv));
+  AUTOPAR_CHECK_ARG(send.dtype == recv.dtype, std::string(op) + ": send and recv dtypes differ");
+  AUTOPAR_CHECK_ARG(send.numel * recv_per_send_num == recv.numel * recv_per_send_den,
+                    std::string(op) + ": send has " + std::to_string(send.numel) +
+                        " elements, recv " + std::to_string(recv.numel));
+  return OkStatus();
+}
+
+bool Overlaps(const Tensor& a, const Tensor& b) {
+  const char* pa = static_cast<const char*>(a.data);
+  const char* pb = static_cast<const char*>(b.data);
+  return a.numel > 0 && b.numel > 0 && pa < pb + b.bytes() && pb < pa + a.bytes();
+}
+
+class MpiRequest final : public Request {
+ public:
+  MpiRequest(MPI_Request request, bool point_to_point)
+      : request_(request), point_to_point_(point_to_point) {}
+  ~MpiRequest() override {
+    if (request_ == MPI_REQUEST_NULL) return;
+    int finalized = 0;
+    if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;
+    // The transport may still be writing the caller's buffer: finish before it can be freed.
+    const Status status = Wait();
+    if (!status.ok()) std::fprintf(stderr, "~MpiRequest: %s\n", status.ToString().c_str());
+  }
+
+  Status Wait() override {
+    if (request_ == MPI_REQUEST_NULL) return OkStatus();
+    AUTOPAR_CHECK_MPI(MPI_Wait(&request_, MPI_STATUS_IGNORE));
+    return OkStatus();
+  }
+
+  StatusOr<bool> Test() override {
+    if (request_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    AUTOPAR_CHECK_MPI(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
+    return done != 0;
+  }
+
+  void Abandon() override {
+    if (request_ == MPI_REQUEST_NULL) return;
+    // MPI forbids cancelling or freeing a non-blocking collective's request: leave it to MPI.
+    if (point_to_point_ && MPI_Cancel(&request_) == MPI_SUCCESS) {
+      if (MPI_Request_free(&request_) != MPI_SUCCESS) {
+        std::fprintf(stderr, "MpiRequest::Abandon: MPI_Request_free failed\n");
+      }
+    }
+    request_ = MPI_REQUEST_NULL;
+  }
+
+ private:
+  MPI_Request request_;  // MPI_REQUEST_NULL once complete
+  bool point_to_point_;
+};
+
+class MpiCollectives final : public Collectives {
+ public:
+  explicit MpiCollectives(Group group) : group_(std::move(group)) {}
+
+  int rank() const override { return group_.rank(); }
+  int size() const override { return group_.size(); }
+
+  Status AllReduce(Tensor send, Tensor recv, ReduceOp op) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckPair("AllReduce", send, recv, 1, 1));
+    AUTOPAR_RETURN_IF_ERROR(CheckReducible("AllReduce", send));
+    AUTOPAR_CHECK_MPI(MPI_Allreduce(SendOrInPlace(send, recv), recv.data, Count(recv),
+                                    MpiType(recv.dtype), MpiOp(op), comm()));
+    return OkStatus();
+  }
+
+  Status AllGather(Tensor send, Tensor recv) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckPair("AllGather", send, recv, size(), 1));
+    AUTOPAR_CHECK_MPI(MPI_Allgather(GatherSend(send, recv), Count(send), MpiType(send.dtype),
+                                    recv.data, Count(send), MpiType(recv.dtype), comm()));
+    return OkStatus();
+  }
+
+  Status ReduceScatter(Tensor send, Tensor recv, ReduceOp op) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckReduceScatter(send, recv));
+    AUTOPAR_CHECK_MPI(MPI_Reduce_scatter_block(send.data, recv.data, Count(recv),
+                                               MpiType(recv.dtype), MpiOp(op), comm()));
+    return OkStatus();
+  }
+
+  Status AllToAll(Tensor send, Tensor recv) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckPair("AllToAll", send, recv, 1, 1));
+    AUTOPAR_CHECK_ARG(send.numel % size() == 0, "AllToAll: numel is not a multiple of size");
+    const int block = static_cast<int>(send.numel / size());
+    AUTOPAR_CHECK_MPI(MPI_Alltoall(SendOrInPlace(send, recv), block, MpiType(send.dtype), recv.data,
+                                   block, MpiType(recv.dtype), comm()));
+    return OkStatus();
+  }
+
+  Status Broadcast(Tensor buf, int root) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckView("Broadcast", buf));
+    AUTOPAR_RETURN_IF_ERROR(CheckPeer("Broadcast", root));
+    AUTOPAR_CHECK_MPI(MPI_Bcast(buf.data, Count(buf), MpiType(buf.dtype), root, comm()));
+    return OkStatus();
+  }
+
+  Status Barrier() override {
+    AUTOPAR_CHECK_MPI(MPI_Barrier(comm()));
+    return OkStatus();
+  }
+
+  Status Send(Tensor buf, int peer, int tag) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckView("Send", buf));
+    AUTOPAR_RETURN_IF_ERROR(CheckPeer("Send", peer));
+    AUTOPAR_CHECK_MPI(MPI_Send(buf.data, Count(buf), MpiType(buf.dtype), peer, tag, comm()));
+    return OkStatus();
+  }
+
+  Status Recv(Tensor buf, int peer, int tag) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckView("Recv", buf));
+    AUTOPAR_RETURN_IF_ERROR(CheckPeer("Recv", peer));
+    MPI_Status status;
+    AUTOPAR_CHECK_MPI(
+        MPI_Recv(buf.data, Count(buf), MpiType(buf.dtype), peer, tag, comm(), &status));
+    return CheckReceived("Recv", status, buf);
+  }
+
+  Status SendRecv(Tensor send, int dst, Tensor recv, int src, int tag) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckView("SendRecv", send));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("SendRecv", recv));
+    AUTOPAR_RETURN_IF_ERROR(CheckPeer("SendRecv", dst));
+    AUTOPAR_RETURN_IF_ERROR(CheckPeer("SendRecv", src));
+    AUTOPAR_CHECK_ARG(!Overlaps(send, recv), "SendRecv: send and recv overlap");
+    MPI_Status status;
+    AUTOPAR_CHECK_MPI(MPI_Sendrecv(send.data, Count(send), MpiType(send.dtype), dst, tag, recv.data,
+                                   Count(recv), MpiType(recv.dtype), src, tag, comm(), &status));
+    return CheckReceived("SendRecv", status, recv);
+  }
+
+  StatusOr<std::unique_ptr<Request>> ISend(Tensor buf, int peer, int tag) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckView("ISend", buf));
+    AUTOPAR_RETURN_IF_ERROR(CheckPeer("ISend", peer));
+    MPI_Request request = MPI_REQUEST_NULL;
+    AUTOPAR_CHECK_MPI(
+        MPI_Isend(buf.data, Count(buf), MpiType(buf.dtype), peer, tag, comm(), &request));
+    return Wrap(request, /*point_to_point=*/true);
+  }
+
+  StatusOr<std::unique_ptr<Request>> IRecv(Tensor buf, int peer, int tag) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckView("IRecv", buf));
+    AUTOPAR_RETURN_IF_ERROR(CheckPeer("IRecv", peer));
+    MPI_Request request = MPI_REQUEST_NULL;
+    AUTOPAR_CHECK_MPI(
+        MPI_Irecv(buf.data, Count(buf), MpiType(buf.dtype), peer, tag, comm(), &request));
+    return Wrap(request, /*point_to_point=*/true);
+  }
+
+  StatusOr<std::unique_ptr<Request>> IAllReduce(Tensor send, Tensor recv, ReduceOp op) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckPair("IAllReduce", send, recv, 1, 1));
+    AUTOPAR_RETURN_IF_ERROR(CheckReducible("IAllReduce", send));
+    MPI_Request request = MPI_REQUEST_NULL;
+    AUTOPAR_CHECK_MPI(MPI_Iallreduce(SendOrInPlace(send, recv), recv.data, Count(recv),
+                                     MpiType(recv.dtype), MpiOp(op), comm(), &request));
+    return Wrap(request, /*point_to_point=*/false);
+  }
+
+  StatusOr<std::unique_ptr<Request>> IAllGather(Tensor send, Tensor recv) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckPair("IAllGather", send, recv, size(), 1));
+    MPI_Request request = MPI_REQUEST_NULL;
+    AUTOPAR_CHECK_MPI(MPI_Iallgather(GatherSend(send, recv), Count(send), MpiType(send.dtype),
+                                     recv.data, Count(send), MpiType(recv.dtype), comm(),
+                                     &request));
+    return Wrap(request, /*point_to_point=*/false);
+  }
+
+  StatusOr<std::unique_ptr<Request>> IReduceScatter(Tensor send, Tensor recv,
+                                                    ReduceOp op) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckReduceScatter(send, recv));
+    MPI_Request request = MPI_REQUEST_NULL;
+    AUTOPAR_CHECK_MPI(MPI_Ireduce_scatter_block(send.data, recv.data, Count(recv),
+                                                MpiType(recv.dtype), MpiOp(op), comm(), &request));
+    return Wrap(request, /*point_to_point=*/false);
+  }
+
+ private:
+  MPI_Comm comm() const { return group_.comm(); }
+  static int Count(const Tensor& t) { return static_cast<int>(t.numel); }
+
+  static const void* SendOrInPlace(const Tensor& send, const Tensor& recv) {
+    return send.data == recv.data && send.numel > 0 ? MPI_IN_PLACE : send.data;
+  }
+
+  // In place when send is this rank's own block of recv (the distributed optimizer's gather).
+  const void* GatherSend(const Tensor& send, const Tensor& recv) const {
+    const Tensor mine = recv.Slice(send.numel * rank(), send.numel);
+    return send.numel > 0 && send.data == mine.data ? MPI_IN_PLACE : send.data;
+  }
+
+  Status CheckReduceScatter(const Tensor& send, const Tensor& recv) const {
+    AUTOPAR_RETURN_IF_ERROR(CheckPair("ReduceScatter", send, recv, 1, size()));
+    AUTOPAR_RETURN_IF_ERROR(CheckReducible("ReduceScatter", send));
+    // MPI's in-place reduce-scatter has a different buffer convention; refuse aliasing outright.
+    AUTOPAR_CHECK_ARG(!Overlaps(send, recv), "ReduceScatter: send and recv overlap");
+    return OkStatus();
+  }
+
+  Status CheckPeer(const char* op, int peer) const {
+    AUTOPAR_CHECK_ARG(peer >= 0 && peer < size(), std::string(op) + ": peer " +
+                                                      std::to_string(peer) + " not in group of " +
+                                                      std::to_string(size()));
+    return OkStatus();
+  }
+
+  // A shorter message than the buffer is a protocol error between ranks, not a transport one.
+  static Status CheckReceived(const char* op, const MPI_Status& status, const Tensor& buf) {
+    int count = 0;
+    AUTOPAR_CHECK_MPI(MPI_Get_count(&status, MpiType(buf.dtype), &count));
+    if (count != Count(buf)) {
+      return Status::Error(Outcome::kCommError,
+                           std::string(op) + ": received " + std::to_string(count) +
+                               " elements, expected " + std::to_string(buf.numel),
+                           __FILE__, __LINE__);
+    }
+    return OkStatus();
+  }
+
+  static std::unique_ptr<Request> Wrap(MPI_Request request, bool point_to_point) {
+    return std::make_unique<MpiRequest>(request, point_to_point);
+  }
+
+  Group group_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Collectives>> MakeMpiCollectives(const Group& group) {
+  AUTOPAR_CHECK_ARG(!group.empty(), "collectives over an empty group");
+  AUTOPAR_ASSIGN_OR_RETURN(Group own, group.Duplicate());
+  return std::unique_ptr<Collectives>(std::make_unique<MpiCollectives>(std::move(own)));
+}
+
+}  // namespace autopar::backend

@@ -1,0 +1,47 @@
+// Argument checks shared by every backend's ops (internal to src/backend).
+//
+// Ops take raw views and separate shapes, so each op states which views it reads or writes, in
+// which dtype, and how many elements it touches; a backend calls these before launching anything,
+// and a mismatch comes back as kInvalid naming the op and the argument.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "autopar/backend/ops.h"
+#include "autopar/backend/status.h"
+#include "autopar/backend/tensor.h"
+
+namespace autopar::backend {
+
+struct ArgSpec {
+  const char* name;
+  const Tensor& tensor;
+  DType dtype;
+  std::int64_t min_numel;  // elements the op touches
+};
+
+// kInvalid unless every view is valid, of its dtype, and holds at least min_numel elements.
+Status CheckArgs(const char* op, std::initializer_list<ArgSpec> args);
+
+// kInvalid unless all dimensions are positive.
+Status CheckPositive(const char* op, std::initializer_list<std::int64_t> dims);
+
+// Elements a row-major [rows, cols] matrix with row stride ld touches.
+std::int64_t MatrixExtent(std::int64_t rows, std::int64_t cols, std::int64_t ld);
+
+// A GemmDesc with leading dimensions and batch strides resolved, checked against the views.
+StatusOr<GemmDesc> ResolveGemm(const GemmDesc& desc, const Tensor& a, const Tensor& b,
+                               const Tensor& c, DType ab_dtype);
+
+// An AttentionDesc with scale and strides resolved and the shape checked (GQA divisibility).
+StatusOr<AttentionDesc> ResolveAttention(const AttentionDesc& desc);
+
+// Elements of q (or k/v) an attention call touches with the resolved strides.
+std::int64_t AttentionQExtent(const AttentionDesc& d);
+std::int64_t AttentionKvExtent(const AttentionDesc& d);
+
+// A RopeDesc with rotary_dim and row_stride resolved and checked.
+StatusOr<RopeDesc> ResolveRope(const RopeDesc& desc);
+
+}  // namespace autopar::backend

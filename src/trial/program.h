@@ -1,0 +1,95 @@
+// The per-rank step program of a dense configuration: embedding, transformer layers, loss and
+// their backward passes over this rank's model chunks, with the tensor-parallel collectives and
+// the pipeline send/recv of each micro-batch.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "autopar/trial/schedule.h"
+#include "src/trial/shard.h"
+
+namespace autopar::trial {
+
+// Activations one layer keeps for its backward pass. Fully recomputed layers keep only `x` in
+// their slot and rebuild the rest in the program's one-layer work area.
+struct LayerActs {
+  Tensor x;                         // layer input [Tl, h]
+  Tensor y1, x1, y2;                // norm1 out, attention residual out, norm2 out [Tl, h]
+  Tensor qkv, o, h1, a1;            // [T, qkv], [T, q], [T, fc1], [T, ffn]
+  Tensor rstd1, mean1, rstd2, mean2;  // f32 [Tl]
+  Tensor lse;                       // f32 [T, heads]; empty under selective recompute
+};
+
+struct DataSpec {
+  uint64_t seed = 0;
+  int64_t samples_per_replica = 0;  // global batch / dp
+  double tokens_per_step = 0;       // the loss is the mean over these
+};
+
+class StageProgram {
+ public:
+  // Allocates `slots` activation slots and the work areas. kOom when they do not fit.
+  static StatusOr<std::unique_ptr<StageProgram>> Create(Device& device, const Shapes& s,
+                                                        const ParallelConfig& c,
+                                                        ProcessGroups& g, ModelShard& w,
+                                                        const DataSpec& data, int slots);
+
+  Status Forward(int microbatch, int chunk);
+  Status Backward(int microbatch, int chunk);
+  Status FlushSends();
+  // Sum of the token losses computed since the last call (last stage only; 0 elsewhere).
+  double TakeLossSum();
+
+ private:
+  StageProgram(Device& d, const Shapes& s, const ParallelConfig& c, ProcessGroups& g,
+               ModelShard& w, const DataSpec& data)
+      : dev_(d), s_(s), c_(c), g_(g), w_(w), data_(data) {}
+
+  bool Recomputed(int layer_in_chunk) const;
+  Status LayerForward(const LayerWeights& w, const LayerActs& a, Tensor x, Tensor out);
+  Status LayerBackward(const LayerWeights& w, const LayerActs& a, Tensor dout, Tensor dx);
+  Status Norm(Tensor gamma, Tensor beta, Tensor x, Tensor y, Tensor rstd, Tensor mean);
+  Status NormBackward(Tensor gamma, Tensor dgamma, Tensor dbeta, Tensor dy, Tensor x,
+                      Tensor rstd, Tensor mean, Tensor dx);
+  // Sequence-parallel entry and exit of the tensor-parallel region.
+  StatusOr<Tensor> GatherRows(Tensor local, Tensor full);
+  Status ReduceRows(Tensor partial, Tensor local_out);
+  Status Rope(Tensor qkv, bool backward);
+  Status Embed(int microbatch, Tensor x);
+  Status EmbedBackward(int microbatch, Tensor dx);
+  Status HeadForwardBackward(int microbatch, Tensor x, Tensor dx);
+  Status LoadTokens(int microbatch);
+  int Tag(int microbatch, int receiving_stage, bool backward) const;
+
+  Device& dev_;
+  const Shapes s_;
+  const ParallelConfig c_;
+  ProcessGroups& g_;
+  ModelShard& w_;
+  const DataSpec data_;
+
+  struct Slot {
+    Buffer compute, stats;
+    std::vector<LayerActs> layers;
+    Tensor dlast;  // gradient at the last layer's output (last stage)
+  };
+  std::vector<Slot> slots_;
+  std::vector<int> free_slots_;
+  std::vector<std::vector<int>> slot_of_;  // [microbatch][chunk] → slot, -1 when none
+  Buffer work_compute_, work_stats_, ws_compute_, ws_stats_, ws_ids_;
+  LayerActs work_;
+  Tensor gathered_, partial_, reduced_, dqkv_, do_, dh1_, da1_, dx1_, dtmp_, grad_a_, grad_b_;
+  Tensor scratch_, last_out_, logits_, yf_, rstdf_, meanf_, row_max_, ce_partials_, loss_, dloss_;
+  Tensor ids_, targets_, positions_;
+  struct SendBuffer {
+    Tensor buf;
+    std::unique_ptr<backend::Request> pending;
+  };
+  std::vector<SendBuffer> sends_;
+  size_t next_send_ = 0;
+  int loaded_microbatch_ = -1;
+  double loss_sum_ = 0;
+};
+
+}  // namespace autopar::trial

@@ -1,0 +1,226 @@
+// RunTrial: set-up, the timed iterations and the agreement of all ranks on the outcome.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "autopar/backend/timer.h"
+#include "autopar/trial/schedule.h"
+#include "autopar/trial/trial.h"
+#include "src/trial/program.h"
+
+namespace autopar::trial {
+namespace {
+
+using backend::OkStatus;
+using backend::Outcome;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+// After the deadline, ranks still get this long to agree on the outcome.
+constexpr double kAgreementGraceS = 3.0;
+
+// A host-side all-reduce of doubles on the world communicator, bounded by a deadline: the
+// control data of a trial (times, losses, outcomes) never waits forever for a stalled peer.
+Status HostAllReduce(std::vector<double>& values, MPI_Op op, MPI_Comm comm, Deadline deadline) {
+  MPI_Request request;
+  std::vector<double> in = values;
+  int rc = MPI_Iallreduce(in.data(), values.data(), static_cast<int>(values.size()), MPI_DOUBLE, op,
+                          comm, &request);
+  if (rc != MPI_SUCCESS) return Status(Outcome::kCommError, "MPI_Iallreduce failed");
+  for (;;) {
+    int done = 0;
+    rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return Status(Outcome::kCommError, "MPI_Test failed");
+    if (done) return OkStatus();
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status(Outcome::kTimeout, "a peer did not join the trial's control all-reduce");
+    }
+    std::this_thread::yield();
+  }
+}
+
+// Which outcome wins when ranks disagree: the root cause over its consequences (a rank that ran
+// out of memory makes its peers time out waiting for it).
+int Severity(Outcome o) {
+  switch (o) {
+    case Outcome::kOk: return 0;
+    case Outcome::kTimeout: return 1;
+    case Outcome::kCommError: return 2;
+    case Outcome::kNonfinite: return 3;
+    case Outcome::kDeviceError: return 4;
+    case Outcome::kInvalid: return 5;
+    case Outcome::kOom: return 6;
+  }
+  return 0;
+}
+Outcome FromSeverity(int s) {
+  constexpr Outcome kBySeverity[] = {Outcome::kOk, Outcome::kTimeout, Outcome::kCommError,
+                                     Outcome::kNonfinite, Outcome::kDeviceError,
+                                     Outcome::kInvalid, Outcome::kOom};
+  return kBySeverity[std::clamp(s, 0, 6)];
+}
+
+std::string Validate(const backend::Group& world, const ModelSpec& m, const TrainSpec& t,
+                     const ParallelConfig& c) {
+  if (world.size() != c.world_size()) {
+    return "the configuration needs " + std::to_string(c.world_size()) + " ranks, the job has " +
+           std::to_string(world.size());
+  }
+  if (m.num_layers % (int64_t{c.pp} * c.vpp) != 0) return "pp·vpp must divide num_layers";
+  if (t.global_batch_size % (int64_t{c.dp} * c.mbs) != 0) return "dp·mbs must divide the batch";
+  if (m.num_attention_heads % c.tp != 0 || m.ffn_hidden_size % c.tp != 0) {
+    return "tp must divide the heads and the MLP width";
+  }
+  if (c.sp && c.tp == 1) return "sp=on needs tp > 1";
+  const int64_t m_job = t.global_batch_size / (int64_t{c.dp} * c.mbs);
+  if (c.vpp > 1 && m_job % c.pp != 0) return "the interleaved schedule needs m % pp == 0";
+  return Unsupported(m, t, c);
+}
+
+}  // namespace
+
+TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world,
+                          const ModelSpec& model, const TrainSpec& train,
+                          const ParallelConfig& config, const TrialOptions& options) {
+  TrialMeasurement out;
+  const ParallelConfig& c = config;
+  if (const std::string reason = Validate(world, model, train, c); !reason.empty()) {
+    out.outcome = Outcome::kInvalid;
+    out.message = reason;
+    return out;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const Deadline deadline =
+      start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                  std::chrono::duration<double>(options.timeout_s));
+  Device& dev = backend.device();
+  const size_t baseline = dev.bytes_in_use();
+  dev.ResetPeak();
+
+  const int64_t job_microbatches = train.global_batch_size / (int64_t{c.dp} * c.mbs);
+  const int run_microbatches =
+      options.max_microbatches < 0
+          ? static_cast<int>(job_microbatches)
+          : TrialMicrobatches(c.pp, c.vpp, static_cast<int>(job_microbatches),
+                              options.max_microbatches);
+  out.microbatches_run = run_microbatches;
+  out.microbatches_total = static_cast<int>(job_microbatches);
+
+  std::vector<double> pipeline_s, tail_s, loss_sums;
+  std::pair<double, double> fingerprint{0, 0};
+  int tp_rank = 0;
+  // Everything that allocates lives in this scope, so it is all freed before the agreement.
+  Status status = [&]() -> Status {
+    AUTOPAR_ASSIGN_OR_RETURN(ProcessGroups groups,
+                             ProcessGroups::Create(backend, world, c, deadline));
+    tp_rank = groups.at.tp;
+    const Shapes shapes = Shapes::Of(model, train, c, groups.at.tp);
+    const std::vector<PipelineOp> ops =
+        PipelineSchedule(c.pp, c.vpp, groups.at.pp, run_microbatches);
+    AUTOPAR_ASSIGN_OR_RETURN(ModelShard shard, ModelShard::Create(dev, model, shapes, c, groups.at,
+                                                                  options.seed));
+    DataSpec data;
+    data.seed = options.seed ^ 0xDA7Aull;
+    data.samples_per_replica = train.global_batch_size / c.dp;
+    data.tokens_per_step =
+        static_cast<double>(run_microbatches) * c.mbs * train.seq_length * c.dp;
+    auto program_or = StageProgram::Create(dev, shapes, c, groups, shard, data, MaxInFlight(ops));
+    // Agree that every rank could allocate its footprint before anyone starts communicating.
+    std::vector<double> setup = {
+        static_cast<double>(Severity(program_or.ok() ? Outcome::kOk
+                                                     : program_or.status().outcome()))};
+    AUTOPAR_RETURN_IF_ERROR(HostAllReduce(setup, MPI_MAX, world.comm(), deadline));
+    if (!program_or.ok()) return program_or.status();
+    if (setup[0] > 0) {
+      return Status(FromSeverity(static_cast<int>(setup[0])), "another rank failed its set-up");
+    }
+    StageProgram& program = **program_or;
+
+    const int iterations = options.warmup_iterations + options.timed_iterations;
+    for (int it = 0; it < iterations; ++it) {
+      if (options.stall_rank == world.rank()) {
+        // Test hook: a worker that stops making progress (a hung kernel, a lost peer).
+        while (std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+        return Status(Outcome::kTimeout, "stalled by the test hook");
+      }
+      AUTOPAR_RETURN_IF_ERROR(shard.ZeroGrads(dev));
+      AUTOPAR_RETURN_IF_ERROR(dev.Synchronize());
+      backend::WallTimer timer;
+      for (const PipelineOp& op : ops) {
+        AUTOPAR_RETURN_IF_ERROR(op.kind == PipelineOp::kForward
+                                    ? program.Forward(op.microbatch, op.chunk)
+                                    : program.Backward(op.microbatch, op.chunk));
+      }
+      AUTOPAR_RETURN_IF_ERROR(program.FlushSends());
+      AUTOPAR_RETURN_IF_ERROR(dev.Synchronize());
+      const double pipeline = timer.Seconds();
+      AUTOPAR_RETURN_IF_ERROR(shard.Step(dev, groups, c, options.learning_rate, options.adam_eps, it + 1));
+      AUTOPAR_RETURN_IF_ERROR(dev.Synchronize());
+      const double loss = program.TakeLossSum();
+      if (!std::isfinite(loss)) return Status(Outcome::kNonfinite, "the loss is not finite");
+      pipeline_s.push_back(pipeline);
+      tail_s.push_back(timer.Seconds() - pipeline);
+      loss_sums.push_back(groups.at.tp == 0 ? loss : 0.0);
+    }
+    if (options.fingerprint) {
+      AUTOPAR_ASSIGN_OR_RETURN(fingerprint, shard.Fingerprint(dev, groups.at, options.seed));
+    }
+    return OkStatus();
+  }();
+  (void)tp_rank;
+
+  // ---- every rank agrees on the outcome and the figures ----
+  const Deadline grace = std::max(deadline, std::chrono::steady_clock::now()) +
+                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double>(kAgreementGraceS));
+  std::vector<double> verdict = {static_cast<double>(Severity(status.outcome()))};
+  if (Status s = HostAllReduce(verdict, MPI_MAX, world.comm(), grace); !s.ok()) {
+    out.outcome = s.outcome();
+    out.message = s.ToString();
+    return out;
+  }
+  out.outcome = FromSeverity(static_cast<int>(verdict[0]));
+  if (out.outcome != Outcome::kOk) {
+    out.message = status.ok() ? std::string("another rank failed: ") + OutcomeName(out.outcome)
+                              : status.ToString();
+    return out;
+  }
+  // Per-rank peaks, then per-iteration maxima of the extrapolated step time.
+  const int ranks = world.size();
+  std::vector<double> peaks(ranks, 0.0);
+  peaks[world.rank()] = static_cast<double>(dev.peak_bytes() - baseline) / kGiB;
+  const int iterations = static_cast<int>(pipeline_s.size());
+  std::vector<double> step(iterations), losses = loss_sums;
+  for (int i = 0; i < iterations; ++i) {
+    step[i] = ExtrapolateStepTime(pipeline_s[i], tail_s[i], c.pp, c.vpp, run_microbatches,
+                                  static_cast<int>(job_microbatches));
+  }
+  std::vector<double> sums = {fingerprint.first, fingerprint.second};
+  sums.insert(sums.end(), losses.begin(), losses.end());
+  Status agree = HostAllReduce(peaks, MPI_SUM, world.comm(), grace);
+  if (agree.ok()) agree = HostAllReduce(step, MPI_MAX, world.comm(), grace);
+  if (agree.ok()) agree = HostAllReduce(sums, MPI_SUM, world.comm(), grace);
+  if (!agree.ok()) {
+    out.outcome = agree.outcome();
+    out.message = agree.ToString();
+    return out;
+  }
+  out.peak_memory_gib = peaks;
+  out.iteration_times_s.assign(step.begin() + options.warmup_iterations, step.end());
+  std::vector<std::vector<double>> per_iteration;
+  for (double s : out.iteration_times_s) per_iteration.push_back({s});
+  out.step_time_s = MedianOfMax(per_iteration);
+  out.tokens_per_s = out.step_time_s > 0 ? static_cast<double>(train.global_batch_size) *
+                                               train.seq_length / out.step_time_s
+                                         : 0;
+  out.weight_sum = sums[0];
+  out.weight_projection = sums[1];
+  if (iterations > 0) {
+    const double tokens = static_cast<double>(run_microbatches) * c.mbs * train.seq_length * c.dp;
+    out.loss = sums[2] / tokens;
+  }
+  return out;
+}
+
+}  // namespace autopar::trial

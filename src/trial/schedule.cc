@@ -1,0 +1,90 @@
+#include "autopar/trial/schedule.h"
+
+#include <algorithm>
+
+namespace autopar::trial {
+
+std::vector<PipelineOp> PipelineSchedule(int pp, int vpp, int rank, int microbatches) {
+  std::vector<PipelineOp> ops;
+  if (vpp <= 1) {
+    // 1F1B: warm up with pp − rank − 1 forwards, alternate, then drain the backwards.
+    const int warmup = std::min(pp - rank - 1, microbatches);
+    int next_forward = 0, next_backward = 0;
+    for (; next_forward < warmup; ++next_forward) ops.push_back({PipelineOp::kForward, next_forward, 0});
+    while (next_forward < microbatches) {
+      ops.push_back({PipelineOp::kForward, next_forward++, 0});
+      ops.push_back({PipelineOp::kBackward, next_backward++, 0});
+    }
+    while (next_backward < microbatches) ops.push_back({PipelineOp::kBackward, next_backward++, 0});
+    return ops;
+  }
+  // Interleaved: the k-th forward runs chunk (k mod pp·v) / pp of micro-batch
+  // (k / (pp·v))·pp + k mod pp; backwards visit the chunks in reverse.
+  const int total = microbatches * vpp;
+  const int group = pp * vpp;
+  auto forward = [&](int k) {
+    return PipelineOp{PipelineOp::kForward, (k / group) * pp + k % pp, (k % group) / pp};
+  };
+  auto backward = [&](int k) {
+    return PipelineOp{PipelineOp::kBackward, (k / group) * pp + k % pp,
+                      vpp - 1 - (k % group) / pp};
+  };
+  const int warmup = microbatches == pp ? total
+                                        : std::min(total, (pp - rank - 1) * 2 + (vpp - 1) * pp);
+  for (int k = 0; k < warmup; ++k) ops.push_back(forward(k));
+  for (int k = 0; k < total - warmup; ++k) {
+    ops.push_back(forward(warmup + k));
+    ops.push_back(backward(k));
+  }
+  for (int k = total - warmup; k < total; ++k) ops.push_back(backward(k));
+  return ops;
+}
+
+int MaxInFlight(const std::vector<PipelineOp>& ops) {
+  int alive = 0, peak = 0;
+  for (const PipelineOp& op : ops) {
+    alive += op.kind == PipelineOp::kForward ? 1 : -1;
+    peak = std::max(peak, alive);
+  }
+  return peak;
+}
+
+StageLinks LinksOf(int pp, int vpp, int rank, int chunk) {
+  StageLinks l;
+  const int stage = chunk * pp + rank;
+  const int last = pp * vpp - 1;
+  if (stage > 0) {
+    l.prev_rank = (stage - 1) % pp;
+    l.prev_chunk = (stage - 1) / pp;
+  }
+  if (stage < last) {
+    l.next_rank = (stage + 1) % pp;
+    l.next_chunk = (stage + 1) / pp;
+  }
+  return l;
+}
+
+int TrialMicrobatches(int pp, int vpp, int job_microbatches, int cap) {
+  int m = std::min(job_microbatches, std::max(2 * pp, 2));
+  if (cap > 0) m = std::min(m, std::max(cap, vpp > 1 ? pp : 1));
+  if (vpp > 1) m = std::max(pp, m / pp * pp);  // the interleaved schedule's groups of pp
+  return std::min(m, job_microbatches);
+}
+
+double ExtrapolateStepTime(double pipeline_s, double tail_s, int pp, int vpp, int ran, int total) {
+  const double bubble = (pp - 1.0) / vpp;
+  return pipeline_s * (total + bubble) / (ran + bubble) + tail_s;
+}
+
+double MedianOfMax(const std::vector<std::vector<double>>& times) {
+  std::vector<double> maxima;
+  for (const auto& per_rank : times) {
+    if (!per_rank.empty()) maxima.push_back(*std::max_element(per_rank.begin(), per_rank.end()));
+  }
+  if (maxima.empty()) return 0;
+  std::sort(maxima.begin(), maxima.end());
+  const size_t n = maxima.size();
+  return n % 2 ? maxima[n / 2] : 0.5 * (maxima[n / 2 - 1] + maxima[n / 2]);
+}
+
+}  // namespace autopar::trial

@@ -1,0 +1,25 @@
+// Shared state of the distributed test binary: the world group and a CPU backend, built once in
+// main() after MPI_Init and destroyed before MPI_Finalize.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "autopar/backend/backend.h"
+#include "autopar/backend/group.h"
+#include "kernels/init.h"
+
+namespace autopar::backend::testing {
+
+Group& World();
+Backend& TestBackend();
+
+// Test data as a pure function of (seed, index, rank): multiples of 1/8 in [-8, 8), so sums over a
+// few ranks are exact in fp32 whatever order the transport reduces in.
+inline float Value(std::uint64_t seed, std::int64_t index, int rank) {
+  const float u = kernels::ref::HashUniform(
+      seed, static_cast<std::uint64_t>(rank) * 1000003u + static_cast<std::uint64_t>(index));
+  return std::floor(u * 64.0f) / 8.0f;
+}
+
+}  // namespace autopar::backend::testing
