@@ -173,12 +173,22 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
     const double dense_layer_bytes = layer_bytes(false);
     const double moe_layer_bytes = layer_bytes(true);
     double per_microbatch = dense_layers * dense_layer_bytes + moe_layers * moe_layer_bytes;
-    double working = 0;
+    // The backward pass works on one layer at a time: its activation gradients are about the
+    // size of the layer's activations, plus the gathered input and partial sums of the
+    // tensor-parallel region ([s·b, h] each) and the residual-stream gradients and pipeline
+    // send/recv buffers (local [s·b, h] each). A fully recomputed layer rebuilds its activations
+    // first.
+    double working = std::max(dense_layer_bytes, moe_layers > 0 ? moe_layer_bytes : 0.0) +
+                     elem * tokens * h * (2 + 6 / (c.sp ? t : 1));
     if (c.recompute == Recompute::kFull) {
-      const int64_t recomputed = c.recompute_layers == 0 ? layers_per_stage : c.recompute_layers;
+      // Megatron's block method recomputes the first N layers of every model chunk.
+      const int64_t per_chunk = layers_per_stage / c.vpp;
+      const int64_t recomputed = c.recompute_layers == 0
+                                     ? layers_per_stage
+                                     : std::min<int64_t>(c.recompute_layers, per_chunk) * c.vpp;
       const double avg_layer = per_microbatch / layers_per_stage;
       per_microbatch = recomputed * layer_input + (layers_per_stage - recomputed) * avg_layer;
-      working = std::max(dense_layer_bytes, moe_layers > 0 ? moe_layer_bytes : 0.0);
+      working += std::max(dense_layer_bytes, moe_layers > 0 ? moe_layer_bytes : 0.0);
     }
     mem.activations = in_flight * per_microbatch + working;
     if (stage == c.pp - 1) {

@@ -148,10 +148,14 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   AddScaled(stage_bwd, dense_layer.bwd, dense_layers);
   AddScaled(stage_bwd, moe_layer.bwd, moe_layers);
   // Recomputed layers run their forward (GEMMs, kernels and collectives) again in backward.
+  // (Megatron's block method recomputes the first N layers of every model chunk.)
+  const int64_t layers_per_chunk = layers_per_stage / c.vpp;
   const double recompute_share =
       c.recompute != Recompute::kFull ? 0.0
-      : c.recompute_layers == 0       ? 1.0
-                                      : static_cast<double>(c.recompute_layers) / layers_per_stage;
+      : c.recompute_layers == 0
+          ? 1.0
+          : static_cast<double>(std::min<int64_t>(c.recompute_layers, layers_per_chunk)) /
+                layers_per_chunk;
   AddScaled(stage_bwd, stage_fwd, recompute_share);
   // Logits and vocab-parallel cross-entropy on the last stage.
   const double v = m.vocab_size;

@@ -11,7 +11,7 @@ using backend::GemmDesc;
 using backend::OkStatus;
 using backend::Outcome;
 
-constexpr int kSendBuffers = 4;  // per program: sends in flight before the oldest must finish
+constexpr int kSendBuffers = 2;  // per program: sends in flight before the oldest must finish
 
 // Row-major y[m, n] (+)= x[m, k] · W[n, k]ᵀ: a linear layer with PyTorch's [out, in] weight.
 GemmDesc Linear(int64_t m, int64_t n, int64_t k, float beta = 0) {
@@ -114,8 +114,9 @@ StatusOr<std::unique_ptr<StageProgram>> StageProgram::Create(Device& device, con
     p->free_slots_.push_back(slots - 1 - i);
   }
 
-  // The one-layer work area (recomputed layers, selective recompute's attention).
-  {
+  // The one-layer work area: the activations a fully recomputed layer rebuilds, or the attention
+  // output and statistics selective recompute runs again.
+  if (c.recompute == Recompute::kFull) {
     Carver cc, cs;
     LayerActs tmp;
     carve_layer(cc, cs, true, tmp);
@@ -123,12 +124,17 @@ StatusOr<std::unique_ptr<StageProgram>> StageProgram::Create(Device& device, con
     AUTOPAR_ASSIGN_OR_RETURN(p->work_stats_, device.Allocate(cs.used() + T * s.heads, DType::kF32));
     Carver wc(p->work_compute_.tensor()), ws(p->work_stats_.tensor());
     carve_layer(wc, ws, true, p->work_);
-    if (!p->work_.lse.valid() || p->work_.lse.numel == 0) p->work_.lse = ws.Take(T * s.heads);
+    if (p->work_.lse.numel == 0) p->work_.lse = ws.Take(T * s.heads);
+  } else if (c.recompute == Recompute::kSelective) {
+    AUTOPAR_ASSIGN_OR_RETURN(p->work_compute_, device.Allocate(T * s.q_cols, compute));
+    AUTOPAR_ASSIGN_OR_RETURN(p->work_stats_, device.Allocate(T * s.heads, DType::kF32));
+    p->work_.o = p->work_compute_.tensor();
+    p->work_.lse = p->work_stats_.tensor();
   }
 
   // Workspaces of the backward pass and the loss.
   const int64_t compute_ws = 2 * T * h + Tl * h + T * s.qkv_cols + T * s.q_cols +
-                             T * s.fc1_cols + T * s.ffn + 6 * Tl * h + kSendBuffers * Tl * h +
+                             T * s.fc1_cols + T * s.ffn + 5 * Tl * h + kSendBuffers * Tl * h +
                              (last_rank ? T * s.vocab_shard + Tl * h : 0);
   AUTOPAR_ASSIGN_OR_RETURN(p->ws_compute_, device.Allocate(compute_ws, compute));
   AUTOPAR_ASSIGN_OR_RETURN(p->ws_stats_, device.Allocate(2 * Tl + 5 * T, DType::kF32));
@@ -145,8 +151,10 @@ StatusOr<std::unique_ptr<StageProgram>> StageProgram::Create(Device& device, con
   p->dtmp_ = cc.Take(Tl * h);
   p->grad_a_ = cc.Take(Tl * h);
   p->grad_b_ = cc.Take(Tl * h);
-  p->scratch_ = cc.Take(Tl * h);
+  // Never needed together: the output a recomputed layer rebuilds in backward, the position
+  // embedding in the first stage's forward, the last stage's output in its forward.
   p->last_out_ = cc.Take(Tl * h);
+  p->scratch_ = p->last_out_;
   for (int i = 0; i < kSendBuffers; ++i) p->sends_.push_back({cc.Take(Tl * h), nullptr});
   if (last_rank) {
     p->logits_ = cc.Take(T * s.vocab_shard);

@@ -189,10 +189,6 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
   }
   AUTOPAR_ASSIGN_OR_RETURN(shard.exp_avg_, device.Allocate(owned, DType::kF32));
   AUTOPAR_ASSIGN_OR_RETURN(shard.exp_avg_sq_, device.Allocate(owned, DType::kF32));
-  if (dp > 1) {
-    AUTOPAR_ASSIGN_OR_RETURN(shard.shard_grad_, device.Allocate(owned, DType::kF32));
-    AUTOPAR_ASSIGN_OR_RETURN(shard.gather_tmp_, device.Allocate(owned, compute));
-  }
 
   const Tensor w = shard.weights_.tensor(), g = shard.grads_.tensor();
   AUTOPAR_RETURN_IF_ERROR(device.Fill(w, 0.0f));
@@ -288,14 +284,15 @@ Status ModelShard::Step(Device& device, ProcessGroups& g, const ParallelConfig& 
     AUTOPAR_RETURN_IF_ERROR(g.dp.AllReduce(grads));
     return device.AdamStep(adam, weights, grads, exp_avg_.tensor(), exp_avg_sq_.tensor(), {});
   }
-  // Distributed optimizer: each dp rank reduces, updates and broadcasts its 1/dp of the state.
+  // Distributed optimizer: each dp rank reduces, updates and gathers back its 1/dp of the
+  // state, all in place in the flat buffers (Megatron-core's layout).
   const int64_t owned = padded_numel_ / c.dp;
   const Tensor mine = weights.Slice(g.at.dp * owned, owned);
-  AUTOPAR_RETURN_IF_ERROR(g.dp.ReduceScatter(grads, shard_grad_.tensor()));
-  AUTOPAR_RETURN_IF_ERROR(device.AdamStep(adam, mine, shard_grad_.tensor(), exp_avg_.tensor(),
-                                          exp_avg_sq_.tensor(), {}));
-  AUTOPAR_RETURN_IF_ERROR(device.Copy(gather_tmp_.tensor(), mine));
-  return g.dp.AllGather(gather_tmp_.tensor(), weights);
+  const Tensor my_grads = grads.Slice(g.at.dp * owned, owned);
+  AUTOPAR_RETURN_IF_ERROR(g.dp.ReduceScatter(grads, my_grads));
+  AUTOPAR_RETURN_IF_ERROR(
+      device.AdamStep(adam, mine, my_grads, exp_avg_.tensor(), exp_avg_sq_.tensor(), {}));
+  return g.dp.AllGather(mine, weights);
 }
 
 StatusOr<std::pair<double, double>> ModelShard::Fingerprint(Device& device, const Coordinates& at,

@@ -94,7 +94,7 @@ class ModelShard {
  private:
   std::vector<Piece> pieces_;
   int64_t padded_numel_ = 0;
-  Buffer weights_, grads_, master_, exp_avg_, exp_avg_sq_, shard_grad_, gather_tmp_;
+  Buffer weights_, grads_, master_, exp_avg_, exp_avg_sq_;
   bool separate_master_ = false;
   bool tied_ = false;
 };

@@ -178,8 +178,12 @@ TEST_F(DistributedCollectives, ReduceScatterSum) {
     const Tensor send = Put(Data(3, total, World().rank())), recv = Zeros(n);
     ASSERT_TRUE(c.comm->ReduceScatter(send, recv, ReduceOp::kSum).ok());
     EXPECT_EQ(Get(recv), want) << split.name;
-    EXPECT_EQ(c.comm->ReduceScatter(send, send.Slice(0, n), ReduceOp::kSum).outcome(),
+    EXPECT_EQ(c.comm->ReduceScatter(send, send.Slice(1, n), ReduceOp::kSum).outcome(),
               Outcome::kInvalid);
+    // In place: the reduced block lands in this rank's own block of the input (NCCL's form).
+    const Tensor own = send.Slice(c.comm->rank() * n, n);
+    ASSERT_TRUE(c.comm->ReduceScatter(send, own, ReduceOp::kSum).ok());
+    EXPECT_EQ(Get(own), want) << split.name << " in place";
   }
 }
 

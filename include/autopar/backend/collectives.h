@@ -43,7 +43,8 @@ class Collectives {
   virtual Status AllReduce(Tensor send, Tensor recv, ReduceOp op) = 0;
   // recv [size * n] = concatenation of every rank's send [n] in rank order.
   virtual Status AllGather(Tensor send, Tensor recv) = 0;
-  // send [size * n]; recv [n] = op over ranks of their block `rank()` of send.
+  // send [size * n]; recv [n] = op over ranks of their block `rank()` of send. In place when recv
+  // is this rank's own block of send.
   virtual Status ReduceScatter(Tensor send, Tensor recv, ReduceOp op) = 0;
   // send, recv [size * n]: block j of send goes to rank j, block i of recv came from rank i.
   virtual Status AllToAll(Tensor send, Tensor recv) = 0;

@@ -2,6 +2,8 @@
 
 #include <climits>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -84,6 +86,7 @@ class MpiRequest final : public Request {
   Status Wait() override {
     if (request_ == MPI_REQUEST_NULL) return OkStatus();
     AUTOPAR_CHECK_MPI(MPI_Wait(&request_, MPI_STATUS_IGNORE));
+    Complete();
     return OkStatus();
   }
 
@@ -91,7 +94,18 @@ class MpiRequest final : public Request {
     if (request_ == MPI_REQUEST_NULL) return true;
     int done = 0;
     AUTOPAR_CHECK_MPI(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
+    if (done) Complete();
     return done != 0;
+  }
+
+  // Runs once when the operation completes (the in-place reduce-scatter's block move).
+  std::function<void()> on_complete;
+
+  void Complete() {
+    if (on_complete) {
+      on_complete();
+      on_complete = nullptr;
+    }
   }
 
   void Abandon() override {
@@ -134,6 +148,12 @@ class MpiCollectives final : public Collectives {
 
   Status ReduceScatter(Tensor send, Tensor recv, ReduceOp op) override {
     AUTOPAR_RETURN_IF_ERROR(CheckReduceScatter(send, recv));
+    if (InPlaceScatter(send, recv)) {
+      AUTOPAR_CHECK_MPI(MPI_Reduce_scatter_block(MPI_IN_PLACE, send.data, Count(recv),
+                                                 MpiType(recv.dtype), MpiOp(op), comm()));
+      MoveFirstBlockTo(send, recv);
+      return OkStatus();
+    }
     AUTOPAR_CHECK_MPI(MPI_Reduce_scatter_block(send.data, recv.data, Count(recv),
                                                MpiType(recv.dtype), MpiOp(op), comm()));
     return OkStatus();
@@ -228,6 +248,14 @@ class MpiCollectives final : public Collectives {
                                                     ReduceOp op) override {
     AUTOPAR_RETURN_IF_ERROR(CheckReduceScatter(send, recv));
     MPI_Request request = MPI_REQUEST_NULL;
+    if (InPlaceScatter(send, recv)) {
+      AUTOPAR_CHECK_MPI(MPI_Ireduce_scatter_block(MPI_IN_PLACE, send.data, Count(recv),
+                                                  MpiType(recv.dtype), MpiOp(op), comm(),
+                                                  &request));
+      auto wrapped = std::make_unique<MpiRequest>(request, /*point_to_point=*/false);
+      wrapped->on_complete = [send, recv] { MoveFirstBlockTo(send, recv); };
+      return std::unique_ptr<Request>(std::move(wrapped));
+    }
     AUTOPAR_CHECK_MPI(MPI_Ireduce_scatter_block(send.data, recv.data, Count(recv),
                                                 MpiType(recv.dtype), MpiOp(op), comm(), &request));
     return Wrap(request, /*point_to_point=*/false);
@@ -241,6 +269,16 @@ class MpiCollectives final : public Collectives {
     return send.data == recv.data && send.numel > 0 ? MPI_IN_PLACE : send.data;
   }
 
+  // In place when recv is this rank's own block of send (NCCL's convention, the distributed
+  // optimizer's gradient reduce-scatter). MPI's in-place form leaves the block at the start of
+  // the buffer, so it is moved to the rank's block afterwards.
+  bool InPlaceScatter(const Tensor& send, const Tensor& recv) const {
+    return recv.numel > 0 && recv.data == send.Slice(recv.numel * rank(), recv.numel).data;
+  }
+  static void MoveFirstBlockTo(const Tensor& send, const Tensor& recv) {
+    if (recv.data != send.data) std::memmove(recv.data, send.data, recv.bytes());
+  }
+
   // In place when send is this rank's own block of recv (the distributed optimizer's gather).
   const void* GatherSend(const Tensor& send, const Tensor& recv) const {
     const Tensor mine = recv.Slice(send.numel * rank(), send.numel);
@@ -250,8 +288,9 @@ class MpiCollectives final : public Collectives {
   Status CheckReduceScatter(const Tensor& send, const Tensor& recv) const {
     AUTOPAR_RETURN_IF_ERROR(CheckPair("ReduceScatter", send, recv, 1, size()));
     AUTOPAR_RETURN_IF_ERROR(CheckReducible("ReduceScatter", send));
-    // MPI's in-place reduce-scatter has a different buffer convention; refuse aliasing outright.
-    AUTOPAR_CHECK_ARG(!Overlaps(send, recv), "ReduceScatter: send and recv overlap");
+    // In place only in the exact form InPlaceScatter accepts; any other aliasing is a bug.
+    AUTOPAR_CHECK_ARG(InPlaceScatter(send, recv) || !Overlaps(send, recv),
+                      "ReduceScatter: send and recv overlap other than recv = own block of send");
     return OkStatus();
   }
 

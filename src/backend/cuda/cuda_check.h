@@ -1,0 +1,51 @@
+// Checking CUDA runtime, cuBLAS and NCCL calls (TransformerEngine's NVTE_CHECK_CUDA/_CUBLAS/_NCCL,
+// returning a Status instead of throwing).
+//
+// The outcome follows from the library and the code: an allocation failure is kOom (the trial
+// outcome "oom", and the device stays usable), NCCL failures are kCommError, anything else the GPU
+// reports is kDeviceError. Messages name the call, the error's name and text, and file:line.
+#pragma once
+
+#include <cublas_api.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "autopar/backend/status.h"
+
+namespace autopar::backend {
+
+// The Status for a failed call; `call` is its source text.
+Status CudaError(cudaError_t rc, const char* call, const char* file, int line);
+Status CublasError(cublasStatus_t rc, const char* call, const char* file, int line);
+Status NcclError(ncclResult_t rc, const char* call, const char* file, int line);
+
+// The outcome class of each library's codes (exposed for tests).
+Outcome CudaOutcome(cudaError_t rc);
+Outcome CublasOutcome(cublasStatus_t rc);
+Outcome NcclOutcome(ncclResult_t rc);
+
+}  // namespace autopar::backend
+
+#define AUTOPAR_CHECK_CUDA(call)                                                         \
+  do {                                                                                   \
+    const cudaError_t autopar_cuda_rc_ = (call);                                         \
+    if (autopar_cuda_rc_ != cudaSuccess) {                                               \
+      return ::autopar::backend::CudaError(autopar_cuda_rc_, #call, __FILE__, __LINE__); \
+    }                                                                                    \
+  } while (0)
+
+#define AUTOPAR_CHECK_CUBLAS(call)                                                              \
+  do {                                                                                          \
+    const cublasStatus_t autopar_cublas_rc_ = (call);                                           \
+    if (autopar_cublas_rc_ != CUBLAS_STATUS_SUCCESS) {                                          \
+      return ::autopar::backend::CublasError(autopar_cublas_rc_, #call, __FILE__, __LINE__);    \
+    }                                                                                           \
+  } while (0)
+
+#define AUTOPAR_CHECK_NCCL(call)                                                         \
+  do {                                                                                   \
+    const ncclResult_t autopar_nccl_rc_ = (call);                                        \
+    if (autopar_nccl_rc_ != ncclSuccess) {                                               \
+      return ::autopar::backend::NcclError(autopar_nccl_rc_, #call, __FILE__, __LINE__); \
+    }                                                                                    \
+  } while (0)

@@ -1,0 +1,378 @@
+// CUDA device: lifetime, memory, waiting, data movement, elementwise ops and GEMM.
+#include "src/backend/cuda/cuda_device.h"
+
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "src/backend/cuda/gemm_mapping.h"
+#include "src/backend/validate.h"
+
+namespace autopar::backend {
+namespace kc = kernels::cuda;
+
+namespace {
+
+// Scratch layout: SumSquares partials, then CheckFinite's index.
+constexpr std::size_t kPartialsBytes = kc::kSumSquaresPartials * sizeof(double);
+constexpr std::size_t kFirstBadOffset = kPartialsBytes;
+constexpr std::size_t kScratchBytes = kPartialsBytes + 64;
+constexpr std::size_t kPinnedBytes = 16;
+
+// After this long a wait stops spinning and naps between polls, to leave the core to others.
+constexpr double kSpinSeconds = 1e-2;
+
+bool FitsInt(std::int64_t v) { return v >= 0 && v <= INT_MAX; }
+
+bool Overlaps(const Tensor& a, const Tensor& b) {
+  const char* pa = static_cast<const char*>(a.data);
+  const char* pb = static_cast<const char*>(b.data);
+  return a.numel > 0 && b.numel > 0 && pa < pb + b.bytes() && pb < pa + a.bytes();
+}
+
+// Destructors cannot return a status: report on stderr and carry on releasing.
+void Report(cudaError_t rc, const char* call) {
+  if (rc != cudaSuccess) {
+    std::fprintf(stderr, "%s\n", CudaError(rc, call, __FILE__, __LINE__).ToString().c_str());
+  }
+}
+
+}  // namespace
+
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+StatusOr<kc::Storage> ComputeStorage(const char* op, const char* arg, const Tensor& t) {
+  if (t.dtype == DType::kBF16) return kc::Storage::kBF16;
+  if (t.dtype == DType::kF32) return kc::Storage::kF32;
+  return Status::Error(Outcome::kInvalid,
+                       std::string(op) + ": `" + arg + "` is " + DTypeName(t.dtype) +
+                           ", expected bf16 or f32",
+                       __FILE__, __LINE__);
+}
+
+// ---- cuBLAS handle ----
+
+void CublasHandle::Reset() {
+  if (handle_ == nullptr) return;
+  const cublasStatus_t rc = cublasDestroy(handle_);
+  handle_ = nullptr;
+  if (rc != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "%s\n",
+                 CublasError(rc, "cublasDestroy", __FILE__, __LINE__).ToString().c_str());
+  }
+}
+
+StatusOr<cublasHandle_t> CublasHandle::Get(cudaStream_t stream) {
+  if (handle_ == nullptr) {
+    cublasHandle_t handle = nullptr;
+    AUTOPAR_CHECK_CUBLAS(cublasCreate(&handle));
+    const cublasStatus_t rc = cublasSetStream(handle, stream);
+    if (rc != CUBLAS_STATUS_SUCCESS) {
+      (void)cublasDestroy(handle);
+      return CublasError(rc, "cublasSetStream", __FILE__, __LINE__);
+    }
+    handle_ = handle;
+  }
+  return handle_;
+}
+
+// ---- lifetime ----
+
+CudaDevice::CudaDevice(const CudaBackendOptions& options, int index)
+    : Device(options.memory_budget_bytes),
+      index_(index),
+      name_("cuda:" + std::to_string(index)),
+      timeout_s_(options.timeout_s) {}
+
+StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaBackendOptions& options) {
+  AUTOPAR_CHECK_ARG(options.timeout_s > 0.0, "CUDA backend: timeout_s must be positive");
+  // The destructor releases whatever was made before a failure below.
+  std::unique_ptr<CudaDevice> device(new CudaDevice(options, options.device_index));
+  AUTOPAR_RETURN_IF_ERROR(device->Activate());
+  AUTOPAR_CHECK_CUDA(cudaDeviceGetAttribute(&device->max_smem_optin_,
+                                            cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                            device->index_));
+  cudaDeviceProp prop{};
+  AUTOPAR_CHECK_CUDA(cudaGetDeviceProperties(&prop, device->index_));
+  device->name_ += std::string(" (") + prop.name + ")";
+  // Non-blocking: the legacy default stream, which other libraries may use, must not serialise
+  // with ours.
+  AUTOPAR_CHECK_CUDA(cudaStreamCreateWithFlags(&device->stream_, cudaStreamNonBlocking));
+  AUTOPAR_CHECK_CUDA(cudaMalloc(&device->scratch_, kScratchBytes));
+  AUTOPAR_CHECK_CUDA(cudaMallocHost(&device->pinned_, kPinnedBytes));
+  return device;
+}
+
+CudaDevice::~CudaDevice() {
+  if (cudaSetDevice(index_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;  // no usable context: nothing of ours can be released either
+  }
+  if (stream_ != nullptr) {
+    const Status status = Synchronize();
+    if (!status.ok()) std::fprintf(stderr, "~CudaDevice: %s\n", status.ToString().c_str());
+  }
+  cublas_.Reset();  // the handle is bound to the stream: it goes first
+  if (pinned_ != nullptr) Report(cudaFreeHost(pinned_), "cudaFreeHost");
+  if (scratch_ != nullptr) Report(cudaFree(scratch_), "cudaFree(scratch)");
+  if (stream_ != nullptr) Report(cudaStreamDestroy(stream_), "cudaStreamDestroy");
+}
+
+Status CudaDevice::Activate() const {
+  AUTOPAR_CHECK_CUDA(cudaSetDevice(index_));
+  return OkStatus();
+}
+
+// ---- waiting ----
+
+void CudaDevice::Watch(CommWatch* comm) {
+  std::lock_guard<std::mutex> lock(watched_mu_);
+  watched_.push_back(comm);
+}
+
+void CudaDevice::Unwatch(CommWatch* comm) {
+  std::lock_guard<std::mutex> lock(watched_mu_);
+  std::erase(watched_, comm);
+}
+
+Status CudaDevice::CheckWatched(const char* what, double started_s) {
+  std::vector<CommWatch*> comms;
+  {
+    std::lock_guard<std::mutex> lock(watched_mu_);
+    comms = watched_;
+  }
+  for (CommWatch* comm : comms) {
+    Status status = comm->AsyncError();
+    if (!status.ok()) {
+      // A failed communicator's kernels may never finish; aborting it lets the stream drain.
+      comm->Abort();
+      return std::move(status).WithFrame(__FILE__, __LINE__);
+    }
+  }
+  const double waited_s = SteadySeconds() - started_s;
+  if (waited_s > timeout_s_) {
+    for (CommWatch* comm : comms) comm->Abort();
+    return Status::Error(Outcome::kTimeout,
+                         std::string(what) + " not done after " + std::to_string(waited_s) +
+                             " s; aborted " + std::to_string(comms.size()) +
+                             " NCCL communicator(s)",
+                         __FILE__, __LINE__);
+  }
+  if (waited_s > kSpinSeconds) {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  } else {
+    std::this_thread::yield();
+  }
+  return OkStatus();
+}
+
+Status CudaDevice::Synchronize() {
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  return Poll("cudaStreamQuery(compute stream)", [this] { return cudaStreamQuery(stream_); });
+}
+
+Status CudaDevice::ReadScalar(const void* device_src, std::size_t bytes, void* host_dst) {
+  AUTOPAR_CHECK_ARG(bytes <= kPinnedBytes, "ReadScalar: too many bytes");
+  AUTOPAR_CHECK_CUDA(
+      cudaMemcpyAsync(pinned_, device_src, bytes, cudaMemcpyDeviceToHost, stream_));
+  AUTOPAR_RETURN_IF_ERROR(Synchronize());
+  std::memcpy(host_dst, pinned_, bytes);
+  return OkStatus();
+}
+
+// ---- memory ----
+
+StatusOr<void*> CudaDevice::AllocateRaw(std::size_t bytes) {
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  void* data = nullptr;
+  // CudaError clears the runtime's last error, so a refused cudaMalloc leaves nothing behind for
+  // the next launch check to trip over (cudaErrorMemoryAllocation is not sticky).
+  AUTOPAR_CHECK_CUDA(cudaMalloc(&data, bytes));
+  return data;
+}
+
+void CudaDevice::FreeRaw(void* data, std::size_t /*bytes*/) {
+  if (cudaSetDevice(index_) != cudaSuccess) (void)cudaGetLastError();
+  Report(cudaFree(data), "cudaFree");
+}
+
+// ---- data movement ----
+// The host copies first wait for the stream by polling: a pageable cudaMemcpyAsync would otherwise
+// wait for it inside the driver, where no deadline applies.
+
+Status CudaDevice::CopyFromHost(Tensor dst, const void* src, std::size_t bytes) {
+  AUTOPAR_CHECK_ARG(dst.valid() && bytes <= dst.bytes(), "CopyFromHost: destination too small");
+  AUTOPAR_CHECK_ARG(bytes == 0 || src != nullptr, "CopyFromHost: null source");
+  if (bytes == 0) return OkStatus();
+  AUTOPAR_RETURN_IF_ERROR(Synchronize());
+  AUTOPAR_CHECK_CUDA(cudaMemcpyAsync(dst.data, src, bytes, cudaMemcpyHostToDevice, stream_));
+  // Done before returning: the caller may free or reuse `src` at once.
+  return Synchronize();
+}
+
+Status CudaDevice::CopyToHost(void* dst, Tensor src, std::size_t bytes) {
+  AUTOPAR_CHECK_ARG(src.valid() && bytes <= src.bytes(), "CopyToHost: source too small");
+  AUTOPAR_CHECK_ARG(bytes == 0 || dst != nullptr, "CopyToHost: null destination");
+  if (bytes == 0) return OkStatus();
+  AUTOPAR_RETURN_IF_ERROR(Synchronize());
+  AUTOPAR_CHECK_CUDA(cudaMemcpyAsync(dst, src.data, bytes, cudaMemcpyDeviceToHost, stream_));
+  return Synchronize();
+}
+
+Status CudaDevice::Copy(Tensor dst, Tensor src) {
+  AUTOPAR_CHECK_ARG(dst.valid() && src.valid(), "Copy: invalid view");
+  AUTOPAR_CHECK_ARG(src.numel == dst.numel, "Copy: element counts differ (" +
+                                                std::to_string(src.numel) + " vs " +
+                                                std::to_string(dst.numel) + ")");
+  if (dst.numel == 0 || (dst.data == src.data && dst.dtype == src.dtype)) return OkStatus();
+  AUTOPAR_CHECK_ARG(!Overlaps(dst, src), "Copy: source and destination overlap");
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  if (dst.dtype == src.dtype) {
+    AUTOPAR_CHECK_CUDA(
+        cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, stream_));
+    return OkStatus();
+  }
+  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage dst_t, ComputeStorage("Copy", "dst", dst));
+  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage src_t, ComputeStorage("Copy", "src", src));
+  AUTOPAR_CHECK_CUDA(kc::Convert(stream_, dst_t, dst.data, src_t, src.data, dst.numel));
+  return OkStatus();
+}
+
+Status CudaDevice::Fill(Tensor x, float value) {
+  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("Fill", "x", x));
+  AUTOPAR_CHECK_ARG(x.valid(), "Fill: invalid view");
+  if (x.numel == 0) return OkStatus();
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  if (value == 0.0f && !std::signbit(value)) {  // +0 is all-zero bits in f32 and bf16
+    AUTOPAR_CHECK_CUDA(cudaMemsetAsync(x.data, 0, x.bytes(), stream_));
+    return OkStatus();
+  }
+  AUTOPAR_CHECK_CUDA(kc::Fill(stream_, t, x.data, x.numel, value));
+  return OkStatus();
+}
+
+Status CudaDevice::FillHash(Tensor x, const HashFill& fill) {
+  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("FillHash", "x", x));
+  AUTOPAR_CHECK_ARG(x.valid(), "FillHash: invalid view");
+  const std::int64_t rows = fill.rows == 0 ? 1 : fill.rows;
+  const std::int64_t cols = fill.rows == 0 ? x.numel : fill.cols;
+  const std::int64_t global_cols = fill.rows == 0 ? x.numel : fill.global_cols;
+  AUTOPAR_CHECK_ARG(rows > 0 && cols >= 0 && rows * cols <= x.numel,
+                    "FillHash: rows * cols exceeds the view");
+  AUTOPAR_CHECK_ARG(
+      fill.row_offset >= 0 && fill.col_offset >= 0 && fill.col_offset + cols <= global_cols,
+      "FillHash: the block lies outside the global matrix");
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  AUTOPAR_CHECK_CUDA(kc::FillHash(stream_, t, x.data, fill.seed, fill.scale, rows, cols,
+                                  global_cols, fill.row_offset, fill.col_offset));
+  return OkStatus();
+}
+
+Status CudaDevice::Add(Tensor a, Tensor b, Tensor out) {
+  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("Add", "out", out));
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("Add", {{"a", a, out.dtype, out.numel},
+                                            {"b", b, out.dtype, out.numel},
+                                            {"out", out, out.dtype, 0}}));
+  AUTOPAR_CHECK_ARG(a.numel == out.numel && b.numel == out.numel, "Add: element counts differ");
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  AUTOPAR_CHECK_CUDA(kc::Add(stream_, t, a.data, b.data, out.data, out.numel));
+  return OkStatus();
+}
+
+Status CudaDevice::Axpy(float alpha, Tensor x, Tensor y) {
+  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("Axpy", "y", y));
+  AUTOPAR_RETURN_IF_ERROR(
+      CheckArgs("Axpy", {{"x", x, y.dtype, y.numel}, {"y", y, y.dtype, 0}}));
+  AUTOPAR_CHECK_ARG(x.numel == y.numel, "Axpy: element counts differ");
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  AUTOPAR_CHECK_CUDA(kc::Axpy(stream_, t, alpha, x.data, y.data, y.numel));
+  return OkStatus();
+}
+
+Status CudaDevice::Scale(Tensor x, float alpha) {
+  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("Scale", "x", x));
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("Scale", {{"x", x, x.dtype, 0}}));
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  AUTOPAR_CHECK_CUDA(kc::Scale(stream_, t, x.data, x.numel, alpha));
+  return OkStatus();
+}
+
+Status CudaDevice::SumSquares(Tensor x, Tensor sum) {
+  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("SumSquares", "x", x));
+  AUTOPAR_RETURN_IF_ERROR(
+      CheckArgs("SumSquares", {{"x", x, x.dtype, 0}, {"sum", sum, DType::kF32, 1}}));
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  AUTOPAR_CHECK_CUDA(kc::SumSquares(stream_, t, x.data, x.numel, sum.as<float>(),
+                                    static_cast<double*>(scratch_)));
+  return OkStatus();
+}
+
+Status CudaDevice::CheckFinite(Tensor x) {
+  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("CheckFinite", "x", x));
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("CheckFinite", {{"x", x, x.dtype, 0}}));
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  auto* first_bad = reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch_) +
+                                                          kFirstBadOffset);
+  AUTOPAR_CHECK_CUDA(kc::FindNonfinite(stream_, t, x.data, x.numel, first_bad));
+  unsigned long long index = 0;
+  AUTOPAR_RETURN_IF_ERROR(ReadScalar(first_bad, sizeof(index), &index));
+  if (index == ~0ull) return OkStatus();
+  // Name the culprit as the CPU backend does: its index and value.
+  float value = 0.0f;
+  const Tensor element = x.Slice(static_cast<std::int64_t>(index), 1);
+  if (x.dtype == DType::kF32) {
+    AUTOPAR_RETURN_IF_ERROR(ReadScalar(element.data, sizeof(float), &value));
+  } else {
+    std::uint16_t bits = 0;
+    AUTOPAR_RETURN_IF_ERROR(ReadScalar(element.data, sizeof(bits), &bits));
+    const std::uint32_t widened = std::uint32_t{bits} << 16;  // bf16 is the top half of an f32
+    std::memcpy(&value, &widened, sizeof(value));
+  }
+  return Status::Error(Outcome::kNonfinite,
+                       "element " + std::to_string(index) + " of " + std::to_string(x.numel) +
+                           " is " + std::to_string(value),
+                       __FILE__, __LINE__);
+}
+
+// ---- GEMM ----
+
+Status CudaDevice::Gemm(const GemmDesc& desc, Tensor a, Tensor b, Tensor c) {
+  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage ab_t, ComputeStorage("Gemm", "a", a));
+  AUTOPAR_ASSIGN_OR_RETURN(const GemmDesc d, ResolveGemm(desc, a, b, c, a.dtype));
+  AUTOPAR_CHECK_ARG(FitsInt(d.m) && FitsInt(d.n) && FitsInt(d.k) && FitsInt(d.lda) &&
+                        FitsInt(d.ldb) && FitsInt(d.ldc) && FitsInt(d.batch),
+                    "Gemm: a dimension exceeds cuBLAS's 32-bit interface");
+  if (d.m == 0 || d.n == 0) return OkStatus();
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  const kc::Storage c_t = c.dtype == DType::kF32 ? kc::Storage::kF32 : kc::Storage::kBF16;
+  if (d.k == 0) {  // alpha * (empty sum) + beta * C; cuBLAS is not asked to handle k = 0
+    AUTOPAR_CHECK_CUDA(
+        kc::ScaleMatrix(stream_, c_t, c.data, d.batch, d.m, d.n, d.ldc, d.stride_c, d.beta));
+    return OkStatus();
+  }
+  AUTOPAR_ASSIGN_OR_RETURN(cublasHandle_t handle, cublas_.Get(stream_));
+  const ColumnMajorGemm g = ToColumnMajor(d);
+  const cudaDataType ab_type = ab_t == kc::Storage::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType c_type = c_t == kc::Storage::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const float alpha = d.alpha;
+  const float beta = d.beta;  // 0: cuBLAS does not read C, so garbage (NaN) there is harmless
+  // fp32 accumulation (CUBLAS_COMPUTE_32F) for bf16 inputs, Megatron's default; for f32 inputs it
+  // is true fp32 (no TF32 unless NVIDIA_TF32_OVERRIDE says so).
+  AUTOPAR_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
+      handle, g.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), &alpha, b.data,
+      ab_type, static_cast<int>(g.ld_first), g.stride_first, a.data, ab_type,
+      static_cast<int>(g.ld_second), g.stride_second, &beta, c.data, c_type,
+      static_cast<int>(g.ld_c), g.stride_c, static_cast<int>(g.batch), CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
+  return OkStatus();
+}
+
+}  // namespace autopar::backend

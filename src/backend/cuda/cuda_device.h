@@ -1,0 +1,172 @@
+// The CUDA device: cudaMalloc under the budget, one non-blocking compute stream, cuBLAS GEMMs and
+// the kernels of kernels/*.cu (launchers in kernels/cuda_kernels.cuh).
+//
+// Waiting never blocks in the driver: Synchronize and the host copies poll the stream (nccl-tests'
+// testStreamSynchronize), checking every watched NCCL communicator for an asynchronous error and
+// aborting them all at the deadline, so a dead peer turns into kCommError or kTimeout instead of a
+// hung worker.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+#include "autopar/backend/cuda_backend.h"
+#include "autopar/backend/device.h"
+#include "kernels/cuda_kernels.cuh"
+#include "src/backend/cuda/cuda_check.h"
+
+namespace autopar::backend {
+
+// A communicator the device watches while it waits (implemented in nccl_collectives.cc).
+class CommWatch {
+ public:
+  virtual ~CommWatch() = default;
+  // kCommError once the communicator has failed asynchronously; ok while healthy or aborted.
+  virtual Status AsyncError() = 0;
+  // ncclCommAbort, once; later operations on the communicator are kCommError.
+  virtual void Abort() = 0;
+};
+
+// A library handle made on first use and destroyed with its owner, after which the owner's stream
+// goes (TransformerEngine's HandleManager, per device rather than per process).
+class CublasHandle {
+ public:
+  CublasHandle() = default;
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  ~CublasHandle() { Reset(); }
+  // The handle bound to `stream`, created on the first call.
+  StatusOr<cublasHandle_t> Get(cudaStream_t stream);
+  // Destroys the handle now (a later Get makes a new one).
+  void Reset();
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+class CudaDevice final : public Device {
+ public:
+  static StatusOr<std::unique_ptr<CudaDevice>> Create(const CudaBackendOptions& options);
+  ~CudaDevice() override;
+
+  std::string_view name() const override { return name_; }
+  DType compute_dtype() const override { return DType::kBF16; }
+  Status Synchronize() override;
+
+  Status CopyFromHost(Tensor dst, const void* src, std::size_t bytes) override;
+  Status CopyToHost(void* dst, Tensor src, std::size_t bytes) override;
+  Status Copy(Tensor dst, Tensor src) override;
+  Status Fill(Tensor x, float value) override;
+  Status FillHash(Tensor x, const HashFill& fill) override;
+  Status Add(Tensor a, Tensor b, Tensor out) override;
+  Status Axpy(float alpha, Tensor x, Tensor y) override;
+  Status Scale(Tensor x, float alpha) override;
+  Status SumSquares(Tensor x, Tensor sum) override;
+  Status CheckFinite(Tensor x) override;
+
+  Status Gemm(const GemmDesc& desc, Tensor a, Tensor b, Tensor c) override;
+
+  Status RmsNormForward(const NormDesc& d, Tensor x, Tensor gamma, Tensor y, Tensor rstd) override;
+  Status RmsNormBackward(const NormDesc& d, Tensor dy, Tensor x, Tensor gamma, Tensor rstd,
+                         Tensor dx, Tensor dgamma) override;
+  Status LayerNormForward(const NormDesc& d, Tensor x, Tensor gamma, Tensor beta, Tensor y,
+                          Tensor mean, Tensor rstd) override;
+  Status LayerNormBackward(const NormDesc& d, Tensor dy, Tensor x, Tensor gamma, Tensor mean,
+                           Tensor rstd, Tensor dx, Tensor dgamma, Tensor dbeta) override;
+  Status RopeForward(const RopeDesc& d, Tensor x, Tensor y) override;
+  Status RopeBackward(const RopeDesc& d, Tensor dy, Tensor dx) override;
+  Status SwiGluForward(std::int64_t rows, std::int64_t ffn, Tensor x, Tensor y) override;
+  Status SwiGluBackward(std::int64_t rows, std::int64_t ffn, Tensor dy, Tensor x,
+                        Tensor dx) override;
+  Status GeluForward(Tensor x, Tensor y) override;
+  Status GeluBackward(Tensor dy, Tensor x, Tensor dx) override;
+
+  Status AttentionForward(const AttentionDesc& d, Tensor q, Tensor k, Tensor v, Tensor out,
+                          Tensor lse) override;
+  Status AttentionBackward(const AttentionDesc& d, Tensor q, Tensor k, Tensor v, Tensor out,
+                           Tensor dout, Tensor lse, Tensor dq, Tensor dk, Tensor dv,
+                           bool accumulate) override;
+  Status AttentionMerge(std::int64_t rows, std::int64_t head_dim, Tensor out, Tensor lse,
+                        Tensor part_out, Tensor part_lse) override;
+
+  Status CrossEntropyMax(const CrossEntropyDesc& d, Tensor logits, Tensor row_max) override;
+  Status CrossEntropyPartials(const CrossEntropyDesc& d, Tensor logits, Tensor targets,
+                              Tensor row_max, Tensor partials) override;
+  Status CrossEntropyLoss(const CrossEntropyDesc& d, Tensor row_max, Tensor partials,
+                          Tensor loss) override;
+  Status CrossEntropyBackward(const CrossEntropyDesc& d, Tensor logits, Tensor targets,
+                              Tensor row_max, Tensor partials, Tensor dloss,
+                              Tensor dlogits) override;
+
+  Status EmbeddingForward(const EmbeddingDesc& d, Tensor table, Tensor ids, Tensor out) override;
+  Status EmbeddingBackward(const EmbeddingDesc& d, Tensor dout, Tensor ids, Tensor dtable) override;
+
+  Status AdamStep(const AdamParams& p, Tensor master, Tensor grad, Tensor exp_avg,
+                  Tensor exp_avg_sq, Tensor model) override;
+
+  // ---- for the NCCL collectives of this device ----
+  int index() const { return index_; }
+  cudaStream_t stream() const { return stream_; }
+  double timeout_s() const { return timeout_s_; }
+  // Makes this device current on the calling thread (CUDA's current device is per thread).
+  Status Activate() const;
+  // Polls `query` (cudaStreamQuery, cudaEventQuery, ...: cudaSuccess when done, cudaErrorNotReady
+  // while pending) until done, a watched communicator fails, or timeout_s passes.
+  template <typename Query>
+  Status Poll(const char* what, Query&& query);
+  void Watch(CommWatch* comm);
+  void Unwatch(CommWatch* comm);
+
+ protected:
+  StatusOr<void*> AllocateRaw(std::size_t bytes) override;
+  void FreeRaw(void* data, std::size_t bytes) override;
+
+ private:
+  CudaDevice(const CudaBackendOptions& options, int index);
+
+  // One idle step of Poll: kCommError (after aborting it) from a failed watched communicator, or
+  // kTimeout (after aborting them all) once timeout_s has passed since `started_s`; else yields.
+  Status CheckWatched(const char* what, double started_s);
+  // Copies a small device value to the host through pinned memory and waits for it.
+  Status ReadScalar(const void* device_src, std::size_t bytes, void* host_dst);
+
+  int index_ = 0;
+  std::string name_;
+  double timeout_s_ = 300.0;
+  int max_smem_optin_ = 48 * 1024;  // shared memory per block a kernel may opt into
+  cudaStream_t stream_ = nullptr;
+  CublasHandle cublas_;
+  // Device scratch outside the budget, like cuBLAS's workspace: SumSquares partials, then the
+  // first non-finite index of CheckFinite.
+  void* scratch_ = nullptr;
+  void* pinned_ = nullptr;  // 16 bytes of page-locked host memory for ReadScalar
+  std::mutex watched_mu_;
+  std::vector<CommWatch*> watched_;
+};
+
+double SteadySeconds();  // monotonic clock, for deadlines
+
+// The storage of a "compute" argument: bf16 or f32 (kInvalid otherwise), naming op and argument.
+StatusOr<kernels::cuda::Storage> ComputeStorage(const char* op, const char* arg, const Tensor& t);
+
+template <typename Query>
+Status CudaDevice::Poll(const char* what, Query&& query) {
+  const double started_s = SteadySeconds();
+  for (;;) {
+    const cudaError_t rc = query();
+    if (rc == cudaSuccess) return OkStatus();
+    if (rc != cudaErrorNotReady) return CudaError(rc, what, __FILE__, __LINE__);
+    // Some runtimes record "not ready" as the thread's last error; a later launch check must not
+    // mistake it for its own failure.
+    if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+    AUTOPAR_RETURN_IF_ERROR(CheckWatched(what, started_s));
+  }
+}
+
+}  // namespace autopar::backend

@@ -1,0 +1,18 @@
+// Collectives over NCCL on the CUDA device's memory: the CUDA backend's transport.
+#pragma once
+
+#include <memory>
+
+#include "autopar/backend/collectives.h"
+#include "autopar/backend/group.h"
+#include "src/backend/cuda/cuda_device.h"
+
+namespace autopar::backend {
+
+// A non-blocking NCCL communicator over `group` (collective over its members): rank 0 makes the
+// unique id and broadcasts it over the group's MPI communicator, then every member polls
+// ncclCommInitRankConfig to completion or `device.timeout_s()`. The result watches itself through
+// `device` (so the device's waits notice its failures) and must be destroyed before `device`.
+StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(CudaDevice& device, const Group& group);
+
+}  // namespace autopar::backend
