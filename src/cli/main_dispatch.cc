@@ -1,6 +1,8 @@
 #include <iostream>
 
 #include "autopar/cli/commands.h"
+#include "autopar/cli/trial_cmd.h"
+#include "autopar/cli/tune.h"
 #include "autopar/common/status.h"
 #include "autopar/spec/parse.h"
 
@@ -10,9 +12,18 @@ namespace {
 constexpr const char* kUsage = R"(usage: autopar-tune [COMMAND] [FLAGS]
 
 commands:
+  tune       (the default) the online search: --study DIR [--resume] [--seed N] [--budget 8h]
+             [--max-trials N] [--trial-timeout 600] [--backend cpu|cuda|replay]
+             [--replay-table FILE.csv] [--searcher thompson|random|grid|analytic] [--quiet]
+             writes DIR/result.json, trials.csv, best.args
+  make-replay-table   a synthetic replay table of the space: --output FILE.csv [--truth-seed N]
   plan       rank the feasible space with the analytic model (no trials); --top K, --breakdown
   predict    one configuration: --config SPEC (tp=8,pp=4,dp=2,cp=1,up=1,ep=1,vpp=1,mbs=1,
              sp=on,recompute=selective,dist_opt=on; omitted keys take defaults)
+  trial      under mpirun: one timed trial of --config SPEC's real training step
+             [--backend cpu|cuda] [--trial-timeout S] [--warmup N] [--iters N]
+             [--max-microbatches N|-1] [--seed N]; exit 1 when its outcome is not ok
+  probe      under mpirun: GEMM, attention and collective micro-benchmarks vs the model
 
 inputs:
   --model NAME|FILE.yaml|config.json   or Megatron flags (--num-layers --hidden-size ...)
@@ -34,11 +45,19 @@ int Main(const std::vector<std::string>& argv, std::ostream& out, std::ostream& 
     out << kUsage;
     return argv.empty() ? kExitBadInput : kExitOk;
   }
-  const std::string command = argv[0];
-  const std::vector<std::string> rest(argv.begin() + 1, argv.end());
+  // No subcommand: flags go to `tune`, the default command (DESIGN §7).
+  const bool implicit_tune = argv[0].rfind("--", 0) == 0;
+  const std::string command = implicit_tune ? "tune" : argv[0];
+  const std::vector<std::string> rest(argv.begin() + (implicit_tune ? 0 : 1), argv.end());
   try {
     if (command == "plan") return RunPlan(rest, out, err);
     if (command == "predict") return RunPredict(rest, out, err);
+    if (command == "tune") return RunTune(rest, out, err);
+    if (command == "make-replay-table") return RunMakeReplayTable(rest, out, err);
+#if defined(AUTOPAR_WITH_TRIALS)
+    if (command == "trial") return RunTrialCommand(rest, out, err);
+    if (command == "probe") return RunProbeCommand(rest, out, err);
+#endif
     if (command == "presets") {
       out << "models:";
       for (const auto& n : ModelPresetNames()) out << " " << n;
@@ -47,7 +66,8 @@ int Main(const std::vector<std::string>& argv, std::ostream& out, std::ostream& 
       out << "\n";
       return kExitOk;
     }
-    err << "autopar-tune: unknown command '" << command << "'; allowed: plan, predict, presets\n";
+    err << "autopar-tune: unknown command '" << command
+        << "'; allowed: plan, predict, presets, tune, make-replay-table, trial, probe\n";
     return kExitBadInput;
   } catch (const InputError& e) {
     err << "autopar-tune " << command << ": " << e.what() << "\n";

@@ -96,6 +96,14 @@ double CostModel::GemmTime(double flops, double sharded_dim) const {
   return flops / (peak_flops_ * eff);
 }
 
+double CostModel::AttentionTime(double flops) const {
+  return flops / (peak_flops_ * constants_.eff.attention);
+}
+
+double CostModel::MemoryBoundTime(double bytes) const {
+  return bytes / (cluster_.gpu.hbm_bandwidth * constants_.eff.memory_bound);
+}
+
 // ---- memory (DESIGN §4) ----
 
 MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {

@@ -271,6 +271,24 @@ std::vector<GpuSpec> BuildGpuPresets() {
       "no FP8; fp32 75 TFLOP/s is an estimate; memory: 60.97 GiB total capacity in torch_npu OOM "
       "reports; latencies are estimates");
   p.push_back(ascend);
+
+  // The CPU backend's stand-in device: one host core per rank with OpenBLAS fp32 GEMMs and MPI
+  // over shared memory. Nominal figures for the analytic prior only; the probe measures the
+  // machine and the tuner's posterior learns the rest.
+  GpuSpec cpu;
+  cpu.name = "cpu";
+  cpu.memory_gib = 4;
+  cpu.peak_flops_bf16 = cpu.peak_flops_fp16 = cpu.peak_flops_fp32 = 50e9;
+  cpu.peak_flops_fp8 = 0;
+  cpu.hbm_bandwidth = 10e9;
+  cpu.intra_node_bandwidth = 4e9;
+  cpu.intra_node_latency_s = 2e-6;
+  cpu.inter_node_bandwidth = 3e9;  // "nodes" are rank groups on one host: the same transport
+  cpu.inter_node_latency_s = 2e-6;
+  cpu.source = std::string(
+      "estimates for one x86-64 core: ~50 GFLOP/s fp32 (AVX2 FMA, single-threaded OpenBLAS), "
+      "~10 GB/s memory bandwidth, MPI shared-memory transport ~4 GB/s and ~2 us");
+  p.push_back(cpu);
   return p;
 }
 

@@ -5,7 +5,8 @@
 // AUTOPAR_HAVE_CUDA=1 for every consumer, so callers write
 //
 //   #if AUTOPAR_HAVE_CUDA
-//     if (want_gpu) backend = MakeCudaBackend({.device_index = local_rank, .memory_budget_bytes = b});
+//     if (want_gpu) backend = MakeCudaBackend({.device_index = local_rank, .memory_budget_bytes =
+//     b});
 //   #endif
 //
 // Differences from the CPU backend a caller can observe:

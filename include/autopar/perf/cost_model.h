@@ -85,11 +85,15 @@ class CostModel {
   double AllToAllTime(double bytes, int64_t n, int64_t stride) const;
   double P2PTime(double bytes, bool crosses_nodes) const;
   bool CrossesNodes(int64_t n, int64_t stride) const;
+  // Compute at nominal efficiency: a GEMM whose sharded dimension is `sharded_dim`, the attention
+  // core (flash-style), and memory-bound kernels moving `bytes`. Exposed for the probe.
+  double GemmTime(double flops, double sharded_dim) const;
+  double AttentionTime(double flops) const;
+  double MemoryBoundTime(double bytes) const;
 
  private:
   double BusBandwidth(int64_t n, int64_t stride) const;
   double Latency(int64_t n, int64_t stride) const;
-  double GemmTime(double flops, double sharded_dim) const;
 
   ModelSpec model_;
   TrainSpec train_;

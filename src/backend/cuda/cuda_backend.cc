@@ -55,9 +55,9 @@ StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& opt
   int count = 0;
   const cudaError_t rc = cudaGetDeviceCount(&count);
   if (rc != cudaSuccess || count == 0) {
-    const std::string why = rc != cudaSuccess ? CudaError(rc, "cudaGetDeviceCount", __FILE__,
-                                                          __LINE__).message()
-                                              : std::string("no CUDA device is visible");
+    const std::string why = rc != cudaSuccess
+                                ? CudaError(rc, "cudaGetDeviceCount", __FILE__, __LINE__).message()
+                                : std::string("no CUDA device is visible");
     return Status::Error(Outcome::kDeviceError, "CUDA backend unavailable: " + why, __FILE__,
                          __LINE__);
   }
@@ -65,8 +65,8 @@ StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& opt
   if (resolved.device_index < 0) resolved.device_index = LocalRank() % count;
   if (resolved.device_index >= count) {
     return Status::Error(Outcome::kDeviceError,
-                         "CUDA device " + std::to_string(resolved.device_index) +
-                             " requested; " + std::to_string(count) + " visible",
+                         "CUDA device " + std::to_string(resolved.device_index) + " requested; " +
+                             std::to_string(count) + " visible",
                          __FILE__, __LINE__);
   }
   AUTOPAR_ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> device, CudaDevice::Create(resolved));

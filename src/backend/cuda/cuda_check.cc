@@ -47,17 +47,17 @@ Status CudaError(cudaError_t rc, const char* call, const char* file, int line) {
   // The runtime also keeps `rc` as this thread's last error; a later launch check would report it
   // again, so take it off now. Sticky errors (a faulted context) stay, as they must.
   (void)cudaGetLastError();
-  return Status::Error(CudaOutcome(rc),
-                       std::string(call) + " failed: " + cudaGetErrorName(rc) + ": " +
-                           cudaGetErrorString(rc),
-                       file, line);
+  return Status::Error(
+      CudaOutcome(rc),
+      std::string(call) + " failed: " + cudaGetErrorName(rc) + ": " + cudaGetErrorString(rc), file,
+      line);
 }
 
 Status CublasError(cublasStatus_t rc, const char* call, const char* file, int line) {
-  return Status::Error(CublasOutcome(rc),
-                       std::string(call) + " failed: " + cublasGetStatusName(rc) + ": " +
-                           cublasGetStatusString(rc),
-                       file, line);
+  return Status::Error(
+      CublasOutcome(rc),
+      std::string(call) + " failed: " + cublasGetStatusName(rc) + ": " + cublasGetStatusString(rc),
+      file, line);
 }
 
 Status NcclError(ncclResult_t rc, const char* call, const char* file, int line) {

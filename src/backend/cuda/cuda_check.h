@@ -34,12 +34,12 @@ Outcome NcclOutcome(ncclResult_t rc);
     }                                                                                    \
   } while (0)
 
-#define AUTOPAR_CHECK_CUBLAS(call)                                                              \
-  do {                                                                                          \
-    const cublasStatus_t autopar_cublas_rc_ = (call);                                           \
-    if (autopar_cublas_rc_ != CUBLAS_STATUS_SUCCESS) {                                          \
-      return ::autopar::backend::CublasError(autopar_cublas_rc_, #call, __FILE__, __LINE__);    \
-    }                                                                                           \
+#define AUTOPAR_CHECK_CUBLAS(call)                                                           \
+  do {                                                                                       \
+    const cublasStatus_t autopar_cublas_rc_ = (call);                                        \
+    if (autopar_cublas_rc_ != CUBLAS_STATUS_SUCCESS) {                                       \
+      return ::autopar::backend::CublasError(autopar_cublas_rc_, #call, __FILE__, __LINE__); \
+    }                                                                                        \
   } while (0)
 
 #define AUTOPAR_CHECK_NCCL(call)                                                         \

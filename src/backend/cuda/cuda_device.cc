@@ -44,17 +44,16 @@ void Report(cudaError_t rc, const char* call) {
 }  // namespace
 
 double SteadySeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 StatusOr<kc::Storage> ComputeStorage(const char* op, const char* arg, const Tensor& t) {
   if (t.dtype == DType::kBF16) return kc::Storage::kBF16;
   if (t.dtype == DType::kF32) return kc::Storage::kF32;
-  return Status::Error(Outcome::kInvalid,
-                       std::string(op) + ": `" + arg + "` is " + DTypeName(t.dtype) +
-                           ", expected bf16 or f32",
-                       __FILE__, __LINE__);
+  return Status::Error(
+      Outcome::kInvalid,
+      std::string(op) + ": `" + arg + "` is " + DTypeName(t.dtype) + ", expected bf16 or f32",
+      __FILE__, __LINE__);
 }
 
 // ---- cuBLAS handle ----
@@ -96,9 +95,8 @@ StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaBackendOption
   // The destructor releases whatever was made before a failure below.
   std::unique_ptr<CudaDevice> device(new CudaDevice(options, options.device_index));
   AUTOPAR_RETURN_IF_ERROR(device->Activate());
-  AUTOPAR_CHECK_CUDA(cudaDeviceGetAttribute(&device->max_smem_optin_,
-                                            cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                            device->index_));
+  AUTOPAR_CHECK_CUDA(cudaDeviceGetAttribute(
+      &device->max_smem_optin_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device->index_));
   cudaDeviceProp prop{};
   AUTOPAR_CHECK_CUDA(cudaGetDeviceProperties(&prop, device->index_));
   device->name_ += std::string(" (") + prop.name + ")";
@@ -180,8 +178,7 @@ Status CudaDevice::Synchronize() {
 
 Status CudaDevice::ReadScalar(const void* device_src, std::size_t bytes, void* host_dst) {
   AUTOPAR_CHECK_ARG(bytes <= kPinnedBytes, "ReadScalar: too many bytes");
-  AUTOPAR_CHECK_CUDA(
-      cudaMemcpyAsync(pinned_, device_src, bytes, cudaMemcpyDeviceToHost, stream_));
+  AUTOPAR_CHECK_CUDA(cudaMemcpyAsync(pinned_, device_src, bytes, cudaMemcpyDeviceToHost, stream_));
   AUTOPAR_RETURN_IF_ERROR(Synchronize());
   std::memcpy(host_dst, pinned_, bytes);
   return OkStatus();
@@ -288,8 +285,7 @@ Status CudaDevice::Add(Tensor a, Tensor b, Tensor out) {
 
 Status CudaDevice::Axpy(float alpha, Tensor x, Tensor y) {
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("Axpy", "y", y));
-  AUTOPAR_RETURN_IF_ERROR(
-      CheckArgs("Axpy", {{"x", x, y.dtype, y.numel}, {"y", y, y.dtype, 0}}));
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("Axpy", {{"x", x, y.dtype, y.numel}, {"y", y, y.dtype, 0}}));
   AUTOPAR_CHECK_ARG(x.numel == y.numel, "Axpy: element counts differ");
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(kc::Axpy(stream_, t, alpha, x.data, y.data, y.numel));
@@ -309,8 +305,8 @@ Status CudaDevice::SumSquares(Tensor x, Tensor sum) {
   AUTOPAR_RETURN_IF_ERROR(
       CheckArgs("SumSquares", {{"x", x, x.dtype, 0}, {"sum", sum, DType::kF32, 1}}));
   AUTOPAR_RETURN_IF_ERROR(Activate());
-  AUTOPAR_CHECK_CUDA(kc::SumSquares(stream_, t, x.data, x.numel, sum.as<float>(),
-                                    static_cast<double*>(scratch_)));
+  AUTOPAR_CHECK_CUDA(
+      kc::SumSquares(stream_, t, x.data, x.numel, sum.as<float>(), static_cast<double*>(scratch_)));
   return OkStatus();
 }
 
@@ -318,8 +314,8 @@ Status CudaDevice::CheckFinite(Tensor x) {
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("CheckFinite", "x", x));
   AUTOPAR_RETURN_IF_ERROR(CheckArgs("CheckFinite", {{"x", x, x.dtype, 0}}));
   AUTOPAR_RETURN_IF_ERROR(Activate());
-  auto* first_bad = reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch_) +
-                                                          kFirstBadOffset);
+  auto* first_bad =
+      reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch_) + kFirstBadOffset);
   AUTOPAR_CHECK_CUDA(kc::FindNonfinite(stream_, t, x.data, x.numel, first_bad));
   unsigned long long index = 0;
   AUTOPAR_RETURN_IF_ERROR(ReadScalar(first_bad, sizeof(index), &index));
@@ -367,11 +363,10 @@ Status CudaDevice::Gemm(const GemmDesc& desc, Tensor a, Tensor b, Tensor c) {
   // is true fp32 (no TF32 unless NVIDIA_TF32_OVERRIDE says so).
   AUTOPAR_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
       handle, g.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N,
-      static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), &alpha, b.data,
-      ab_type, static_cast<int>(g.ld_first), g.stride_first, a.data, ab_type,
-      static_cast<int>(g.ld_second), g.stride_second, &beta, c.data, c_type,
-      static_cast<int>(g.ld_c), g.stride_c, static_cast<int>(g.batch), CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT));
+      static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), &alpha, b.data, ab_type,
+      static_cast<int>(g.ld_first), g.stride_first, a.data, ab_type, static_cast<int>(g.ld_second),
+      g.stride_second, &beta, c.data, c_type, static_cast<int>(g.ld_c), g.stride_c,
+      static_cast<int>(g.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return OkStatus();
 }
 

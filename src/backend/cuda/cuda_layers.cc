@@ -23,9 +23,9 @@ Status CheckCrossEntropy(const CrossEntropyDesc& d) {
 }
 
 kc::AttentionArgs ToArgs(const AttentionDesc& d) {
-  return kc::AttentionArgs{d.batch,    d.heads_q,           d.heads_kv,          d.head_dim,
-                           d.seq_q,    d.seq_kv,            d.causal,            d.q_position_offset,
-                           d.kv_position_offset, d.scale,   d.q_stride,          d.kv_stride};
+  return kc::AttentionArgs{
+      d.batch,  d.heads_q,           d.heads_kv,           d.head_dim, d.seq_q,    d.seq_kv,
+      d.causal, d.q_position_offset, d.kv_position_offset, d.scale,    d.q_stride, d.kv_stride};
 }
 
 }  // namespace
@@ -59,9 +59,8 @@ Status CudaDevice::RmsNormBackward(const NormDesc& d, Tensor dy, Tensor x, Tenso
                                                         {"dx", dx, x.dtype, n},
                                                         {"dgamma", dgamma, kF32, d.hidden}}));
   AUTOPAR_RETURN_IF_ERROR(Activate());
-  AUTOPAR_CHECK_CUDA(kc::RmsNormBackward(stream_, t, dy.data, x.data, gamma.data,
-                                         rstd.as<float>(), d.rows, d.hidden, dx.data,
-                                         dgamma.as<float>()));
+  AUTOPAR_CHECK_CUDA(kc::RmsNormBackward(stream_, t, dy.data, x.data, gamma.data, rstd.as<float>(),
+                                         d.rows, d.hidden, dx.data, dgamma.as<float>()));
   return OkStatus();
 }
 
@@ -114,7 +113,7 @@ Status Rope(CudaDevice& device, const char* op, const RopeDesc& desc, Tensor x, 
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage(op, "x", x));
   const std::int64_t n = MatrixExtent(d.seq * d.batch, d.heads * d.head_dim, d.row_stride);
   AUTOPAR_RETURN_IF_ERROR(CheckArgs(op, {{"x", x, x.dtype, n}, {"y", y, x.dtype, n}}));
-  const kc::RopeArgs args{d.seq,      d.batch,           d.heads,      d.head_dim,
+  const kc::RopeArgs args{d.seq,        d.batch,           d.heads,      d.head_dim,
                           d.rotary_dim, d.position_offset, d.row_stride, double{d.base}};
   AUTOPAR_RETURN_IF_ERROR(device.Activate());
   AUTOPAR_CHECK_CUDA(kc::Rope(device.stream(), t, args, x.data, y.data, sign));
@@ -167,9 +166,9 @@ Status CudaDevice::GeluForward(Tensor x, Tensor y) {
 
 Status CudaDevice::GeluBackward(Tensor dy, Tensor x, Tensor dx) {
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("GeluBackward", "x", x));
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("GeluBackward", {{"x", x, x.dtype, 0},
-                                                     {"dy", dy, x.dtype, x.numel},
-                                                     {"dx", dx, x.dtype, x.numel}}));
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs(
+      "GeluBackward",
+      {{"x", x, x.dtype, 0}, {"dy", dy, x.dtype, x.numel}, {"dx", dx, x.dtype, x.numel}}));
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(kc::GeluBackward(stream_, t, dy.data, x.data, x.numel, dx.data));
   return OkStatus();
@@ -201,16 +200,15 @@ Status CudaDevice::AttentionForward(const AttentionDesc& desc, Tensor q, Tensor 
   AUTOPAR_ASSIGN_OR_RETURN(const AttentionDesc d, ResolveAttention(desc));
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("AttentionForward", "q", q));
   const std::int64_t rows = d.seq_q * d.batch * d.heads_q;
-  AUTOPAR_RETURN_IF_ERROR(
-      CheckArgs("AttentionForward", {{"q", q, q.dtype, AttentionQExtent(d)},
-                                     {"k", k, q.dtype, AttentionKvExtent(d)},
-                                     {"v", v, q.dtype, AttentionKvExtent(d)},
-                                     {"out", out, q.dtype, rows * d.head_dim},
-                                     {"lse", lse, kF32, rows}}));
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("AttentionForward", {{"q", q, q.dtype, AttentionQExtent(d)},
+                                                         {"k", k, q.dtype, AttentionKvExtent(d)},
+                                                         {"v", v, q.dtype, AttentionKvExtent(d)},
+                                                         {"out", out, q.dtype, rows * d.head_dim},
+                                                         {"lse", lse, kF32, rows}}));
   AUTOPAR_RETURN_IF_ERROR(CheckAttentionPlan(d, max_smem_optin_));
   AUTOPAR_RETURN_IF_ERROR(Activate());
-  AUTOPAR_CHECK_CUDA(kc::AttentionForward(stream_, t, ToArgs(d), q.data, k.data, v.data,
-                                          out.data, lse.as<float>(), max_smem_optin_));
+  AUTOPAR_CHECK_CUDA(kc::AttentionForward(stream_, t, ToArgs(d), q.data, k.data, v.data, out.data,
+                                          lse.as<float>(), max_smem_optin_));
   return OkStatus();
 }
 
@@ -234,14 +232,14 @@ Status CudaDevice::AttentionBackward(const AttentionDesc& desc, Tensor q, Tensor
                                       {"dv", dv, q.dtype, kv_need}}));
   AUTOPAR_RETURN_IF_ERROR(CheckAttentionPlan(d, max_smem_optin_));
   AUTOPAR_RETURN_IF_ERROR(Activate());
-  AUTOPAR_CHECK_CUDA(kc::AttentionBackward(stream_, t, ToArgs(d), q.data, k.data, v.data,
-                                           out.data, dout.data, lse.as<float>(), dq.data,
-                                           dk.data, dv.data, accumulate, max_smem_optin_));
+  AUTOPAR_CHECK_CUDA(kc::AttentionBackward(stream_, t, ToArgs(d), q.data, k.data, v.data, out.data,
+                                           dout.data, lse.as<float>(), dq.data, dk.data, dv.data,
+                                           accumulate, max_smem_optin_));
   return OkStatus();
 }
 
-Status CudaDevice::AttentionMerge(std::int64_t rows, std::int64_t head_dim, Tensor out,
-                                  Tensor lse, Tensor part_out, Tensor part_lse) {
+Status CudaDevice::AttentionMerge(std::int64_t rows, std::int64_t head_dim, Tensor out, Tensor lse,
+                                  Tensor part_out, Tensor part_lse) {
   AUTOPAR_RETURN_IF_ERROR(CheckPositive("AttentionMerge", {rows, head_dim}));
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("AttentionMerge", "out", out));
   AUTOPAR_RETURN_IF_ERROR(
@@ -261,9 +259,9 @@ Status CudaDevice::CrossEntropyMax(const CrossEntropyDesc& d, Tensor logits, Ten
   AUTOPAR_RETURN_IF_ERROR(CheckCrossEntropy(d));
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t,
                            ComputeStorage("CrossEntropyMax", "logits", logits));
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("CrossEntropyMax",
-                                    {{"logits", logits, logits.dtype, d.rows * d.vocab_shard},
-                                     {"row_max", row_max, kF32, d.rows}}));
+  AUTOPAR_RETURN_IF_ERROR(
+      CheckArgs("CrossEntropyMax", {{"logits", logits, logits.dtype, d.rows * d.vocab_shard},
+                                    {"row_max", row_max, kF32, d.rows}}));
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(
       kc::CrossEntropyMax(stream_, t, logits.data, d.rows, d.vocab_shard, row_max.as<float>()));
@@ -316,42 +314,36 @@ Status CudaDevice::CrossEntropyBackward(const CrossEntropyDesc& d, Tensor logits
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(kc::CrossEntropyBackward(
       stream_, t, logits.data, targets.as<std::int32_t>(), row_max.as<float>(),
-      partials.as<float>(), dloss.as<float>(), d.rows, d.vocab_shard, d.vocab_start,
-      dlogits.data));
+      partials.as<float>(), dloss.as<float>(), d.rows, d.vocab_shard, d.vocab_start, dlogits.data));
   return OkStatus();
 }
 
 // ---- embedding ----
 
-Status CudaDevice::EmbeddingForward(const EmbeddingDesc& d, Tensor table, Tensor ids,
-                                    Tensor out) {
+Status CudaDevice::EmbeddingForward(const EmbeddingDesc& d, Tensor table, Tensor ids, Tensor out) {
   AUTOPAR_RETURN_IF_ERROR(CheckPositive("EmbeddingForward", {d.tokens, d.hidden, d.vocab_shard}));
-  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t,
-                           ComputeStorage("EmbeddingForward", "table", table));
+  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("EmbeddingForward", "table", table));
   AUTOPAR_RETURN_IF_ERROR(
       CheckArgs("EmbeddingForward", {{"table", table, table.dtype, d.vocab_shard * d.hidden},
                                      {"ids", ids, kI32, d.tokens},
                                      {"out", out, table.dtype, d.tokens * d.hidden}}));
   AUTOPAR_RETURN_IF_ERROR(Activate());
-  AUTOPAR_CHECK_CUDA(kc::EmbeddingForward(stream_, t, table.data, ids.as<std::int32_t>(),
-                                          d.tokens, d.hidden, d.vocab_shard, d.vocab_start,
-                                          out.data));
+  AUTOPAR_CHECK_CUDA(kc::EmbeddingForward(stream_, t, table.data, ids.as<std::int32_t>(), d.tokens,
+                                          d.hidden, d.vocab_shard, d.vocab_start, out.data));
   return OkStatus();
 }
 
 Status CudaDevice::EmbeddingBackward(const EmbeddingDesc& d, Tensor dout, Tensor ids,
                                      Tensor dtable) {
-  AUTOPAR_RETURN_IF_ERROR(
-      CheckPositive("EmbeddingBackward", {d.tokens, d.hidden, d.vocab_shard}));
-  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t,
-                           ComputeStorage("EmbeddingBackward", "dout", dout));
+  AUTOPAR_RETURN_IF_ERROR(CheckPositive("EmbeddingBackward", {d.tokens, d.hidden, d.vocab_shard}));
+  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("EmbeddingBackward", "dout", dout));
   AUTOPAR_RETURN_IF_ERROR(
       CheckArgs("EmbeddingBackward", {{"dout", dout, dout.dtype, d.tokens * d.hidden},
                                       {"ids", ids, kI32, d.tokens},
                                       {"dtable", dtable, kF32, d.vocab_shard * d.hidden}}));
   AUTOPAR_RETURN_IF_ERROR(Activate());
-  AUTOPAR_CHECK_CUDA(kc::EmbeddingBackward(stream_, t, dout.data, ids.as<std::int32_t>(),
-                                           d.tokens, d.hidden, d.vocab_shard, d.vocab_start,
+  AUTOPAR_CHECK_CUDA(kc::EmbeddingBackward(stream_, t, dout.data, ids.as<std::int32_t>(), d.tokens,
+                                           d.hidden, d.vocab_shard, d.vocab_start,
                                            dtable.as<float>()));
   return OkStatus();
 }

@@ -17,12 +17,12 @@ namespace autopar::backend {
 // Arguments of cublasGemmStridedBatchedEx(handle, trans_first, trans_second, m, n, k, alpha,
 // first, ld_first, stride_first, second, ld_second, stride_second, beta, c, ld_c, stride_c, batch).
 struct ColumnMajorGemm {
-  bool trans_first = false;  // applies to B
+  bool trans_first = false;   // applies to B
   bool trans_second = false;  // applies to A
-  std::int64_t m = 0;  // rows of column-major C^T = n of the row-major product
-  std::int64_t n = 0;  // columns of C^T = m
+  std::int64_t m = 0;         // rows of column-major C^T = n of the row-major product
+  std::int64_t n = 0;         // columns of C^T = m
   std::int64_t k = 0;
-  std::int64_t ld_first = 0;  // B's
+  std::int64_t ld_first = 0;   // B's
   std::int64_t ld_second = 0;  // A's
   std::int64_t ld_c = 0;
   std::int64_t stride_first = 0;

@@ -12,7 +12,8 @@ namespace autopar::backend {
 // A non-blocking NCCL communicator over `group` (collective over its members): rank 0 makes the
 // unique id and broadcasts it over the group's MPI communicator, then every member polls
 // ncclCommInitRankConfig to completion or `device.timeout_s()`. The result watches itself through
-// `device` (so the device's waits notice its failures) and must be destroyed before `device`.
+// `device` (so the device's waits notice its failures) and must be destroyed before `device`; its
+// requests refer to it and must be destroyed before it.
 StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(CudaDevice& device, const Group& group);
 
 }  // namespace autopar::backend

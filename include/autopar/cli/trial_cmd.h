@@ -1,0 +1,24 @@
+// `autopar-tune trial` and `autopar-tune probe`: commands that run on every rank under mpirun.
+//
+// trial --config SPEC: one timed trial of the configuration's real training step (DESIGN §5).
+//   Flags: the planning inputs (model, train, cluster; --nnodes × --nproc-per-node must equal the
+//   number of MPI ranks), --backend cpu|cuda, --device-memory-gib X (the per-rank budget),
+//   --trial-timeout S, --warmup N, --iters N, --max-microbatches N (-1: all), --seed N,
+//   --format table|json. Rank 0 prints status, step time, per-iteration times, peak memory per
+//   rank and tokens/s, next to the analytic model's prediction. Exit 0 when the trial's outcome is
+//   ok, 1 for any other outcome (oom, timeout, ...), 2 for bad input.
+// probe: micro-benchmarks of the GEMM and attention shapes and of the collectives on the groups the
+//   space uses, each next to the analytic model's time for it: the low-fidelity data the tuner's
+//   prior is tightened with. Same flags as trial, without --config.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace autopar::cli {
+
+int RunTrialCommand(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
+int RunProbeCommand(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
+
+}  // namespace autopar::cli

@@ -1,0 +1,58 @@
+// `autopar-tune tune` (the default command) and `autopar-tune make-replay-table` (DESIGN §7, §8).
+//
+// tune: the online search. Reads the planning inputs (model, train, cluster, space) plus
+//   --study DIR (required)  --resume  --seed N  --budget SECONDS|30m|8h  --max-trials N
+//   --trial-timeout SECONDS  --backend cpu|cuda|replay  --replay-table FILE.csv
+//   --searcher thompson|random|grid|analytic  --max-p-oom P  --top K  --quiet
+//   --stop-draws N --stop-fraction F --stop-epsilon E --stop-delta D --min-measured N
+// prints a progress line per trial on stderr and the final table (or --format json|csv|megatron|
+// yaml) on stdout, and writes DIR/result.json, DIR/trials.csv and DIR/best.args atomically.
+// Exit codes: 0 ok, 1 I/O or backend failure, 2 bad input, 3 no configuration could be measured,
+// 4 study locked or mismatched.
+//
+// make-replay-table: enumerates the space with the analytic model and writes a synthetic replay
+// table whose truth is the model mis-specified (coord::SyntheticTruth):
+//   --output FILE.csv  --truth-seed N  --compute-range LO,HI  --comm-range LO,HI  --noise S
+//   --memory-noise S  --memory-scale-range LO,HI  --surprise-oom P
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "autopar/cli/inputs.h"
+#include "autopar/coord/backend.h"
+#include "autopar/search/candidates.h"
+#include "proto/autopar.pb.h"
+
+namespace autopar::cli {
+
+int RunTune(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
+int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
+
+// What a real trial backend is built from. `study` is the description derived from the flags
+// (every rank derives the same one; coord::Fingerprint(study) is what the ranks compare).
+struct TuneContext {
+  const Inputs& inputs;
+  const pb::StudyDescription& study;
+  const search::CandidateSet& candidates;
+  std::string backend;  // "cpu" or "cuda"
+  double trial_timeout_s = 600;
+  int warmup_iterations = 2;
+  int timed_iterations = 5;
+};
+
+// Builds the backend of `--backend NAME` on this rank. On rank 0 it returns the coordinator's
+// backend (e.g. coord::ChannelBackend over the MPI channel, after start-up). On every other rank
+// it runs coord::RunWorkerLoop to its end and returns nullptr: RunTune then returns 0 without
+// touching the study directory, which belongs to rank 0.
+using TrialBackendFactory =
+    std::function<std::unique_ptr<coord::TrialBackend>(const TuneContext& context)>;
+
+// Installs the factory for `--backend cpu` or `--backend cuda`. Without one those backends exit
+// with code 2 and say they need the MPI launcher. Call before Main() (not thread-safe).
+void RegisterTrialBackend(const std::string& name, TrialBackendFactory factory);
+
+}  // namespace autopar::cli

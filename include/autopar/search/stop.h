@@ -1,0 +1,64 @@
+// Stop rules of the online search (DESIGN §4), checked before every proposal.
+//
+//   exhausted   no candidate is eligible any more;
+//   max_trials  --max-trials trials have finished;
+//   budget      the study's tuning wall time reached --budget (8 h by default);
+//   converged   the fastest configuration is a measured one with probability at least
+//               `converged_fraction` (95%) over `draws` (200) posterior draws;
+//   no_likely_improvement
+//               the probability that some unmeasured configuration beats the best measured step
+//               time by more than ε (2%) is below δ (1%).
+// The last two follow the posterior and apply only to a searcher that does (Thompson), once
+// `min_measured` configurations have been measured.
+//
+// Both probabilities are over the posterior predictive, not the posterior mean: a configuration's
+// step time is y_i = t_i(θ) + ŷ_i·σ·ε_i, the model plus the per-configuration deviation the data
+// show (a configuration predicted 1% slower than the best still beats it with a real
+// probability). For each draw (θ_j, σ_j) the probability that no eligible configuration beats a
+// threshold τ is Π_i Φ((t_i(θ_j) − τ)/(ŷ_i σ_j)), in closed form; the rules average it over the
+// draws (a Monte Carlo estimate over θ, exact over the noise). The draws come from
+// Rng(seed, trial, kStopCheck), so the decision replays exactly.
+//
+// The two model rules are complementary: `converged` asks for near-certainty that nothing is
+// better at all, `no_likely_improvement` for near-certainty that nothing is better by a margin
+// that matters.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include "autopar/search/state.h"
+
+namespace autopar::search {
+
+enum class StopReason { kNone, kExhausted, kMaxTrials, kBudget, kConverged, kNoLikelyImprovement };
+const char* ToString(StopReason r);  // none, exhausted, max_trials, budget, converged, ...
+
+struct StopSettings {
+  int64_t max_trials = 0;        // 0: no limit
+  double budget_s = 8 * 3600.0;  // 0: no limit
+  int draws = 200;
+  double converged_fraction = 0.95;
+  double epsilon = 0.02;
+  double delta = 0.01;
+  int64_t min_measured = 5;
+};
+
+struct StopCheck {
+  StopReason reason = StopReason::kNone;
+  // From the model rules' draws (NaN when they were not evaluated): the probability that the
+  // fastest configuration is a measured one, and that an unmeasured one is faster by more than ε.
+  double on_measured = std::numeric_limits<double>::quiet_NaN();
+  double p_improvement = std::numeric_limits<double>::quiet_NaN();
+};
+
+// `trials_done` is the number of finished trials, `elapsed_s` the study's tuning time so far.
+// Throws std::invalid_argument on settings out of range.
+StopCheck CheckStop(const SearchState& state, const StopSettings& settings, bool model_rules,
+                    uint64_t seed, int64_t trials_done, double elapsed_s);
+
+// The model rules' probabilities alone (reason left kNone). Exposed for the tests.
+StopCheck EvaluateDraws(const SearchState& state, const StopSettings& settings, uint64_t seed,
+                        int64_t trials_done);
+
+}  // namespace autopar::search

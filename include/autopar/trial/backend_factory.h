@@ -1,0 +1,20 @@
+// Picks the backend a worker runs trials on: `cpu` (OpenBLAS + MPI) or `cuda` (cuBLAS, kernels/,
+// NCCL; only when built with the CUDA toolkit).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "autopar/backend/backend.h"
+
+namespace autopar::trial {
+
+// `device_index` picks the GPU (the rank within its node). A `cuda` request in a build without
+// CUDA, or an unknown name, is kInvalid with the allowed names.
+backend::StatusOr<std::unique_ptr<backend::Backend>> MakeBackend(const std::string& name,
+                                                                 std::size_t memory_budget_bytes,
+                                                                 int device_index);
+bool CudaBackendBuilt();
+
+}  // namespace autopar::trial

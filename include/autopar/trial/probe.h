@@ -1,0 +1,39 @@
+// Start-up micro-benchmarks (DESIGN §4): the GEMM, attention and norm shapes of the model's
+// layers under each tensor-parallel degree, and all-reduces on the groups a layout forms (inside a
+// node and across nodes), each next to the analytic model's time for the same work. The ratios
+// are the low-fidelity data that tighten the tuner's prior.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "autopar/backend/backend.h"
+#include "autopar/backend/group.h"
+#include "autopar/perf/cost_model.h"
+
+namespace autopar::trial {
+
+struct ProbeSample {
+  std::string name;     // "gemm qkv tp=2", "allreduce n=4 stride=1", ...
+  Feature feature;      // the cost-model feature it calibrates
+  double measured_s;    // median over repetitions of the slowest rank
+  double predicted_s;   // the analytic model's nominal time
+};
+
+struct ProbeOptions {
+  int repetitions = 5;
+  std::vector<int> tp_values;  // empty: powers of two up to a node that divide the heads
+};
+
+// Collective over `world`; the same samples on every rank.
+backend::StatusOr<std::vector<ProbeSample>> RunProbe(backend::Backend& backend,
+                                                     const backend::Group& world,
+                                                     const ModelSpec& model, const TrainSpec& train,
+                                                     const ClusterSpec& cluster,
+                                                     const CostModel& cost,
+                                                     const ProbeOptions& options);
+
+// Geometric mean of measured / predicted per feature (1 where nothing was probed).
+std::array<double, kNumFeatures> ProbeRatios(const std::vector<ProbeSample>& samples);
+
+}  // namespace autopar::trial

@@ -1,0 +1,239 @@
+#include "src/backend/cuda/nccl_comm.h"
+
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "autopar/backend/mpi_check.h"
+
+namespace autopar::backend {
+namespace {
+
+// A non-blocking operation: complete once the event recorded after it on the side stream is.
+class NcclRequest final : public Request {
+ public:
+  NcclRequest(NcclComm* comm, cudaEvent_t done) : comm_(comm), done_(done) {}
+  ~NcclRequest() override;
+  Status Wait() override;
+  StatusOr<bool> Test() override;
+  // NCCL cannot cancel one operation: the whole communicator is aborted, which ends its kernels
+  // (so the streams drain) and fails its later calls with kCommError.
+  void Abandon() override;
+
+ private:
+  NcclComm* comm_;
+  cudaEvent_t done_;
+  bool complete_ = false;
+  // A wait that failed (timeout or transport error) has aborted the communicator; waiting again
+  // on destruction would only spend another timeout.
+  bool failed_ = false;
+};
+
+NcclRequest::~NcclRequest() {
+  if (!complete_ && !failed_) {
+    // The transport may still be using the caller's buffers: finish before they can be freed.
+    const Status status = Wait();
+    if (!status.ok()) std::fprintf(stderr, "~NcclRequest: %s\n", status.ToString().c_str());
+  }
+  const cudaError_t rc = cudaEventDestroy(done_);
+  if (rc != cudaSuccess) {
+    std::fprintf(stderr, "%s\n",
+                 CudaError(rc, "cudaEventDestroy", __FILE__, __LINE__).ToString().c_str());
+  }
+}
+
+Status NcclRequest::Wait() {
+  if (complete_) return OkStatus();
+  CudaDevice& device = comm_->device();
+  AUTOPAR_RETURN_IF_ERROR(device.Activate());
+  // Polls the event, watching every communicator of the device (this one included).
+  Status status =
+      device.Poll("NCCL request (cudaEventQuery)", [this] { return cudaEventQuery(done_); });
+  if (!status.ok()) {
+    failed_ = true;
+    return std::move(status).WithFrame(__FILE__, __LINE__);
+  }
+  complete_ = true;
+  return OkStatus();
+}
+
+StatusOr<bool> NcclRequest::Test() {
+  if (complete_) return true;
+  AUTOPAR_RETURN_IF_ERROR(comm_->device().Activate());
+  const cudaError_t rc = cudaEventQuery(done_);
+  if (rc == cudaSuccess) {
+    complete_ = true;
+    return true;
+  }
+  if (rc != cudaErrorNotReady) {
+    failed_ = true;
+    return CudaError(rc, "cudaEventQuery", __FILE__, __LINE__);
+  }
+  if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+  Status error = comm_->AsyncError();
+  if (!error.ok()) {
+    // The failed communicator's kernels may never end: abort it so the streams drain.
+    comm_->Abort();
+    failed_ = true;
+    return std::move(error).WithFrame(__FILE__, __LINE__);
+  }
+  return false;
+}
+
+void NcclRequest::Abandon() {
+  if (complete_ || failed_) return;
+  comm_->Abort();
+  failed_ = true;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(CudaDevice& device, const Group& group) {
+  AUTOPAR_CHECK_ARG(!group.empty(), "collectives over an empty group");
+  // Rank 0 tells the others whether it has an id, so its failure cannot leave them waiting.
+  struct {
+    int ok = 0;
+    ncclUniqueId id{};
+  } hello;
+  Status made;
+  if (group.rank() == 0) {
+    const ncclResult_t rc = ncclGetUniqueId(&hello.id);
+    hello.ok = rc == ncclSuccess ? 1 : 0;
+    if (rc != ncclSuccess) made = NcclError(rc, "ncclGetUniqueId", __FILE__, __LINE__);
+  }
+  AUTOPAR_CHECK_MPI(MPI_Bcast(&hello, static_cast<int>(sizeof(hello)), MPI_BYTE, 0, group.comm()));
+  if (hello.ok == 0) {
+    if (!made.ok()) return made;
+    return Status::Error(Outcome::kCommError,
+                         "rank 0 of the group could not make an NCCL unique id", __FILE__,
+                         __LINE__);
+  }
+  std::unique_ptr<NcclComm> comm(new NcclComm(device, group.rank(), group.size()));
+  AUTOPAR_RETURN_IF_ERROR(comm->Init(hello.id));
+  return comm;
+}
+
+Status NcclComm::Init(const ncclUniqueId& id) {
+  AUTOPAR_RETURN_IF_ERROR(device_.Activate());
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // every call returns at once, so a stuck one can be aborted
+  const ncclResult_t rc = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
+  // A failed or timed-out initialisation leaves a communicator that can only be aborted; the
+  // destructor does so because it is not marked healthy.
+  AUTOPAR_RETURN_IF_ERROR(Settle(rc, "ncclCommInitRankConfig", __FILE__, __LINE__));
+  AUTOPAR_CHECK_CUDA(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  device_.Watch(this);
+  healthy_ = true;
+  return OkStatus();
+}
+
+NcclComm::~NcclComm() {
+  if (healthy_) device_.Unwatch(this);
+  if (device_.Activate().ok() && comm_ != nullptr && !aborted_.load()) {
+    // Finalize flushes what is still in flight; a healthy communicator becomes quiescent, a broken
+    // one times out (Settle aborts it then) or fails (aborted here).
+    Status status = healthy_
+                        ? Settle(ncclCommFinalize(comm_), "ncclCommFinalize", __FILE__, __LINE__)
+                        : Status(Outcome::kCommError, "initialisation did not complete");
+    if (!aborted_.load()) {
+      if (status.ok()) {
+        const ncclResult_t rc = ncclCommDestroy(comm_);
+        if (rc != ncclSuccess) status = NcclError(rc, "ncclCommDestroy", __FILE__, __LINE__);
+      } else {
+        Abort();
+      }
+    }
+    if (!status.ok() && healthy_) {
+      std::fprintf(stderr, "~NcclComm: %s\n", status.ToString().c_str());
+    }
+  }
+  if (side_ != nullptr) {
+    const cudaError_t rc = cudaStreamDestroy(side_);
+    if (rc != cudaSuccess) {
+      std::fprintf(stderr, "%s\n",
+                   CudaError(rc, "cudaStreamDestroy", __FILE__, __LINE__).ToString().c_str());
+    }
+  }
+}
+
+Status NcclComm::AsyncError() {
+  if (aborted_.load() || comm_ == nullptr) return OkStatus();
+  ncclResult_t state = ncclSuccess;
+  AUTOPAR_CHECK_NCCL(ncclCommGetAsyncError(comm_, &state));
+  if (state != ncclSuccess && state != ncclInProgress) {
+    return NcclError(state, "NCCL communicator (asynchronous error)", __FILE__, __LINE__);
+  }
+  return OkStatus();
+}
+
+void NcclComm::Abort() {
+  if (comm_ == nullptr || aborted_.exchange(true)) return;
+  const ncclResult_t rc = ncclCommAbort(comm_);
+  if (rc != ncclSuccess) {
+    std::fprintf(stderr, "%s\n",
+                 NcclError(rc, "ncclCommAbort", __FILE__, __LINE__).ToString().c_str());
+  }
+}
+
+Status NcclComm::Ready() const {
+  if (aborted_.load()) {
+    return Status::Error(Outcome::kCommError,
+                         "the NCCL communicator was aborted after an earlier failure", __FILE__,
+                         __LINE__);
+  }
+  return device_.Activate();
+}
+
+Status NcclComm::Settle(ncclResult_t rc, const char* call, const char* file, int line) {
+  if (rc == ncclSuccess) return OkStatus();
+  if (rc != ncclInProgress) return NcclError(rc, call, file, line);
+  const double started_s = SteadySeconds();
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
+    if (query != ncclSuccess) return NcclError(query, "ncclCommGetAsyncError", file, line);
+    if (state == ncclSuccess) return OkStatus();
+    if (state != ncclInProgress) return NcclError(state, call, file, line);
+    if (SteadySeconds() - started_s > device_.timeout_s()) {
+      Abort();
+      return Status::Error(Outcome::kTimeout,
+                           std::string(call) + " still in progress after " +
+                               std::to_string(device_.timeout_s()) + " s; communicator aborted",
+                           file, line);
+    }
+    std::this_thread::yield();
+  }
+}
+
+Status NcclComm::Grouped(const std::function<ncclResult_t()>& body) {
+  AUTOPAR_CHECK_NCCL(ncclGroupStart());
+  const ncclResult_t body_rc = body();
+  const ncclResult_t end_rc = ncclGroupEnd();
+  if (body_rc != ncclSuccess) {
+    (void)Settle(end_rc, "ncclGroupEnd", __FILE__, __LINE__);
+    return NcclError(body_rc, "ncclSend/ncclRecv in a group", __FILE__, __LINE__);
+  }
+  return Settle(end_rc, "ncclGroupEnd", __FILE__, __LINE__);
+}
+
+StatusOr<std::unique_ptr<Request>> NcclComm::Async(
+    const std::function<Status(cudaStream_t)>& enqueue) {
+  AUTOPAR_RETURN_IF_ERROR(Ready());
+  cudaEvent_t ready = nullptr;
+  AUTOPAR_CHECK_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  cudaError_t rc = cudaEventRecord(ready, device_.stream());
+  if (rc == cudaSuccess) rc = cudaStreamWaitEvent(side_, ready, 0);
+  // Destroying a recorded event is fine: the wait already holds on to it.
+  const cudaError_t destroy_rc = cudaEventDestroy(ready);
+  AUTOPAR_CHECK_CUDA(rc);
+  AUTOPAR_CHECK_CUDA(destroy_rc);
+  AUTOPAR_RETURN_IF_ERROR(enqueue(side_));
+  cudaEvent_t done = nullptr;
+  AUTOPAR_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  auto request = std::make_unique<NcclRequest>(this, done);  // owns `done` from here on
+  AUTOPAR_CHECK_CUDA(cudaEventRecord(done, side_));
+  return std::unique_ptr<Request>(std::move(request));
+}
+
+}  // namespace autopar::backend

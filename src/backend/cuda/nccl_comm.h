@@ -1,0 +1,68 @@
+// One non-blocking NCCL communicator of a CudaDevice (DESIGN §5: communicators that can be
+// aborted): creation over an MPI group, the ncclInProgress protocol, asynchronous errors, abort,
+// and non-blocking operations on a side stream.
+//
+// With config.blocking = 0 any NCCL call may answer ncclInProgress; the communicator must then be
+// polled with ncclCommGetAsyncError until it leaves that state before it is used again (Settle).
+// Every wait has the device's deadline, past which the communicator is aborted (ncclCommAbort).
+// The device watches the communicator while it exists, so its Synchronize notices failures.
+#pragma once
+
+#include <nccl.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+
+#include "autopar/backend/collectives.h"
+#include "autopar/backend/group.h"
+#include "src/backend/cuda/cuda_device.h"
+
+namespace autopar::backend {
+
+class NcclComm final : public CommWatch {
+ public:
+  // Collective over the members of `group`: rank 0 makes the unique id and broadcasts it over the
+  // group's MPI communicator, then every member polls ncclCommInitRankConfig to completion or the
+  // device's deadline. The result must be destroyed before `device`.
+  static StatusOr<std::unique_ptr<NcclComm>> Create(CudaDevice& device, const Group& group);
+  // Finalizes and destroys a healthy communicator (aborting it if that does not finish in time).
+  ~NcclComm() override;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  CudaDevice& device() { return device_; }
+  ncclComm_t get() const { return comm_; }
+
+  // ---- CommWatch ----
+  Status AsyncError() override;
+  void Abort() override;
+
+  // kCommError once aborted; otherwise makes the device current for the NCCL calls to follow.
+  Status Ready() const;
+  // Accepts ncclSuccess; waits out ncclInProgress (the non-blocking communicator is still taking
+  // the call) until the communicator is ready again; anything else is the call's error.
+  Status Settle(ncclResult_t rc, const char* call, const char* file, int line);
+  // ncclGroupStart, `body` (returning its first failure), ncclGroupEnd, settled: the group is
+  // closed even when a call inside it failed.
+  Status Grouped(const std::function<ncclResult_t()>& body);
+  // Runs `enqueue` on the side stream behind the compute stream's work so far (which may have
+  // written the send buffer) and returns a request that completes with it.
+  StatusOr<std::unique_ptr<Request>> Async(const std::function<Status(cudaStream_t)>& enqueue);
+
+ private:
+  NcclComm(CudaDevice& device, int rank, int size) : device_(device), rank_(rank), size_(size) {}
+  Status Init(const ncclUniqueId& id);
+
+  CudaDevice& device_;
+  const int rank_;
+  const int size_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t side_ = nullptr;
+  bool healthy_ = false;  // initialised and watched
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace autopar::backend
+
+#define AUTOPAR_NCCL_SETTLE(comm, call) (comm).Settle((call), #call, __FILE__, __LINE__)

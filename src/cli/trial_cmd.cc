@@ -1,0 +1,236 @@
+// `trial` and `probe` under mpirun: see include/autopar/cli/trial_cmd.h.
+#if defined(AUTOPAR_WITH_TRIALS)
+
+#include "autopar/cli/trial_cmd.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "autopar/cli/inputs.h"
+#include "autopar/cli/json.h"
+#include "autopar/cli/mpi_session.h"
+#include "autopar/common/status.h"
+#include "autopar/perf/cost_model.h"
+#include "autopar/trial/backend_factory.h"
+#include "autopar/trial/probe.h"
+#include "autopar/trial/trial.h"
+
+namespace autopar::cli {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// Flags every MPI command takes besides the planning inputs.
+struct WorkerFlags {
+  std::string backend = "cpu";
+  trial::TrialOptions options;
+};
+
+WorkerFlags ReadWorkerFlags(Args& args) {
+  WorkerFlags f;
+  if (const auto b = args.Value("--backend")) {
+    if (*b != "cpu" && *b != "cuda") throw InputError("--backend", "allowed: cpu, cuda; got '" + *b + "'");
+    f.backend = *b;
+  }
+  f.options.timeout_s = args.Double("--trial-timeout", 600);
+  f.options.warmup_iterations = static_cast<int>(args.Int("--warmup", 1, 0));
+  f.options.timed_iterations = static_cast<int>(args.Int("--iters", 3, 1));
+  f.options.max_microbatches = static_cast<int>(args.Int("--max-microbatches", 0, -1));
+  f.options.seed = static_cast<uint64_t>(args.Int("--seed", 1234, 0));
+  // Test hook of the fault tests: this world rank stalls.
+  if (const char* stall = std::getenv("AUTOPAR_TEST_STALL_RANK")) f.options.stall_rank = std::atoi(stall);
+  return f;
+}
+
+// The CPU backend computes in fp32 on host cores: predict it as such.
+Inputs ForBackend(Inputs in, const std::string& backend) {
+  if (backend == "cpu") in.train.precision = Precision::kFP32;
+  return in;
+}
+
+void PrintTrial(std::ostream& out, Format format, const ParallelConfig& c, const Inputs& in,
+                const std::string& backend, const trial::TrialMeasurement& m,
+                const Estimate& predicted) {
+  const double peak = m.peak_memory_gib.empty()
+                          ? 0
+                          : *std::max_element(m.peak_memory_gib.begin(), m.peak_memory_gib.end());
+  if (format == Format::kJson) {
+    JsonWriter j(out);
+    j.BeginObject();
+    j.Field("config", ToSpec(c)).Field("backend", backend);
+    j.Field("status", std::string(backend::OutcomeName(m.outcome)));
+    j.Field("message", m.message);
+    j.Field("step_time_s", m.step_time_s);
+    j.Key("iteration_times_s").BeginArray();
+    for (double t : m.iteration_times_s) j.Number(t);
+    j.EndArray();
+    j.Key("peak_memory_gib").BeginArray();
+    for (double g : m.peak_memory_gib) j.Number(g);
+    j.EndArray();
+    j.Field("tokens_per_s", m.tokens_per_s).Field("loss", m.loss);
+    j.Field("microbatches_run", int64_t{m.microbatches_run});
+    j.Field("microbatches_total", int64_t{m.microbatches_total});
+    j.Field("predicted_step_time_s", predicted.time.step_time_s);
+    j.Field("predicted_peak_memory_gib", predicted.peak_memory_gib);
+    j.EndObject();
+    out << "\n";
+    return;
+  }
+  char line[256];
+  out << "trial " << ToSpec(c) << "\n  " << in.model.name << ", " << in.cluster.world_size()
+      << " ranks, " << backend << " backend: " << backend::OutcomeName(m.outcome) << "\n";
+  if (m.outcome != backend::Outcome::kOk) {
+    out << "  " << m.message << "\n";
+    return;
+  }
+  std::snprintf(line, sizeof line,
+                "  step time      %.6f s  (median of %zu; %d of %d micro-batches run, "
+                "extrapolated; model %.6f s)\n",
+                m.step_time_s, m.iteration_times_s.size(), m.microbatches_run,
+                m.microbatches_total, predicted.time.step_time_s);
+  out << line << "  iterations    ";
+  for (double t : m.iteration_times_s) {
+    std::snprintf(line, sizeof line, " %.6f", t);
+    out << line;
+  }
+  std::snprintf(line, sizeof line, "\n  tokens/s       %.0f\n  loss           %.6f\n",
+                m.tokens_per_s, m.loss);
+  out << line;
+  std::snprintf(line, sizeof line, "  peak memory    %.3f MiB on the most loaded rank (model %.3f MiB):",
+                peak * 1024, predicted.peak_memory_gib * 1024);
+  out << line;
+  for (size_t r = 0; r < m.peak_memory_gib.size(); ++r) {
+    std::snprintf(line, sizeof line, " r%zu=%.3f", r, m.peak_memory_gib[r] * 1024);
+    out << line;
+  }
+  out << " MiB\n";
+}
+
+// The CPU backend's device is a host core: unless told otherwise, plan with the `cpu` preset.
+std::vector<std::string> DefaultGpuFor(const std::vector<std::string>& argv) {
+  bool cpu = true, has_gpu = false;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--gpu" || argv[i] == "--cluster" || argv[i].rfind("--gpu=", 0) == 0 ||
+        argv[i].rfind("--cluster=", 0) == 0) {
+      has_gpu = true;
+    }
+    if ((argv[i] == "--backend" && i + 1 < argv.size() && argv[i + 1] == "cuda") ||
+        argv[i] == "--backend=cuda") {
+      cpu = false;
+    }
+  }
+  std::vector<std::string> out = argv;
+  if (cpu && !has_gpu) {
+    out.push_back("--gpu");
+    out.push_back("cpu");
+  }
+  return out;
+}
+
+}  // namespace
+
+int RunTrialCommand(const std::vector<std::string>& argv_in, std::ostream& out,
+                    std::ostream& err) {
+  Args args(DefaultGpuFor(argv_in));
+  const auto spec = args.Value("--config");
+  WorkerFlags flags = ReadWorkerFlags(args);
+  Inputs in = ForBackend(ReadInputs(args), flags.backend);
+  if (!spec) throw InputError("--config", "required: a SPEC such as tp=2,pp=2,mbs=1");
+  EnsureMpi();
+  const int world_size = MpiWorldSize();
+  if (world_size != in.cluster.world_size()) {
+    throw InputError("--nnodes", "--nnodes × --nproc-per-node = " +
+                                     std::to_string(in.cluster.world_size()) +
+                                     " but mpirun started " + std::to_string(world_size) +
+                                     " ranks");
+  }
+  const ParallelConfig c = Complete(ParseSpec(*spec), world_size);
+  const int rank = MpiWorldRank();
+  auto world = backend::Group::World();
+  if (!world.ok()) {
+    err << "autopar-tune trial: " << world.status().ToString() << "\n";
+    return kExitFailure;
+  }
+  const auto budget = static_cast<size_t>(in.cluster.gpu.memory_gib * kGiB);
+  auto be = trial::MakeBackend(flags.backend, budget, rank % static_cast<int>(in.cluster.gpus_per_node));
+  if (!be.ok()) throw InputError("--backend", be.status().message());
+  const trial::TrialMeasurement m =
+      trial::RunTrial(**be, *world, in.model, in.train, c, flags.options);
+  if (rank == 0) {
+    PerfConstants k = in.constants;
+    if (flags.backend == "cpu") k.mem = {0, 0};  // the budget counts the trial's tensors only
+    const CostModel model(in.model, in.train, in.cluster, k);
+    PrintTrial(out, in.format, c, in, flags.backend, m, model.Evaluate(c));
+  }
+  return m.outcome == backend::Outcome::kOk ? kExitOk : kExitFailure;
+}
+
+int RunProbeCommand(const std::vector<std::string>& argv_in, std::ostream& out,
+                    std::ostream& err) {
+  Args args(DefaultGpuFor(argv_in));
+  WorkerFlags flags = ReadWorkerFlags(args);
+  const int64_t repetitions = args.Int("--repetitions", 5);
+  Inputs in = ForBackend(ReadInputs(args), flags.backend);
+  EnsureMpi();
+  const int world_size = MpiWorldSize(), rank = MpiWorldRank();
+  if (world_size != in.cluster.world_size()) {
+    throw InputError("--nnodes", "--nnodes × --nproc-per-node = " +
+                                     std::to_string(in.cluster.world_size()) +
+                                     " but mpirun started " + std::to_string(world_size) +
+                                     " ranks");
+  }
+  auto world = backend::Group::World();
+  auto be = world.ok() ? trial::MakeBackend(flags.backend,
+                                            static_cast<size_t>(in.cluster.gpu.memory_gib * kGiB),
+                                            rank % static_cast<int>(in.cluster.gpus_per_node))
+                       : decltype(trial::MakeBackend("", 0, 0))(world.status());
+  if (!be.ok()) throw InputError("--backend", be.status().message());
+  const CostModel cost(in.model, in.train, in.cluster, in.constants);
+  trial::ProbeOptions options;
+  options.repetitions = static_cast<int>(repetitions);
+  options.tp_values = in.space.tp;
+  auto samples = trial::RunProbe(**be, *world, in.model, in.train, in.cluster, cost, options);
+  if (!samples.ok()) {
+    err << "autopar-tune probe: " << samples.status().ToString() << "\n";
+    return kExitFailure;
+  }
+  if (rank != 0) return kExitOk;
+  const auto ratios = trial::ProbeRatios(*samples);
+  if (in.format == Format::kJson) {
+    JsonWriter j(out);
+    j.BeginObject().Key("samples").BeginArray();
+    for (const trial::ProbeSample& s : *samples) {
+      j.BeginObject().Field("name", s.name).Field("feature", std::string(FeatureName(s.feature)));
+      j.Field("measured_s", s.measured_s).Field("predicted_s", s.predicted_s).EndObject();
+    }
+    j.EndArray().Key("ratios").BeginObject();
+    for (int k = 0; k < kNumFeatures; ++k) j.Field(FeatureName(k), ratios[k]);
+    j.EndObject().EndObject();
+    out << "\n";
+    return kExitOk;
+  }
+  char line[160];
+  std::snprintf(line, sizeof line, "%-28s %-13s %12s %12s %8s\n", "probe", "feature",
+                "measured_s", "model_s", "ratio");
+  out << line;
+  for (const trial::ProbeSample& s : *samples) {
+    std::snprintf(line, sizeof line, "%-28s %-13s %12.6f %12.6f %8.3f\n", s.name.c_str(),
+                  FeatureName(s.feature), s.measured_s, s.predicted_s, s.measured_s / s.predicted_s);
+    out << line;
+  }
+  out << "measured / model per feature:";
+  for (int k = 0; k < kNumFeatures; ++k) {
+    if (ratios[k] != 1.0) {
+      std::snprintf(line, sizeof line, " %s=%.3f", FeatureName(k), ratios[k]);
+      out << line;
+    }
+  }
+  out << "\n";
+  return kExitOk;
+}
+
+}  // namespace autopar::cli
+
+#endif  // AUTOPAR_WITH_TRIALS

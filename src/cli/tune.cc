@@ -1,0 +1,386 @@
+// `tune` and `make-replay-table`: the online search's command line (DESIGN §6–§8). The search is
+// coord::Tuner; this file turns flags into a study, a backend and a journal, and the finished
+// search into the user's outputs (tune_report.cc).
+#include "autopar/cli/tune.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+
+#include "autopar/cli/report.h"
+#include "autopar/common/status.h"
+#include "autopar/coord/protocol.h"
+#include "autopar/coord/replay.h"
+#include "autopar/coord/study.h"
+#include "autopar/coord/tuner.h"
+#include "tune_report.h"
+
+namespace autopar::cli {
+namespace {
+
+std::map<std::string, TrialBackendFactory>& Registry() {
+  static std::map<std::string, TrialBackendFactory> factories;
+  return factories;
+}
+
+// "3600", "90s", "30m", "8h" → seconds.
+double ParseDuration(const std::string& flag, const std::string& text) {
+  double scale = 1;
+  std::string number = text;
+  if (!number.empty() && (number.back() == 's' || number.back() == 'm' || number.back() == 'h')) {
+    scale = number.back() == 'h' ? 3600 : number.back() == 'm' ? 60 : 1;
+    number.pop_back();
+  }
+  char* end = nullptr;
+  const double v = std::strtod(number.c_str(), &end);
+  if (number.empty() || *end != '\0' || !std::isfinite(v) || v < 0) {
+    throw InputError(flag,
+                     "expected seconds or a duration such as 90s, 30m, 8h; got '" + text + "'");
+  }
+  return v * scale;
+}
+
+double Fraction(Args& args, const std::string& flag, double fallback, bool closed_above) {
+  const double p = args.Double(flag, fallback);
+  if (!(p > 0 && (closed_above ? p <= 1 : p < 1))) {
+    throw InputError(flag, std::string("expected a number in (0, 1") + (closed_above ? "]" : ")"));
+  }
+  return p;
+}
+
+TuneFlags ReadTuneFlags(Args& args) {
+  TuneFlags f;
+  const auto study = args.Value("--study");
+  if (!study || study->empty()) {
+    throw InputError("--study", "required: the study directory (created if needed)");
+  }
+  f.study = *study;
+  f.resume = args.Switch("--resume");
+  if (const auto seed = args.Value("--seed")) {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(seed->c_str(), &end, 10);
+    if (seed->empty() || *end != '\0' || (*seed)[0] == '-') {
+      throw InputError("--seed", "expected a non-negative integer, got '" + *seed + "'");
+    }
+    f.seed = v;
+  }
+  f.replay_table = args.Value("--replay-table");
+  f.backend = args.Value("--backend").value_or(f.replay_table ? "replay" : "cpu");
+  if (f.backend != "cpu" && f.backend != "cuda" && f.backend != "replay") {
+    throw InputError("--backend", "allowed: cpu, cuda, replay; got '" + f.backend + "'");
+  }
+  if (f.backend == "replay" && !f.replay_table) {
+    throw InputError("--replay-table", "required with --backend replay (a CSV of measured trials)");
+  }
+  if (f.backend != "replay" && f.replay_table) {
+    throw InputError("--replay-table", "only with --backend replay");
+  }
+  f.searcher = args.Value("--searcher").value_or("thompson");
+  f.max_p_oom = Fraction(args, "--max-p-oom", 0.05, false);
+  f.top = args.Int("--top", 10);
+  f.quiet = args.Switch("--quiet");
+  coord::TunerOptions& t = f.tuner;
+  t.trial_timeout_s =
+      ParseDuration("--trial-timeout", args.Value("--trial-timeout").value_or("600"));
+  t.warmup_iterations = static_cast<int>(args.Int("--warmup-iterations", 2, 0));
+  t.timed_iterations = static_cast<int>(args.Int("--timed-iterations", 5, 1));
+  t.stop.budget_s = ParseDuration("--budget", args.Value("--budget").value_or("8h"));
+  t.stop.max_trials = args.Int("--max-trials", 0, 0);
+  t.stop.draws = static_cast<int>(args.Int("--stop-draws", 200));
+  t.stop.converged_fraction = Fraction(args, "--stop-fraction", 0.95, true);
+  t.stop.epsilon = args.Double("--stop-epsilon", 0.02);
+  if (t.stop.epsilon >= 1) throw InputError("--stop-epsilon", "expected a number in [0, 1)");
+  t.stop.delta = Fraction(args, "--stop-delta", 0.01, true);
+  t.stop.min_measured = args.Int("--min-measured", 5);
+  return f;
+}
+
+// With a replay table the table is the space: a restriction flag would silently do nothing.
+void RejectRestrictions(const SpaceOptions& s) {
+  const SpaceOptions d;
+  const std::pair<const char*, bool> set[] = {
+      {"--tp", !s.tp.empty()},
+      {"--pp", !s.pp.empty()},
+      {"--dp", !s.dp.empty()},
+      {"--cp", !s.cp.empty()},
+      {"--up", !s.up.empty()},
+      {"--ep", !s.ep.empty()},
+      {"--vpp", !s.vpp.empty()},
+      {"--mbs", !s.mbs.empty()},
+      {"--recompute", !s.recompute.empty()},
+      {"--fix", !s.sp.empty() || !s.dist_opt.empty()},
+      {"--recompute-layers", !s.recompute_layers.empty()},
+      {"--max-mbs", s.max_mbs != d.max_mbs},
+      {"--sweep-recompute-layers", s.sweep_recompute_layers}};
+  for (const auto& [flag, on] : set) {
+    if (on) throw InputError(flag, "not with --backend replay: the table's rows are the space");
+  }
+}
+
+SpaceOptions OpenSpace(const SpaceOptions& base) {
+  SpaceOptions open = base;
+  open.tp_across_nodes = true;
+  return open;
+}
+
+// A resumed study whose model, train, cluster or constants differ is refused before the replay
+// table is read against the new flags (which could fail first, with the wrong exit code). Reading
+// study.pb needs no lock; a worker rank on a node without the directory skips the check.
+void CheckResumedInputs(const TuneFlags& flags, const Inputs& in) {
+  const std::string path = flags.study + "/study.pb";
+  if (!flags.resume || !coord::FileExists(path)) return;
+  pb::StudyDescription stored;
+  if (!stored.ParseFromString(coord::ReadFile(path))) {
+    throw coord::StudyError("'" + path + "' is not a study description (does not parse)");
+  }
+  pb::StudyDescription given = stored;
+  *given.mutable_model() = coord::Describe(in.model);
+  *given.mutable_train() = coord::Describe(in.train);
+  *given.mutable_cluster() = coord::Describe(in.cluster);
+  *given.mutable_perf() = coord::Describe(in.constants);
+  coord::CheckSameStudy(stored, given);
+}
+
+int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostream& err) {
+  CheckResumedInputs(flags, in);
+  const CostModel model(in.model, in.train, in.cluster, in.constants);
+
+  // ---- the candidate set: the table's rows, or the space ----
+  std::optional<coord::ReplayTable> table;
+  uint32_t table_crc = 0;
+  std::unique_ptr<search::CandidateSet> candidates;
+  if (flags.replay_table) {
+    RejectRestrictions(in.space);
+    const std::string text = ReadTextFile("--replay-table", *flags.replay_table);
+    table_crc = coord::Crc32c(text.data(), text.size());
+    table = coord::ReplayTable::Parse(text, *flags.replay_table);
+    table->Validate(SearchSpace(in.model, in.train, in.cluster, OpenSpace({})),
+                    *flags.replay_table);
+    candidates =
+        std::make_unique<search::CandidateSet>(table->configs(), model, in.cluster.gpu.memory_gib);
+  } else {
+    const SearchSpace space(in.model, in.train, in.cluster, in.space);
+    candidates =
+        std::make_unique<search::CandidateSet>(search::CandidateSet::FromSpace(space, model));
+  }
+  if (candidates->size() == 0) {
+    err << "autopar-tune tune: no configuration satisfies the constraints of DESIGN §3 with these "
+           "restrictions\n";
+    return kExitInfeasible;
+  }
+  const auto searcher = search::MakeSearcher(flags.searcher, *candidates);
+
+  // ---- the study as the flags describe it ----
+  pb::StudyDescription given;
+  given.set_format_version(coord::kStudyFormatVersion);
+  *given.mutable_model() = coord::Describe(in.model);
+  *given.mutable_train() = coord::Describe(in.train);
+  *given.mutable_cluster() = coord::Describe(in.cluster);
+  *given.mutable_space() = coord::Describe(in.space, *candidates);
+  if (flags.replay_table) {
+    given.mutable_space()->set_replay_table(*flags.replay_table);
+    given.mutable_space()->set_replay_table_crc32c(table_crc);
+  }
+  *given.mutable_perf() = coord::Describe(in.constants);
+  pb::SearchDesc& sd = *given.mutable_search();
+  sd.set_searcher(searcher->name());
+  sd.set_seed(flags.seed.value_or(0));
+  sd.set_max_p_oom(flags.max_p_oom);
+  sd.set_max_failures(2);
+  sd.set_stop_draws(flags.tuner.stop.draws);
+  sd.set_stop_fraction(flags.tuner.stop.converged_fraction);
+  sd.set_stop_epsilon(flags.tuner.stop.epsilon);
+  sd.set_stop_delta(flags.tuner.stop.delta);
+  sd.set_min_measured(static_cast<int32_t>(flags.tuner.stop.min_measured));
+  sd.set_backend(flags.backend);
+  given.set_created_by("autopar-tune 0.1.0");
+
+  // ---- the backend (on ranks other than 0, a real backend runs the worker loop and returns) ----
+  std::unique_ptr<coord::TrialBackend> backend;
+  if (flags.backend == "replay") {
+    backend = std::make_unique<coord::ReplayBackend>(*table);
+  } else {
+    const auto factory = Registry().find(flags.backend);
+    if (factory == Registry().end()) {
+      throw InputError("--backend",
+                       flags.backend +
+                           " runs trials on every rank and needs the MPI "
+                           "launcher (mpirun -np N autopar-tune ...), which this build "
+                           "does not wire in yet; use --backend replay --replay-table "
+                           "FILE.csv");
+    }
+    const TuneContext context{in,
+                              given,
+                              *candidates,
+                              flags.backend,
+                              flags.tuner.trial_timeout_s,
+                              flags.tuner.warmup_iterations,
+                              flags.tuner.timed_iterations};
+    backend = factory->second(context);
+    if (!backend) return kExitOk;  // a worker rank, done
+  }
+  // Whatever ends this function, the workers must leave their loop, or an error on rank 0 (a
+  // locked study, say) would leave them waiting in the next broadcast.
+  struct ReleaseWorkers {
+    coord::TrialBackend& backend;
+    ~ReleaseWorkers() {
+      try {
+        backend.Shutdown("the coordinator stopped");
+      } catch (const std::exception&) {
+        // the channel is already gone: nobody is left waiting
+      }
+    }
+  } release{*backend};
+
+  {
+    // ---- the study directory: lock, description, journal ----
+    const coord::StudyDir dir(flags.study);
+    if (dir.HasDescription()) {
+      if (!flags.resume) {
+        throw coord::StudyError("study '" + flags.study +
+                                "' exists; pass --resume to continue it "
+                                "or choose another --study");
+      }
+      const pb::StudyDescription stored = dir.ReadDescription();
+      if (!flags.seed) sd.set_seed(stored.search().seed());  // the study's seed by default
+      coord::CheckSameStudy(stored, given);
+    } else {
+      if (coord::FileExists(dir.Path("journal"))) {
+        throw coord::StudyError("'" + dir.Path("journal") +
+                                "' exists without study.pb; move it "
+                                "away or choose another --study");
+      }
+      if (flags.resume && !flags.quiet) {
+        err << "autopar-tune tune: nothing to resume in '" << flags.study << "', starting it\n";
+      }
+      dir.WriteDescription(given);
+    }
+    coord::FileJournal::Opened journal = coord::FileJournal::Open(dir.Path("journal"));
+    if (journal.cut_bytes > 0) {
+      err << "autopar-tune tune: cut a torn record (" << journal.cut_bytes << " bytes) from '"
+          << dir.Path("journal") << "'\n";
+    }
+
+    search::SearchSettings settings = search::SearchSettings::Default(*candidates);
+    settings.max_p_oom = flags.max_p_oom;
+    flags.tuner.seed = sd.seed();
+    ProgressPrinter progress(err, *candidates, flags.tuner, flags.quiet);
+    coord::Tuner tuner(*candidates, *searcher, settings, flags.tuner, *journal.journal, *backend,
+                       &progress);
+    tuner.Replay(journal.records);
+    if (!journal.records.empty() && !flags.quiet) {
+      err << "autopar-tune tune: resumed '" << flags.study << "' after " << tuner.trials().size()
+          << " trials\n";
+    }
+    const coord::TuneSummary summary = tuner.Run();
+
+    // ---- outputs ----
+    const TuneReport report{in,      model, *candidates, tuner,
+                            summary, given, flags,       table ? &*table : nullptr};
+    coord::WriteFileAtomic(dir.Path("result.json"), ResultJson(report));
+    coord::WriteFileAtomic(dir.Path("trials.csv"), TrialsCsv(report));
+    if (tuner.state().best() >= 0) {
+      coord::WriteFileAtomic(
+          dir.Path("best.args"),
+          MegatronFlags(candidates->config(tuner.state().best()), in.model, in.train) + "\n");
+    }
+    WriteFinal(out, report);
+    if (tuner.state().best() < 0) {
+      err << "autopar-tune tune: no configuration could be measured (" << tuner.trials().size()
+          << " trials, stop: " << search::ToString(summary.stop.reason) << ")\n";
+      return kExitInfeasible;
+    }
+    return kExitOk;
+  }
+}
+
+}  // namespace
+
+void RegisterTrialBackend(const std::string& name, TrialBackendFactory factory) {
+  Registry()[name] = std::move(factory);
+}
+
+int RunTune(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+  Args args(argv);
+  TuneFlags flags = ReadTuneFlags(args);
+  const Inputs in = ReadInputs(args);
+  try {
+    return TuneStudy(flags, in, out, err);
+  } catch (const coord::StudyError& e) {
+    err << "autopar-tune tune: " << e.what() << "\n";
+    return kExitStudyMismatch;
+  } catch (const coord::IoError& e) {
+    err << "autopar-tune tune: " << e.what() << "\n";
+    return kExitFailure;
+  } catch (const coord::ChannelError& e) {
+    err << "autopar-tune tune: lost the workers: " << e.what() << "; relaunch with --resume\n";
+    return kExitFailure;
+  }
+}
+
+int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+  Args args(argv);
+  const auto output = args.Value("--output");
+  coord::SyntheticTruth truth;
+  truth.seed = static_cast<uint64_t>(args.Int("--truth-seed", 1, 0));
+  auto range = [&](const std::string& flag, double* lo, double* hi) {
+    const auto v = args.Value(flag);
+    if (!v) return;
+    const std::vector<std::string> parts = [&] {
+      std::vector<std::string> p;
+      std::string item;
+      std::istringstream s(*v);
+      while (std::getline(s, item, ',')) p.push_back(item);
+      return p;
+    }();
+    char* e1 = nullptr;
+    char* e2 = nullptr;
+    if (parts.size() != 2) throw InputError(flag, "expected LO,HI; got '" + *v + "'");
+    *lo = std::strtod(parts[0].c_str(), &e1);
+    *hi = std::strtod(parts[1].c_str(), &e2);
+    if (*e1 || *e2 || !(*lo > 0) || !(*hi >= *lo) || !std::isfinite(*hi)) {
+      throw InputError(flag, "expected LO,HI with 0 < LO <= HI; got '" + *v + "'");
+    }
+  };
+  range("--compute-range", &truth.compute_low, &truth.compute_high);
+  range("--comm-range", &truth.comm_low, &truth.comm_high);
+  range("--memory-scale-range", &truth.memory_scale_low, &truth.memory_scale_high);
+  truth.noise = args.Double("--noise", truth.noise);
+  truth.memory_noise = args.Double("--memory-noise", truth.memory_noise);
+  truth.surprise_oom = args.Double("--surprise-oom", truth.surprise_oom);
+  if (truth.surprise_oom > 1)
+    throw InputError("--surprise-oom", "expected a probability in [0, 1]");
+  Inputs in = ReadInputs(args);
+  const SearchSpace space(in.model, in.train, in.cluster, in.space);
+  const CostModel model(in.model, in.train, in.cluster, in.constants);
+  const search::CandidateSet candidates = search::CandidateSet::FromSpace(space, model);
+  if (candidates.size() == 0) {
+    err << "autopar-tune make-replay-table: the space is empty\n";
+    return kExitInfeasible;
+  }
+  const coord::ReplayTable table = coord::MakeSyntheticTable(candidates, truth);
+  const std::string csv = table.ToCsv();
+  int64_t ok = 0;
+  for (const coord::ReplayRow& r : table.rows()) ok += r.status == search::Outcome::kOk;
+  try {
+    if (output) {
+      coord::WriteFileAtomic(*output, csv);
+    } else {
+      out << csv;
+    }
+  } catch (const coord::IoError& e) {
+    err << "autopar-tune make-replay-table: " << e.what() << "\n";
+    return kExitFailure;
+  }
+  err << "make-replay-table: " << table.rows().size() << " rows, " << ok << " ok, "
+      << table.rows().size() - ok << " oom";
+  if (const coord::ReplayRow* best = table.Best()) {
+    err << "; best " << ToSpec(best->config) << " " << best->step_time_s << " s";
+  }
+  err << "\n";
+  return kExitOk;
+}
+
+}  // namespace autopar::cli

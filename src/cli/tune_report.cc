@@ -1,0 +1,271 @@
+#include "tune_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "autopar/cli/json.h"
+#include "autopar/cli/report.h"
+#include "autopar/coord/convert.h"
+
+namespace autopar::cli {
+namespace {
+
+std::string Clock(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "-";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
+                static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
+  return buf;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Measured trials, fastest first.
+std::vector<const coord::TrialRecord*> MeasuredByTime(const coord::Tuner& tuner) {
+  std::vector<const coord::TrialRecord*> ok;
+  for (const coord::TrialRecord& t : tuner.trials()) {
+    if (t.result.status() == pb::OK) ok.push_back(&t);
+  }
+  std::stable_sort(ok.begin(), ok.end(), [](const auto* a, const auto* b) {
+    return a->result.step_time_s() < b->result.step_time_s();
+  });
+  return ok;
+}
+
+struct Throughput {
+  double tokens_per_s, tflops_per_gpu, mfu;
+};
+Throughput Rate(const TuneReport& r, double step_time_s) {
+  const double tokens = static_cast<double>(r.in.train.global_batch_size) * r.in.train.seq_length;
+  const double per_gpu =
+      r.model.model_flops_per_step() / step_time_s / static_cast<double>(r.in.cluster.world_size());
+  return {tokens / step_time_s, per_gpu / 1e12,
+          per_gpu / r.in.cluster.gpu.PeakFlops(r.in.train.precision)};
+}
+
+void ConfigJson(JsonWriter& j, const TuneReport& r, const coord::TrialRecord& t) {
+  const double y = t.result.step_time_s();
+  const Throughput rate = Rate(r, y);
+  const ParallelConfig& c = r.candidates.config(t.candidate);
+  j.BeginObject();
+  j.Field("trial", t.result.trial_index() + 1).Field("config", ToSpec(c));
+  j.Field("step_time_s", y);
+  j.Field("predicted_step_time_s", r.tuner.state().time().PredictMean(r.candidates, t.candidate));
+  j.Field("analytic_step_time_s", r.candidates.nominal_time_s(t.candidate));
+  j.Field("tokens_per_s", rate.tokens_per_s).Field("model_tflops_per_gpu", rate.tflops_per_gpu);
+  j.Field("mfu", rate.mfu).Field("peak_memory_gib", t.result.peak_memory_gib());
+  j.Field("megatron_args", MegatronFlags(c, r.in.model, r.in.train));
+  j.EndObject();
+}
+
+}  // namespace
+
+std::string ResultJson(const TuneReport& r) {
+  const search::SearchState& s = r.tuner.state();
+  std::ostringstream out;
+  JsonWriter j(out);
+  j.BeginObject();
+  j.Field("model", r.in.model.name).Field("gpu", r.in.cluster.gpu.name);
+  j.Field("nnodes", r.in.cluster.nnodes).Field("gpus_per_node", r.in.cluster.gpus_per_node);
+  j.Field("global_batch_size", r.in.train.global_batch_size);
+  j.Field("seq_length", r.in.train.seq_length);
+  j.Field("study", r.flags.study).Field("backend", r.flags.backend);
+  j.Field("searcher", r.study.search().searcher()).Field("seed", r.study.search().seed());
+  j.Field("candidates", r.candidates.size()).Field("trials", s.trials());
+  j.Field("measured", s.measured_count()).Field("eligible_left", s.eligible_count());
+  j.Key("outcomes").BeginObject();
+  for (int o = 0; o <= static_cast<int>(search::Outcome::kInvalid); ++o) {
+    int64_t n = 0;
+    for (const search::Observation& ob : s.history()) n += static_cast<int>(ob.outcome) == o;
+    j.Field(search::ToString(static_cast<search::Outcome>(o)), n);
+  }
+  j.EndObject();
+  j.Field("stop_reason", search::ToString(r.summary.stop.reason));
+  j.Field("stop_on_measured", r.summary.stop.on_measured);
+  j.Field("stop_p_improvement", r.summary.stop.p_improvement);
+  const auto ranked = MeasuredByTime(r.tuner);
+  j.Key("best");
+  if (ranked.empty()) {
+    j.String("none");
+  } else {
+    ConfigJson(j, r, *ranked.front());
+  }
+  j.Key("top").BeginArray();
+  for (size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < r.flags.top; ++i) {
+    ConfigJson(j, r, *ranked[i]);
+  }
+  j.EndArray();
+  if (r.table != nullptr) {
+    const coord::ReplayRow* best = r.table->Best();
+    j.Key("replay").BeginObject();
+    j.Field("table", r.flags.replay_table.value_or(""));
+    j.Field("rows", static_cast<int64_t>(r.table->rows().size()));
+    if (best != nullptr) {
+      j.Field("best_config", ToSpec(best->config)).Field("best_step_time_s", best->step_time_s);
+      j.Field("regret",
+              ranked.empty() ? NAN : ranked.front()->result.step_time_s() / best->step_time_s - 1);
+    }
+    j.EndObject();
+  }
+  j.Key("posterior").BeginObject();
+  j.Key("theta").BeginObject();
+  for (int k = 0; k < search::kNumCoefficients; ++k) {
+    j.Key(k == search::kIntercept ? "intercept_s" : FeatureName(k)).BeginObject();
+    j.Field("mean", s.time().mean()[k]).Field("sd", s.time().MarginalSd(k)).EndObject();
+  }
+  j.EndObject();
+  j.Field("relative_noise_sd", s.time().noise_sd());
+  j.Field("memory_scale", s.memory().scale()).Field("memory_offset_gib", s.memory().offset_gib());
+  j.EndObject();
+  // Wall-clock figures: they differ between runs that are otherwise identical.
+  j.Key("timing").BeginObject();
+  j.Field("elapsed_s", r.summary.elapsed_s).Field("sessions", r.summary.sessions);
+  j.Field("proposal_ms_median", Median(r.summary.proposal_ms));
+  j.Field("proposal_ms_max",
+          r.summary.proposal_ms.empty()
+              ? 0.0
+              : *std::max_element(r.summary.proposal_ms.begin(), r.summary.proposal_ms.end()));
+  j.Field("stop_check_ms_median", Median(r.summary.stop_check_ms));
+  j.EndObject();
+  j.EndObject();
+  out << "\n";
+  return out.str();
+}
+
+std::string TrialsCsv(const TuneReport& r) {
+  std::ostringstream out;
+  out << "trial,tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,status,"
+         "step_time_s,predicted_step_time_s,peak_memory_gib,predicted_memory_gib,p_oom,attempts,"
+         "best_step_time_s,message,elapsed_s\n";
+  out.precision(9);
+  double best = INFINITY;
+  for (const coord::TrialRecord& t : r.tuner.trials()) {
+    const ParallelConfig& c = r.candidates.config(t.candidate);
+    const pb::TrialResult& res = t.result;
+    if (res.status() == pb::OK) best = std::min(best, res.step_time_s());
+    std::string message = res.message();
+    std::replace(message.begin(), message.end(), '"', '\'');
+    std::replace(message.begin(), message.end(), '\n', ' ');
+    out << res.trial_index() + 1 << ',' << c.tp << ',' << c.pp << ',' << c.dp << ',' << c.cp << ','
+        << c.up << ',' << c.ep << ',' << c.vpp << ',' << c.mbs << ',' << (c.sp ? "on" : "off")
+        << ',' << ToString(c.recompute) << ',' << c.recompute_layers << ','
+        << (c.dist_opt ? "on" : "off") << ',' << coord::StatusName(res.status()) << ',';
+    if (res.status() == pb::OK) out << res.step_time_s();
+    out << ',' << t.predicted_step_time_s << ',';
+    if (res.peak_memory_gib() > 0) out << res.peak_memory_gib();
+    out << ',' << t.predicted_memory_gib << ',' << t.p_oom << ',' << t.attempts << ',';
+    if (std::isfinite(best)) out << best;
+    out << ",\"" << message << "\"," << t.elapsed_s << '\n';
+  }
+  return out.str();
+}
+
+void WriteFinal(std::ostream& out, const TuneReport& r) {
+  const auto ranked = MeasuredByTime(r.tuner);
+  switch (r.in.format) {
+    case Format::kJson:
+      out << ResultJson(r);
+      return;
+    case Format::kCsv:
+      out << TrialsCsv(r);
+      return;
+    case Format::kMegatron:
+      if (!ranked.empty()) {
+        out << MegatronFlags(r.candidates.config(ranked.front()->candidate), r.in.model, r.in.train)
+            << "\n";
+      }
+      return;
+    case Format::kYaml:
+      out << "model: " << r.in.model.name
+          << "\nstop_reason: " << search::ToString(r.summary.stop.reason)
+          << "\ntrials: " << r.tuner.trials().size() << "\nmeasured:\n";
+      for (size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < r.flags.top; ++i) {
+        out << "  - {config: \"" << ToSpec(r.candidates.config(ranked[i]->candidate))
+            << "\", step_time_s: " << ranked[i]->result.step_time_s()
+            << ", peak_memory_gib: " << ranked[i]->result.peak_memory_gib() << "}\n";
+      }
+      return;
+    case Format::kTable:
+      break;
+  }
+  const search::SearchState& s = r.tuner.state();
+  out << r.in.model.name << " on " << r.in.cluster.nnodes << " x " << r.in.cluster.gpus_per_node
+      << " " << r.in.cluster.gpu.name << ": " << s.trials() << " trials over "
+      << r.candidates.size() << " candidates (" << s.measured_count()
+      << " measured), stopped: " << search::ToString(r.summary.stop.reason) << ", "
+      << Clock(r.summary.elapsed_s) << "\n\n";
+  char line[320];
+  std::snprintf(line, sizeof line, "%-4s %-86s %10s %9s %11s %8s %6s %8s\n", "rank", "config",
+                "measured_s", "model_s", "tokens/s", "TFLOP/s", "MFU", "mem_GiB");
+  out << line;
+  for (size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < r.flags.top; ++i) {
+    const coord::TrialRecord& t = *ranked[i];
+    const Throughput rate = Rate(r, t.result.step_time_s());
+    std::snprintf(line, sizeof line, "%-4zu %-86s %10.4f %9.4f %11.0f %8.1f %5.1f%% %8.1f\n", i + 1,
+                  ToSpec(r.candidates.config(t.candidate)).c_str(), t.result.step_time_s(),
+                  s.time().PredictMean(r.candidates, t.candidate), rate.tokens_per_s,
+                  rate.tflops_per_gpu, 100 * rate.mfu, t.result.peak_memory_gib());
+    out << line;
+  }
+  if (!ranked.empty()) {
+    out << "\nmegatron: "
+        << MegatronFlags(r.candidates.config(ranked.front()->candidate), r.in.model, r.in.train)
+        << "\n";
+  }
+  out << "study: " << r.flags.study << " (result.json, trials.csv, best.args)\n";
+}
+
+void ProgressPrinter::OnTrialFinished(const coord::TrialRecord& t,
+                                      const search::SearchState& state) {
+  if (session_start_s_ < 0) session_start_s_ = t.elapsed_s - t.result.wall_s();
+  ++session_trials_;
+  if (quiet_) return;
+  const pb::TrialResult& res = t.result;
+  std::ostringstream line;
+  char buf[160];
+  line << "[" << res.trial_index() + 1 << "] " << ToSpec(candidates_.config(t.candidate)) << "  ";
+  if (res.status() == pb::OK) {
+    std::snprintf(buf, sizeof buf, "%.4f s (predicted %.4f, %+.1f%%)", res.step_time_s(),
+                  t.predicted_step_time_s, 100 * (res.step_time_s() / t.predicted_step_time_s - 1));
+    line << buf;
+  } else {
+    line << coord::StatusName(res.status());
+    if (res.status() == pb::OOM) {
+      std::snprintf(buf, sizeof buf, " (predicted %.1f GiB of %.1f, P(OOM) %.2f)",
+                    t.predicted_memory_gib, candidates_.capacity_gib(), t.p_oom);
+      line << buf;
+    }
+    if (!res.message().empty()) line << ": " << res.message();
+  }
+  if (state.best() >= 0) {
+    std::snprintf(buf, sizeof buf, "  best %.4f s", state.best_time_s());
+    line << buf;
+  }
+  // ETA: the budget left, or fewer when --max-trials ends the study first at this trial rate.
+  const double per_trial = (t.elapsed_s - session_start_s_) / static_cast<double>(session_trials_);
+  double eta = options_.stop.budget_s > 0 ? options_.stop.budget_s - t.elapsed_s : INFINITY;
+  if (options_.stop.max_trials > 0) {
+    eta = std::min(eta, per_trial * static_cast<double>(options_.stop.max_trials - state.trials()));
+  }
+  line << "  elapsed " << Clock(t.elapsed_s) << "  ETA <= " << Clock(std::max(eta, 0.0));
+  err_ << line.str() << "\n";
+}
+
+void ProgressPrinter::OnStopped(const search::StopCheck& check, const search::SearchState& state) {
+  if (quiet_) return;
+  err_ << "stopped: " << search::ToString(check.reason);
+  if (!std::isnan(check.on_measured)) {
+    err_ << " (" << 100 * check.on_measured << "% of draws on measured configurations, P(>"
+         << 100 * options_.stop.epsilon << "% better unmeasured) " << check.p_improvement << ")";
+  }
+  err_ << " after " << state.trials() << " trials\n";
+}
+
+}  // namespace autopar::cli

@@ -1,0 +1,88 @@
+#include "autopar/coord/convert.h"
+
+namespace autopar::coord {
+
+pb::ParallelConfig ToProto(const ParallelConfig& c) {
+  pb::ParallelConfig p;
+  p.set_tp(c.tp);
+  p.set_pp(c.pp);
+  p.set_dp(c.dp);
+  p.set_cp(c.cp);
+  p.set_up(c.up);
+  p.set_ep(c.ep);
+  p.set_vpp(c.vpp);
+  p.set_mbs(c.mbs);
+  p.set_sp(c.sp);
+  p.set_recompute(c.recompute == Recompute::kNone        ? pb::RECOMPUTE_NONE
+                  : c.recompute == Recompute::kSelective ? pb::RECOMPUTE_SELECTIVE
+                                                         : pb::RECOMPUTE_FULL);
+  p.set_recompute_layers(c.recompute_layers);
+  p.set_dist_opt(c.dist_opt);
+  return p;
+}
+
+ParallelConfig FromProto(const pb::ParallelConfig& p) {
+  ParallelConfig c;
+  c.tp = p.tp();
+  c.pp = p.pp();
+  c.dp = p.dp();
+  c.cp = p.cp();
+  c.up = p.up();
+  c.ep = p.ep();
+  c.vpp = p.vpp();
+  c.mbs = p.mbs();
+  c.sp = p.sp();
+  c.recompute = p.recompute() == pb::RECOMPUTE_SELECTIVE ? Recompute::kSelective
+                : p.recompute() == pb::RECOMPUTE_FULL    ? Recompute::kFull
+                                                         : Recompute::kNone;
+  c.recompute_layers = p.recompute_layers();
+  c.dist_opt = p.dist_opt();
+  return c;
+}
+
+pb::TrialStatus ToProto(search::Outcome o) {
+  switch (o) {
+    case search::Outcome::kOk:
+      return pb::OK;
+    case search::Outcome::kOom:
+      return pb::OOM;
+    case search::Outcome::kTimeout:
+      return pb::TIMEOUT;
+    case search::Outcome::kCommError:
+      return pb::COMM_ERROR;
+    case search::Outcome::kDeviceError:
+      return pb::DEVICE_ERROR;
+    case search::Outcome::kNonfinite:
+      return pb::NONFINITE;
+    case search::Outcome::kWorkerLost:
+      return pb::WORKER_LOST;
+    case search::Outcome::kInvalid:
+      return pb::INVALID;
+  }
+  return pb::INVALID;
+}
+
+search::Outcome FromProto(pb::TrialStatus s) {
+  switch (s) {
+    case pb::OK:
+      return search::Outcome::kOk;
+    case pb::OOM:
+      return search::Outcome::kOom;
+    case pb::TIMEOUT:
+      return search::Outcome::kTimeout;
+    case pb::COMM_ERROR:
+      return search::Outcome::kCommError;
+    case pb::DEVICE_ERROR:
+      return search::Outcome::kDeviceError;
+    case pb::NONFINITE:
+      return search::Outcome::kNonfinite;
+    case pb::WORKER_LOST:
+      return search::Outcome::kWorkerLost;
+    default:
+      return search::Outcome::kInvalid;
+  }
+}
+
+const char* StatusName(pb::TrialStatus s) { return search::ToString(FromProto(s)); }
+
+}  // namespace autopar::coord

@@ -1,0 +1,276 @@
+#include "autopar/coord/replay.h"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "autopar/common/status.h"
+#include "autopar/coord/convert.h"
+#include "autopar/search/posterior.h"
+#include "autopar/search/rng.h"
+
+namespace autopar::coord {
+namespace {
+
+constexpr const char* kFlag = "--replay-table";
+constexpr const char* kRequired[] = {"tp",
+                                     "pp",
+                                     "dp",
+                                     "cp",
+                                     "up",
+                                     "ep",
+                                     "vpp",
+                                     "mbs",
+                                     "sp",
+                                     "recompute",
+                                     "dist_opt",
+                                     "step_time_s",
+                                     "peak_memory_gib",
+                                     "status"};
+
+std::vector<std::string> SplitCsv(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cell;
+  std::istringstream in(line);
+  while (std::getline(in, cell, ',')) {
+    const size_t b = cell.find_first_not_of(" \t\r");
+    const size_t e = cell.find_last_not_of(" \t\r");
+    out.push_back(b == std::string::npos ? "" : cell.substr(b, e - b + 1));
+  }
+  if (!line.empty() && line.back() == ',') out.emplace_back();
+  return out;
+}
+
+class RowReader {
+ public:
+  RowReader(const std::string& source, int64_t line)
+      : where_(source + ":" + std::to_string(line)) {}
+
+  [[noreturn]] void Fail(const std::string& column, const std::string& message) const {
+    throw InputError(kFlag, where_ + ": column " + column + ": " + message);
+  }
+  int32_t Int(const std::string& column, const std::string& text) const {
+    char* end = nullptr;
+    const long v = std::strtol(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || v < 0 || v > (1 << 30)) {
+      Fail(column, "expected a non-negative integer, got '" + text + "'");
+    }
+    return static_cast<int32_t>(v);
+  }
+  bool Bool(const std::string& column, const std::string& text) const {
+    if (text == "on" || text == "true" || text == "1") return true;
+    if (text == "off" || text == "false" || text == "0") return false;
+    Fail(column, "allowed: on, off (or true, false, 1, 0); got '" + text + "'");
+  }
+  Recompute RecomputeValue(const std::string& text) const {
+    if (text == "none") return Recompute::kNone;
+    if (text == "selective") return Recompute::kSelective;
+    if (text == "full") return Recompute::kFull;
+    Fail("recompute", "allowed: none, selective, full; got '" + text + "'");
+  }
+  // Empty (or nan) → NaN; otherwise a finite number.
+  double Number(const std::string& column, const std::string& text) const {
+    if (text.empty() || text == "nan" || text == "NaN") return std::nan("");
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    if (*end != '\0' || !std::isfinite(v)) Fail(column, "expected a number, got '" + text + "'");
+    return v;
+  }
+
+ private:
+  std::string where_;
+};
+
+}  // namespace
+
+ReplayTable::ReplayTable(std::vector<ReplayRow> rows) : rows_(std::move(rows)) {
+  for (size_t i = 0; i < rows_.size(); ++i) {
+    const std::string spec = ToSpec(rows_[i].config);
+    if (!index_.emplace(spec, i).second) {
+      throw InputError(kFlag, "line " + std::to_string(rows_[i].line) + ": " + spec +
+                                  " appears twice (first on line " +
+                                  std::to_string(rows_[index_[spec]].line) + ")");
+    }
+  }
+}
+
+ReplayTable ReplayTable::Parse(const std::string& text, const std::string& source) {
+  std::istringstream in(text);
+  std::string line;
+  int64_t line_no = 0;
+  std::unordered_map<std::string, size_t> column;
+  std::vector<ReplayRow> rows;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos || line[0] == '#') continue;
+    const std::vector<std::string> cells = SplitCsv(line);
+    if (column.empty()) {
+      for (size_t i = 0; i < cells.size(); ++i) column[cells[i]] = i;
+      for (const char* name : kRequired) {
+        if (!column.count(name)) {
+          throw InputError(kFlag, source + ":" + std::to_string(line_no) + ": the header has no '" +
+                                      name +
+                                      "' column; required: tp,pp,dp,cp,up,ep,vpp,mbs,sp,"
+                                      "recompute,dist_opt,step_time_s,peak_memory_gib,status");
+        }
+      }
+      continue;
+    }
+    const RowReader r(source, line_no);
+    if (cells.size() < column.size()) {
+      r.Fail("*", "expected " + std::to_string(column.size()) + " cells, got " +
+                      std::to_string(cells.size()));
+    }
+    auto cell = [&](const char* name) -> const std::string& { return cells[column.at(name)]; };
+    ReplayRow row;
+    row.line = line_no;
+    ParallelConfig& c = row.config;
+    c.tp = r.Int("tp", cell("tp"));
+    c.pp = r.Int("pp", cell("pp"));
+    c.dp = r.Int("dp", cell("dp"));
+    c.cp = r.Int("cp", cell("cp"));
+    c.up = r.Int("up", cell("up"));
+    c.ep = r.Int("ep", cell("ep"));
+    c.vpp = r.Int("vpp", cell("vpp"));
+    c.mbs = r.Int("mbs", cell("mbs"));
+    c.sp = r.Bool("sp", cell("sp"));
+    c.dist_opt = r.Bool("dist_opt", cell("dist_opt"));
+    c.recompute = r.RecomputeValue(cell("recompute"));
+    if (column.count("recompute_layers")) {
+      c.recompute_layers = r.Int("recompute_layers", cell("recompute_layers"));
+    }
+    const auto status = search::ParseOutcome(cell("status"));
+    if (!status) {
+      r.Fail("status",
+             "allowed: ok, oom, timeout, comm_error, device_error, nonfinite, "
+             "worker_lost, invalid; got '" +
+                 cell("status") + "'");
+    }
+    row.status = *status;
+    row.step_time_s = r.Number("step_time_s", cell("step_time_s"));
+    row.peak_memory_gib = r.Number("peak_memory_gib", cell("peak_memory_gib"));
+    if (row.status == search::Outcome::kOk && !(row.step_time_s > 0)) {
+      r.Fail("step_time_s",
+             "an ok row needs a positive step time, got '" + cell("step_time_s") + "'");
+    }
+    if (!std::isnan(row.peak_memory_gib) && !(row.peak_memory_gib > 0)) {
+      r.Fail("peak_memory_gib", "must be positive or empty, got '" + cell("peak_memory_gib") + "'");
+    }
+    rows.push_back(row);
+  }
+  if (column.empty()) throw InputError(kFlag, source + ": no header line");
+  if (rows.empty()) throw InputError(kFlag, source + ": no rows");
+  return ReplayTable(std::move(rows));
+}
+
+std::vector<ParallelConfig> ReplayTable::configs() const {
+  std::vector<ParallelConfig> out;
+  out.reserve(rows_.size());
+  for (const ReplayRow& r : rows_) out.push_back(r.config);
+  return out;
+}
+
+const ReplayRow* ReplayTable::Find(const std::string& spec) const {
+  const auto it = index_.find(spec);
+  return it == index_.end() ? nullptr : &rows_[it->second];
+}
+
+const ReplayRow* ReplayTable::Best() const {
+  const ReplayRow* best = nullptr;
+  for (const ReplayRow& r : rows_) {
+    if (r.status == search::Outcome::kOk && (!best || r.step_time_s < best->step_time_s)) best = &r;
+  }
+  return best;
+}
+
+std::string ReplayTable::ToCsv() const {
+  std::string out =
+      "tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,step_time_s,"
+      "peak_memory_gib,status\n";
+  char line[256];
+  auto number = [](double v) {
+    char buf[32];
+    if (std::isnan(v)) return std::string();
+    std::snprintf(buf, sizeof buf, "%.9g", v);
+    return std::string(buf);
+  };
+  for (const ReplayRow& r : rows_) {
+    const ParallelConfig& c = r.config;
+    std::snprintf(line, sizeof line, "%d,%d,%d,%d,%d,%d,%d,%d,%s,%s,%d,%s,%s,%s,%s\n", c.tp, c.pp,
+                  c.dp, c.cp, c.up, c.ep, c.vpp, c.mbs, c.sp ? "on" : "off", ToString(c.recompute),
+                  c.recompute_layers, c.dist_opt ? "on" : "off", number(r.step_time_s).c_str(),
+                  number(r.peak_memory_gib).c_str(), search::ToString(r.status));
+    out += line;
+  }
+  return out;
+}
+
+void ReplayTable::Validate(const SearchSpace& space, const std::string& source) const {
+  const int64_t world = space.cluster().world_size();
+  for (const ReplayRow& r : rows_) {
+    std::string reason;
+    if (r.config.world_size() != world) {
+      reason = "tp·cp·up·pp·dp = " + std::to_string(r.config.world_size()) +
+               " but the cluster has " + std::to_string(world) + " GPUs";
+    } else {
+      reason = space.Check(r.config);
+    }
+    if (!reason.empty()) {
+      throw InputError(
+          kFlag, source + ":" + std::to_string(r.line) + ": " + ToSpec(r.config) + ": " + reason);
+    }
+  }
+}
+
+pb::TrialResult ReplayBackend::Run(const pb::TrialRequest& request) {
+  pb::TrialResult out;
+  out.set_trial_index(request.trial_index());
+  out.set_attempt(request.attempt());
+  out.set_spec(request.spec());
+  out.set_failed_rank(-1);
+  const ReplayRow* row = table_.Find(request.spec());
+  if (row == nullptr) {
+    out.set_status(pb::INVALID);
+    out.set_message("not in the replay table");
+    return out;
+  }
+  out.set_status(ToProto(row->status));
+  if (row->status == search::Outcome::kOk) out.set_step_time_s(row->step_time_s);
+  if (!std::isnan(row->peak_memory_gib)) out.set_peak_memory_gib(row->peak_memory_gib);
+  if (row->status != search::Outcome::kOk) out.set_failed_rank(0);
+  return out;
+}
+
+ReplayTable MakeSyntheticTable(const search::CandidateSet& candidates, const SyntheticTruth& t) {
+  search::Rng rng(t.seed, 0, search::Purpose::kSynthetic);
+  double theta[search::kNumCoefficients] = {};
+  for (int k = 0; k < kNumFeatures; ++k) {
+    theta[k] = search::IsCommunication(k)
+                   ? t.comm_low * std::exp(rng.Uniform() * std::log(t.comm_high / t.comm_low))
+                   : t.compute_low + rng.Uniform() * (t.compute_high - t.compute_low);
+  }
+  const double memory_scale =
+      t.memory_scale_low + rng.Uniform() * (t.memory_scale_high - t.memory_scale_low);
+  std::vector<ReplayRow> rows;
+  rows.reserve(static_cast<size_t>(candidates.size()));
+  for (int64_t i = 0; i < candidates.size(); ++i) {
+    ReplayRow row;
+    row.config = candidates.config(i);
+    row.line = i + 2;
+    // Draw every variate for every row, so a row's values do not depend on other rows' fates.
+    const double time_noise = std::exp(t.noise * rng.Normal());
+    const double memory_noise = std::exp(t.memory_noise * rng.Normal());
+    const bool surprise = rng.Uniform() < t.surprise_oom;
+    row.peak_memory_gib = memory_scale * candidates.nominal_memory_gib(i) * memory_noise;
+    if (row.peak_memory_gib > candidates.capacity_gib() || surprise) {
+      row.status = search::Outcome::kOom;
+    } else {
+      row.status = search::Outcome::kOk;
+      row.step_time_s = candidates.PredictOne(i, theta) * time_noise;
+    }
+    rows.push_back(row);
+  }
+  return ReplayTable(std::move(rows));
+}
+
+}  // namespace autopar::coord

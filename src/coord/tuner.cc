@@ -1,0 +1,270 @@
+#include "autopar/coord/tuner.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <ctime>
+
+#include "autopar/coord/convert.h"
+#include "autopar/coord/files.h"
+
+namespace autopar::coord {
+namespace {
+
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string HostName() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("?");
+}
+
+int FeatureIndex(const std::string& name) {
+  for (int k = 0; k < kNumFeatures; ++k) {
+    if (name == FeatureName(k)) return k;
+  }
+  return -1;
+}
+
+// A result that claims ok without a usable step time is a nonfinite trial; a peak that is not a
+// positive finite number is no peak. The state rejects such values loudly, so they are mapped here,
+// where the message can say which trial produced them.
+void Sanitize(pb::TrialResult* r) {
+  if (r->status() == pb::STATUS_UNSPECIFIED) {
+    r->set_status(pb::INVALID);
+    r->set_message("the backend returned no status; " + r->message());
+  }
+  if (r->status() == pb::OK && !(std::isfinite(r->step_time_s()) && r->step_time_s() > 0)) {
+    r->set_message("step time " + std::to_string(r->step_time_s()) + " is not finite and positive");
+    r->set_status(pb::NONFINITE);
+  }
+  if (!(std::isfinite(r->peak_memory_gib()) && r->peak_memory_gib() >= 0)) {
+    r->set_peak_memory_gib(0);
+  }
+}
+
+[[noreturn]] void Diverged(int64_t trial, const std::string& what) {
+  throw StudyError("the journal does not replay at trial " + std::to_string(trial + 1) + ": " +
+                   what + "; it belongs to another study or was written by another build");
+}
+
+}  // namespace
+
+Tuner::Tuner(const search::CandidateSet& candidates, const search::Searcher& searcher,
+             search::SearchSettings settings, TunerOptions options, JournalSink& journal,
+             TrialBackend& backend, TunerObserver* observer)
+    : candidates_(candidates),
+      searcher_(searcher),
+      settings_(std::move(settings)),
+      options_(std::move(options)),
+      journal_(journal),
+      backend_(backend),
+      observer_(observer),
+      now_s_(SteadySeconds) {}
+
+void Tuner::BuildState(const pb::ProbeRecorded& probe) {
+  for (const pb::ProbeRecorded::Feature& f : probe.features()) {
+    const int k = FeatureIndex(f.feature());
+    if (k < 0 || f.ratios().empty()) continue;  // a feature this build does not model
+    settings_.time_prior.Tighten(k, {f.ratios().begin(), f.ratios().end()});
+  }
+  state_.emplace(candidates_, settings_);
+}
+
+void Tuner::Append(const pb::JournalRecord& record) { journal_.Append(record); }
+
+void Tuner::Replay(const std::vector<pb::JournalRecord>& records) {
+  for (const pb::JournalRecord& record : records) {
+    const int64_t next = state_ ? state_->trials() : 0;
+    switch (record.kind_case()) {
+      case pb::JournalRecord::kSession:
+        ++sessions_;
+        break;
+      case pb::JournalRecord::kProbe:
+        if (state_) Diverged(next, "a second probe record");
+        BuildState(record.probe());
+        break;
+      case pb::JournalRecord::kTrialStarted: {
+        if (!state_) BuildState({});
+        const pb::TrialStarted& s = record.trial_started();
+        if (s.trial_index() != next)
+          Diverged(next, "trial index " + std::to_string(s.trial_index()));
+        if (s.candidate() < 0 || s.candidate() >= candidates_.size() ||
+            ToSpec(candidates_.config(s.candidate())) != s.spec()) {
+          Diverged(next, "'" + s.spec() + "' is not candidate " + std::to_string(s.candidate()));
+        }
+        if (in_flight_) {  // a retry of the trial in flight
+          if (in_flight_->started.candidate() != s.candidate())
+            Diverged(next, "a retry of another configuration");
+          ++in_flight_->attempts;
+          break;
+        }
+        const auto proposal = searcher_.Propose(*state_, options_.seed, next);
+        if (!proposal || *proposal != s.candidate()) {
+          Diverged(next, "the searcher now proposes " +
+                             (proposal ? ToSpec(candidates_.config(*proposal)) : "nothing") +
+                             ", the journal has " + s.spec());
+        }
+        in_flight_ = InFlight{s, 1};
+        break;
+      }
+      case pb::JournalRecord::kTrialFinished: {
+        const pb::TrialFinished& f = record.trial_finished();
+        if (!in_flight_ || f.result().trial_index() != next) {
+          Diverged(next, "a result without its start");
+        }
+        Finish(f.result(), f.elapsed_s());
+        if (state_->Digest() != f.state_digest()) Diverged(next, "the state digest differs");
+        elapsed_base_s_ = f.elapsed_s();
+        break;
+      }
+      case pb::JournalRecord::kFinished:
+        elapsed_base_s_ = std::max(elapsed_base_s_, record.finished().elapsed_s());
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+pb::TrialStarted Tuner::Propose(int64_t candidate) {
+  pb::TrialStarted s;
+  s.set_trial_index(state_->trials());
+  s.set_attempt(1);
+  s.set_candidate(candidate);
+  s.set_spec(ToSpec(candidates_.config(candidate)));
+  s.set_predicted_step_time_s(state_->time().PredictMean(candidates_, candidate));
+  s.set_predicted_memory_gib(
+      state_->memory().PredictMean(candidates_.nominal_memory_gib(candidate)));
+  s.set_p_oom(state_->POom(candidate));
+  return s;
+}
+
+void Tuner::Finish(pb::TrialResult result, double elapsed_s) {
+  Sanitize(&result);
+  const pb::TrialStarted& s = in_flight_->started;
+  search::Observation o;
+  o.candidate = s.candidate();
+  o.outcome = FromProto(result.status());
+  if (result.status() == pb::OK) o.step_time_s = result.step_time_s();
+  if (result.peak_memory_gib() > 0) o.peak_memory_gib = result.peak_memory_gib();
+  state_->Observe(o);
+
+  TrialRecord record;
+  record.candidate = s.candidate();
+  record.attempts = in_flight_->attempts;
+  record.result = std::move(result);
+  record.predicted_step_time_s = s.predicted_step_time_s();
+  record.predicted_memory_gib = s.predicted_memory_gib();
+  record.p_oom = s.p_oom();
+  record.best_candidate = state_->best();
+  record.elapsed_s = elapsed_s;
+  trials_.push_back(std::move(record));
+  in_flight_.reset();
+}
+
+TuneSummary Tuner::Run() {
+  TuneSummary summary;
+  const double start = now_s_();
+  auto elapsed = [&] { return elapsed_base_s_ + (now_s_() - start); };
+  pb::JournalRecord session;
+  session.mutable_session()->set_session(++sessions_);
+  session.mutable_session()->set_resumed(journal_.records() > 0);
+  session.mutable_session()->set_host(HostName());
+  session.mutable_session()->set_pid(::getpid());
+  session.mutable_session()->set_unix_time_s(static_cast<int64_t>(std::time(nullptr)));
+  session.mutable_session()->set_backend(backend_.name());
+  Append(session);
+  summary.sessions = sessions_;
+  if (!state_) {
+    pb::JournalRecord probe;
+    *probe.mutable_probe() = backend_.Probe();
+    Append(probe);
+    BuildState(probe.probe());
+  }
+
+  auto run_in_flight = [&](bool give_up) {
+    pb::TrialResult result;
+    if (give_up) {
+      // Started 1 + max_retries times, and the coordinator died each time.
+      result.set_trial_index(in_flight_->started.trial_index());
+      result.set_attempt(in_flight_->attempts);
+      result.set_spec(in_flight_->started.spec());
+      result.set_status(pb::WORKER_LOST);
+      result.set_failed_rank(-1);
+      result.set_message("the coordinator was lost " + std::to_string(in_flight_->attempts) +
+                         " times during this trial");
+    } else {
+      pb::TrialRequest request;
+      request.set_trial_index(in_flight_->started.trial_index());
+      request.set_attempt(in_flight_->attempts);
+      *request.mutable_config() = ToProto(candidates_.config(in_flight_->started.candidate()));
+      request.set_spec(in_flight_->started.spec());
+      request.set_deadline_s(options_.trial_timeout_s);
+      request.set_warmup_iterations(options_.warmup_iterations);
+      request.set_timed_iterations(options_.timed_iterations);
+      result = backend_.Run(request);
+      result.set_trial_index(request.trial_index());
+      result.set_attempt(request.attempt());
+      result.set_spec(request.spec());
+    }
+    const double now = elapsed();
+    Finish(result, now);
+    pb::JournalRecord finished;
+    *finished.mutable_trial_finished()->mutable_result() = trials_.back().result;
+    finished.mutable_trial_finished()->set_candidate(trials_.back().candidate);
+    finished.mutable_trial_finished()->set_elapsed_s(now);
+    finished.mutable_trial_finished()->set_state_digest(state_->Digest());
+    Append(finished);
+    if (observer_) observer_->OnTrialFinished(trials_.back(), *state_);
+  };
+
+  if (in_flight_) {
+    // Retry the trial the last session died in, or give up on it after 1 + max_retries starts.
+    const bool give_up = in_flight_->attempts > options_.max_retries;
+    if (!give_up) {
+      pb::TrialStarted again = in_flight_->started;
+      again.set_attempt(in_flight_->attempts + 1);
+      pb::JournalRecord record;
+      *record.mutable_trial_started() = again;
+      Append(record);
+      ++in_flight_->attempts;
+    }
+    run_in_flight(give_up);
+  }
+
+  for (;;) {
+    const int64_t trial = state_->trials();
+    double t0 = now_s_();
+    summary.stop = search::CheckStop(*state_, options_.stop, searcher_.uses_posterior(),
+                                     options_.seed, trial, elapsed());
+    summary.stop_check_ms.push_back(1e3 * (now_s_() - t0));
+    if (summary.stop.reason == search::StopReason::kNone) {
+      t0 = now_s_();
+      const auto candidate = searcher_.Propose(*state_, options_.seed, trial);
+      summary.proposal_ms.push_back(1e3 * (now_s_() - t0));
+      if (!candidate) summary.stop.reason = search::StopReason::kExhausted;
+      if (candidate) {
+        pb::JournalRecord record;
+        *record.mutable_trial_started() = Propose(*candidate);
+        Append(record);
+        in_flight_ = InFlight{record.trial_started(), 1};
+        run_in_flight(/*give_up=*/false);
+        continue;
+      }
+    }
+    summary.elapsed_s = elapsed();
+    pb::JournalRecord record;
+    record.mutable_finished()->set_stop_reason(search::ToString(summary.stop.reason));
+    record.mutable_finished()->set_trials(state_->trials());
+    record.mutable_finished()->set_elapsed_s(summary.elapsed_s);
+    Append(record);
+    backend_.Shutdown(search::ToString(summary.stop.reason));
+    if (observer_) observer_->OnStopped(summary.stop, *state_);
+    return summary;
+  }
+}
+
+}  // namespace autopar::coord

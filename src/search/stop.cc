@@ -1,0 +1,120 @@
+#include "autopar/search/stop.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "autopar/search/math.h"
+#include "autopar/search/rng.h"
+
+namespace autopar::search {
+namespace {
+
+void Validate(const StopSettings& s) {
+  if (s.max_trials < 0) throw std::invalid_argument("max_trials must be >= 0");
+  if (!(s.budget_s >= 0)) throw std::invalid_argument("budget_s must be >= 0");
+  if (s.draws < 1) throw std::invalid_argument("stop draws must be >= 1");
+  if (!(s.converged_fraction > 0 && s.converged_fraction <= 1)) {
+    throw std::invalid_argument("converged_fraction must be in (0, 1]");
+  }
+  if (!(s.epsilon >= 0 && s.epsilon < 1)) throw std::invalid_argument("epsilon must be in [0, 1)");
+  if (!(s.delta > 0 && s.delta <= 1)) throw std::invalid_argument("delta must be in (0, 1]");
+}
+
+}  // namespace
+
+const char* ToString(StopReason r) {
+  switch (r) {
+    case StopReason::kNone:
+      return "none";
+    case StopReason::kExhausted:
+      return "exhausted";
+    case StopReason::kMaxTrials:
+      return "max_trials";
+    case StopReason::kBudget:
+      return "budget";
+    case StopReason::kConverged:
+      return "converged";
+    case StopReason::kNoLikelyImprovement:
+      return "no_likely_improvement";
+  }
+  return "?";
+}
+
+StopCheck EvaluateDraws(const SearchState& state, const StopSettings& settings, uint64_t seed,
+                        int64_t trials_done) {
+  StopCheck check;
+  const CandidateSet& cs = state.candidates();
+  const double best = state.best_time_s();
+  if (!std::isfinite(best)) return check;
+  const int draws = settings.draws;
+  // Draws laid out coefficient-major (theta[k * draws + j]) so the inner loops run over draws.
+  Rng rng(seed, trials_done, Purpose::kStopCheck);
+  std::vector<double> theta(static_cast<size_t>(kNumCoefficients) * draws), sigma(draws);
+  for (int j = 0; j < draws; ++j) {
+    double one[kNumCoefficients];
+    sigma[j] = state.time().Draw(rng, one);
+    for (int k = 0; k < kNumCoefficients; ++k) theta[k * draws + j] = one[k];
+  }
+  // log Π_i P(y_i ≥ τ) per draw for τ = best (converged) and τ = (1 − ε)·best (improvement).
+  const double thresholds[2] = {best, (1 - settings.epsilon) * best};
+  std::vector<double> log_none[2] = {std::vector<double>(draws, 0.0),
+                                     std::vector<double>(draws, 0.0)};
+  std::vector<double> t(draws);
+  for (int64_t i = 0; i < cs.size(); ++i) {
+    if (!state.eligible(i)) continue;
+    std::copy(theta.begin() + kIntercept * draws, theta.begin() + (kIntercept + 1) * draws,
+              t.begin());
+    for (int k = 0; k < kNumFeatures; ++k) {
+      const double x = cs.feature(i, k);
+      if (x == 0) continue;
+      const double* th = theta.data() + static_cast<size_t>(k) * draws;
+      for (int j = 0; j < draws; ++j) t[j] += x * th[j];
+    }
+    const double scale = cs.nominal_time_s(i);
+    for (int r = 0; r < 2; ++r) {
+      for (int j = 0; j < draws; ++j) {
+        // P(y_i < τ) = Φ(z); below z = -8 it is under 1e-15 and the candidate cannot matter.
+        const double z = (thresholds[r] - t[j]) / (scale * sigma[j]);
+        if (z > -8) log_none[r][j] += std::log(std::max(NormalCdf(-z), 1e-300));
+      }
+    }
+  }
+  double on_measured = 0, improving = 0;
+  for (int j = 0; j < draws; ++j) {
+    on_measured += std::exp(log_none[0][j]);
+    improving += 1 - std::exp(log_none[1][j]);
+  }
+  check.on_measured = on_measured / draws;
+  check.p_improvement = improving / draws;
+  return check;
+}
+
+StopCheck CheckStop(const SearchState& state, const StopSettings& settings, bool model_rules,
+                    uint64_t seed, int64_t trials_done, double elapsed_s) {
+  Validate(settings);
+  StopCheck check;
+  if (state.eligible_count() == 0) {
+    check.reason = StopReason::kExhausted;
+    return check;
+  }
+  if (settings.max_trials > 0 && trials_done >= settings.max_trials) {
+    check.reason = StopReason::kMaxTrials;
+    return check;
+  }
+  if (settings.budget_s > 0 && elapsed_s >= settings.budget_s) {
+    check.reason = StopReason::kBudget;
+    return check;
+  }
+  if (!model_rules || state.measured_count() < settings.min_measured) return check;
+  check = EvaluateDraws(state, settings, seed, trials_done);
+  if (check.on_measured >= settings.converged_fraction) {
+    check.reason = StopReason::kConverged;
+  } else if (check.p_improvement < settings.delta) {
+    check.reason = StopReason::kNoLikelyImprovement;
+  }
+  return check;
+}
+
+}  // namespace autopar::search

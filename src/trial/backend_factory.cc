@@ -1,0 +1,41 @@
+#include "autopar/trial/backend_factory.h"
+
+#if defined(AUTOPAR_HAVE_CUDA)
+#include "autopar/backend/cuda_backend.h"
+#endif
+
+namespace autopar::trial {
+
+bool CudaBackendBuilt() {
+#if defined(AUTOPAR_HAVE_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+backend::StatusOr<std::unique_ptr<backend::Backend>> MakeBackend(const std::string& name,
+                                                                 std::size_t memory_budget_bytes,
+                                                                 int device_index) {
+  if (name == "cpu") {
+    backend::CpuBackendOptions options;
+    options.memory_budget_bytes = memory_budget_bytes;
+    return backend::MakeCpuBackend(options);
+  }
+  if (name == "cuda") {
+#if defined(AUTOPAR_HAVE_CUDA)
+    backend::CudaBackendOptions options;
+    options.device_index = device_index;
+    options.memory_budget_bytes = memory_budget_bytes;
+    return backend::MakeCudaBackend(options);
+#else
+    (void)device_index;
+    return backend::Status(backend::Outcome::kInvalid,
+                           "--backend cuda: this build has no CUDA toolkit; allowed: cpu");
+#endif
+  }
+  return backend::Status(backend::Outcome::kInvalid,
+                         "--backend: unknown backend '" + name + "'; allowed: cpu, cuda");
+}
+
+}  // namespace autopar::trial

@@ -1,0 +1,265 @@
+// NCCL collectives of the CUDA backend, one GPU per rank, under mpirun:
+//   mpirun -np <ranks> build/src/backend/cuda_collectives_test
+// Every rank runs every test in the same order (own main, not discovered). Ranks without a GPU of
+// their own (no device, or fewer devices on the node than ranks on it) skip, all together.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "autopar/backend/cuda_backend.h"
+#include "autopar/backend/group.h"
+#include "tests/unit/cuda_test_util.h"
+
+namespace autopar::backend {
+namespace {
+
+using cuda_test::FromBf16Bits;
+using cuda_test::ToBf16Bits;
+
+// True on every rank iff every rank has a GPU of its own.
+bool AllRanksHaveAGpu() {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local_size = 1;
+  MPI_Comm_size(node, &local_size);
+  MPI_Comm_free(&node);
+  int mine = CudaDeviceCount() >= local_size ? 1 : 0;
+  int all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+class NcclCollectivesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!AllRanksHaveAGpu()) GTEST_SKIP() << "needs one CUDA device per rank";
+    CudaBackendOptions options;  // device from the local rank
+    options.timeout_s = 30.0;
+    StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(options);
+    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+    backend_ = std::move(backend).value();
+    StatusOr<Group> world = Group::World();
+    ASSERT_TRUE(world.ok()) << world.status().ToString();
+    StatusOr<std::unique_ptr<Collectives>> comm = backend_->Connect(*world);
+    ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+    comm_ = std::move(comm).value();
+    rank_ = comm_->rank();
+    size_ = comm_->size();
+  }
+  void TearDown() override {
+    buffers_.clear();
+    comm_.reset();  // before the backend's device
+    backend_.reset();
+  }
+
+  Device& dev() { return backend_->device(); }
+  Tensor Put(const std::vector<float>& host) {
+    StatusOr<Buffer> buf = dev().Allocate(static_cast<std::int64_t>(host.size()), DType::kF32);
+    EXPECT_TRUE(buf.ok());
+    buffers_.push_back(std::move(buf).value());
+    EXPECT_TRUE(dev().Upload(buffers_.back().tensor(), host).ok());
+    return buffers_.back().tensor();
+  }
+  std::vector<float> Get(Tensor t) {
+    StatusOr<std::vector<float>> host = dev().Download<float>(t);
+    EXPECT_TRUE(host.ok()) << host.status().ToString();
+    return host.ok() ? *host : std::vector<float>{};
+  }
+  // Element i of rank r's data: a pure function, so every rank knows every other's.
+  static float Value(int r, std::int64_t i) { return static_cast<float>(r * 1000 + i); }
+  std::vector<float> Mine(std::int64_t n) const {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) v[i] = Value(rank_, i);
+    return v;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Collectives> comm_;
+  std::vector<Buffer> buffers_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+TEST_F(NcclCollectivesTest, AllReduceSumMaxInPlaceAndBf16) {
+  const std::int64_t n = 1000;
+  const Tensor x = Put(Mine(n)), y = Put(std::vector<float>(n));
+  ASSERT_TRUE(comm_->AllReduce(x, y, ReduceOp::kSum).ok());
+  std::vector<float> want(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (int r = 0; r < size_; ++r) want[i] += Value(r, i);
+  }
+  EXPECT_EQ(Get(y), want);
+  ASSERT_TRUE(comm_->AllReduce(x, x, ReduceOp::kMax).ok());
+  for (std::int64_t i = 0; i < n; ++i) want[i] = Value(size_ - 1, i);
+  EXPECT_EQ(Get(x), want);
+
+  // bf16 sums of small integers are exact.
+  StatusOr<Buffer> half = dev().Allocate(n, DType::kBF16);
+  ASSERT_TRUE(half.ok());
+  std::vector<std::uint16_t> bits(n);
+  for (std::int64_t i = 0; i < n; ++i) bits[i] = ToBf16Bits(static_cast<float>(i % 7));
+  ASSERT_TRUE(dev().CopyFromHost(half->tensor(), bits.data(), bits.size() * 2).ok());
+  ASSERT_TRUE(comm_->AllReduce(half->tensor(), half->tensor(), ReduceOp::kSum).ok());
+  ASSERT_TRUE(dev().CopyToHost(bits.data(), half->tensor(), bits.size() * 2).ok());
+  for (std::int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(FromBf16Bits(bits[i]), static_cast<float>((i % 7) * size_)) << i;
+  }
+}
+
+TEST_F(NcclCollectivesTest, GatherScatterAllToAllAndBroadcast) {
+  const std::int64_t n = 64;
+  // All-gather, out of place and in place (send = own block of recv).
+  const Tensor send = Put(Mine(n)), recv = Put(std::vector<float>(n * size_));
+  ASSERT_TRUE(comm_->AllGather(send, recv).ok());
+  std::vector<float> want;
+  for (int r = 0; r < size_; ++r) {
+    for (std::int64_t i = 0; i < n; ++i) want.push_back(Value(r, i));
+  }
+  EXPECT_EQ(Get(recv), want);
+  std::vector<float> own(n * size_, -1.0f);
+  for (std::int64_t i = 0; i < n; ++i) own[rank_ * n + i] = Value(rank_, i);
+  const Tensor in_place = Put(own);
+  ASSERT_TRUE(comm_->AllGather(in_place.Slice(rank_ * n, n), in_place).ok());
+  EXPECT_EQ(Get(in_place), want);
+
+  // Reduce-scatter: block b of everyone's send summed into rank b; also in place.
+  std::vector<float> block_data(n * size_);
+  for (std::int64_t i = 0; i < n * size_; ++i) block_data[i] = Value(rank_, i);
+  const Tensor rs_send = Put(block_data), rs_recv = Put(std::vector<float>(n));
+  ASSERT_TRUE(comm_->ReduceScatter(rs_send, rs_recv, ReduceOp::kSum).ok());
+  std::vector<float> rs_want(n, 0.0f);
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (int r = 0; r < size_; ++r) rs_want[i] += Value(r, rank_ * n + i);
+  }
+  EXPECT_EQ(Get(rs_recv), rs_want);
+  ASSERT_TRUE(comm_->ReduceScatter(rs_send, rs_send.Slice(rank_ * n, n), ReduceOp::kSum).ok());
+  EXPECT_EQ(Get(rs_send.Slice(rank_ * n, n)), rs_want);
+
+  // All-to-all: block j of rank r goes to rank j's block r; in place too.
+  const Tensor a2a = Put(block_data), a2a_out = Put(std::vector<float>(n * size_));
+  ASSERT_TRUE(comm_->AllToAll(a2a, a2a_out).ok());
+  std::vector<float> a2a_want(n * size_);
+  for (int r = 0; r < size_; ++r) {
+    for (std::int64_t i = 0; i < n; ++i) a2a_want[r * n + i] = Value(r, rank_ * n + i);
+  }
+  EXPECT_EQ(Get(a2a_out), a2a_want);
+  ASSERT_TRUE(comm_->AllToAll(a2a, a2a).ok());
+  EXPECT_EQ(Get(a2a), a2a_want);
+
+  const Tensor b = Put(Mine(n));
+  ASSERT_TRUE(comm_->Broadcast(b, size_ - 1).ok());
+  std::vector<float> b_want(n);
+  for (std::int64_t i = 0; i < n; ++i) b_want[i] = Value(size_ - 1, i);
+  EXPECT_EQ(Get(b), b_want);
+  EXPECT_TRUE(comm_->Barrier().ok());
+}
+
+TEST_F(NcclCollectivesTest, PointToPointRingAndRequests) {
+  const std::int64_t n = 128;
+  const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
+  const Tensor send = Put(Mine(n)), recv = Put(std::vector<float>(n));
+  ASSERT_TRUE(comm_->SendRecv(send, right, recv, left, 0).ok());
+  std::vector<float> want(n);
+  for (std::int64_t i = 0; i < n; ++i) want[i] = Value(left, i);
+  EXPECT_EQ(Get(recv), want);
+
+  // Non-blocking ring shift and all-reduce, completed by Test and by Wait.
+  const Tensor recv2 = Put(std::vector<float>(n));
+  StatusOr<std::unique_ptr<Request>> rx = comm_->IRecv(recv2, left, 1);
+  StatusOr<std::unique_ptr<Request>> tx = comm_->ISend(send, right, 1);
+  ASSERT_TRUE(rx.ok() && tx.ok());
+  for (;;) {
+    StatusOr<bool> done = (*rx)->Test();
+    ASSERT_TRUE(done.ok()) << done.status().ToString();
+    if (*done) break;
+  }
+  ASSERT_TRUE((*tx)->Wait().ok());
+  EXPECT_EQ(Get(recv2), want);
+
+  const Tensor x = Put(Mine(n));
+  StatusOr<std::unique_ptr<Request>> ar = comm_->IAllReduce(x, x, ReduceOp::kSum);
+  ASSERT_TRUE(ar.ok()) << ar.status().ToString();
+  ASSERT_TRUE((*ar)->Wait().ok());
+  std::vector<float> sum(n, 0.0f);
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (int r = 0; r < size_; ++r) sum[i] += Value(r, i);
+  }
+  EXPECT_EQ(Get(x), sum);
+
+  const Tensor gathered = Put(std::vector<float>(n * size_));
+  StatusOr<std::unique_ptr<Request>> ag = comm_->IAllGather(send, gathered);
+  ASSERT_TRUE(ag.ok());
+  ASSERT_TRUE((*ag)->Wait().ok());
+  EXPECT_EQ(Get(gathered).size(), static_cast<std::size_t>(n * size_));
+
+  const std::int64_t block = 4;
+  std::vector<float> ones(block * size_, 1.0f);
+  const Tensor rs_send = Put(ones), rs_recv = Put(std::vector<float>(block));
+  StatusOr<std::unique_ptr<Request>> rs = comm_->IReduceScatter(rs_send, rs_recv, ReduceOp::kSum);
+  ASSERT_TRUE(rs.ok());
+  ASSERT_TRUE((*rs)->Wait().ok());
+  EXPECT_EQ(Get(rs_recv), std::vector<float>(block, static_cast<float>(size_)));
+}
+
+TEST_F(NcclCollectivesTest, RejectsBadArgumentsAsInvalid) {
+  const Tensor x = Put(std::vector<float>(10));
+  EXPECT_EQ(comm_->Send(x, size_, 0).outcome(), Outcome::kInvalid);
+  EXPECT_EQ(comm_->AllGather(x, x.Slice(0, 5)).outcome(), Outcome::kInvalid);
+  EXPECT_EQ(comm_->SendRecv(x, 0, x, 0, 0).outcome(), Outcome::kInvalid);
+}
+
+// A receive nobody sends to never completes: the wait must give up at the deadline, abort the
+// communicator, and leave the device usable. Run last: it breaks the communicator.
+TEST_F(NcclCollectivesTest, UnmatchedReceiveTimesOutAndAborts) {
+  comm_.reset();
+  CudaBackendOptions options;
+  options.timeout_s = 3.0;
+  StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(options);
+  ASSERT_TRUE(backend.ok());
+  StatusOr<Group> world = Group::World();
+  ASSERT_TRUE(world.ok());
+  StatusOr<std::unique_ptr<Collectives>> comm = (*backend)->Connect(*world);
+  ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+  Device& device = (*backend)->device();
+  {
+    StatusOr<Buffer> buf = device.Allocate(16, DType::kF32);
+    ASSERT_TRUE(buf.ok());
+    StatusOr<std::unique_ptr<Request>> rx = (*comm)->IRecv(buf->tensor(), 0, 0);
+    ASSERT_TRUE(rx.ok()) << rx.status().ToString();
+    const Status waited = (*rx)->Wait();
+    EXPECT_FALSE(waited.ok());
+    EXPECT_TRUE(waited.outcome() == Outcome::kTimeout || waited.outcome() == Outcome::kCommError)
+        << waited.ToString();
+    // The aborted communicator refuses further work; the device carries on.
+    EXPECT_EQ((*comm)->AllReduce(buf->tensor(), buf->tensor(), ReduceOp::kSum).outcome(),
+              Outcome::kCommError);
+    EXPECT_TRUE(device.Fill(buf->tensor(), 1.0f).ok());
+    const Status synced = device.Synchronize();
+    EXPECT_TRUE(synced.ok()) << synced.ToString();
+  }
+  comm.value().reset();  // before its backend
+}
+
+}  // namespace
+}  // namespace autopar::backend
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {
+    // One report is enough; failures on other ranks still set the exit code.
+    ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int failed = RUN_ALL_TESTS();
+  int any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any_failed;
+}

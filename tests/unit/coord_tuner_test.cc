@@ -1,0 +1,257 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <stdexcept>
+
+#include "autopar/coord/convert.h"
+#include "autopar/coord/files.h"
+#include "autopar/coord/replay.h"
+#include "autopar/coord/tuner.h"
+#include "search_test_util.h"
+
+namespace autopar::coord {
+namespace {
+
+using autopar::testing::Llama7bCase;
+
+struct Fixture {
+  Llama7bCase c;
+  ReplayTable table;
+  search::ThompsonSearcher searcher;
+  TunerOptions options;
+  Fixture() : table(MakeSyntheticTable(*c.candidates, SyntheticTruth{})) { options.seed = 17; }
+  search::SearchSettings Settings() const { return search::SearchSettings::Default(*c.candidates); }
+};
+
+// The specs proposed, in order, by the trials of a tuner.
+std::vector<std::string> Specs(const Tuner& t) {
+  std::vector<std::string> out;
+  for (const TrialRecord& r : t.trials())
+    out.push_back(r.result.spec() + "/" + StatusName(r.result.status()));
+  return out;
+}
+
+TEST(Tuner, RunsToAStopRuleAndFindsAGoodConfiguration) {
+  Fixture f;
+  MemoryJournal journal;
+  ReplayBackend backend(f.table);
+  Tuner tuner(*f.c.candidates, f.searcher, f.Settings(), f.options, journal, backend);
+  const TuneSummary s = tuner.Run();
+  EXPECT_NE(s.stop.reason, search::StopReason::kNone);
+  ASSERT_GE(tuner.state().best(), 0);
+  const double best = f.table.Best()->step_time_s;
+  EXPECT_LE(tuner.state().best_time_s(), 1.05 * best);
+  EXPECT_LT(tuner.state().trials(), f.c.candidates->size() / 4);
+  EXPECT_EQ(journal.all().back().kind_case(), pb::JournalRecord::kFinished);
+}
+
+// Resume from every prefix of an uninterrupted journal (a crash after any record) and run to the
+// end: the proposals, the results and the final state are those of the uninterrupted run.
+TEST(Tuner, ResumingFromAnyRecordReproducesTheUninterruptedRun) {
+  Fixture f;
+  MemoryJournal full;
+  ReplayBackend backend(f.table);
+  Tuner reference(*f.c.candidates, f.searcher, f.Settings(), f.options, full, backend);
+  reference.Run();
+  const uint64_t final_digest = reference.state().Digest();
+  const size_t n = full.all().size();
+  for (size_t cut = 0; cut < n; cut += (cut < 12 ? 1 : 5)) {
+    const std::vector<pb::JournalRecord> prefix(full.all().begin(), full.all().begin() + cut);
+    MemoryJournal journal;
+    for (const auto& r : prefix) journal.Append(r);
+    Tuner resumed(*f.c.candidates, f.searcher, f.Settings(), f.options, journal, backend);
+    resumed.Replay(prefix);
+    resumed.Run();
+    EXPECT_EQ(Specs(resumed), Specs(reference)) << "cut after record " << cut;
+    EXPECT_EQ(resumed.state().Digest(), final_digest) << "cut after record " << cut;
+  }
+}
+
+TEST(Tuner, ReplayedStateProposesTheSameNext) {
+  Fixture f;
+  MemoryJournal journal;
+  ReplayBackend backend(f.table);
+  TunerOptions few = f.options;
+  few.stop.max_trials = 6;
+  Tuner live(*f.c.candidates, f.searcher, f.Settings(), few, journal, backend);
+  live.Run();
+  Tuner replayed(*f.c.candidates, f.searcher, f.Settings(), few, journal, backend);
+  replayed.Replay(journal.all());
+  EXPECT_EQ(replayed.state().Digest(), live.state().Digest());
+  EXPECT_EQ(replayed.state().time().mean(), live.state().time().mean());
+  EXPECT_EQ(f.searcher.Propose(replayed.state(), 17, 6), f.searcher.Propose(live.state(), 17, 6));
+}
+
+// The posterior and the whole state survive serialisation: records framed to a file, read back,
+// replayed.
+TEST(Tuner, StateRoundTripsThroughTheJournalFile) {
+  Fixture f;
+  const std::string path = ::testing::TempDir() + "tuner_roundtrip_" + std::to_string(::getpid());
+  std::remove(path.c_str());
+  ReplayBackend backend(f.table);
+  TunerOptions few = f.options;
+  few.stop.max_trials = 9;
+  few.stop.min_measured = 1000;  // max_trials decides
+  uint64_t digest = 0;
+  std::vector<double> theta;
+  {
+    FileJournal::Opened j = FileJournal::Open(path);
+    Tuner live(*f.c.candidates, f.searcher, f.Settings(), few, *j.journal, backend);
+    live.Run();
+    digest = live.state().Digest();
+    theta = live.state().time().mean();
+  }
+  FileJournal::Opened j = FileJournal::Open(path);
+  Tuner replayed(*f.c.candidates, f.searcher, f.Settings(), few, *j.journal, backend);
+  replayed.Replay(j.records);
+  EXPECT_EQ(replayed.state().Digest(), digest);
+  EXPECT_EQ(replayed.state().time().mean(), theta);  // bit for bit
+  EXPECT_EQ(replayed.trials().size(), 9u);
+  std::remove(path.c_str());
+}
+
+// The probe runs once per study: a resumed study tightens its prior from the journal.
+class CountingProbe : public TrialBackend {
+ public:
+  explicit CountingProbe(TrialBackend& inner) : inner_(inner) {}
+  std::string name() const override { return "counting"; }
+  pb::ProbeRecorded Probe() override {
+    ++probes;
+    pb::ProbeRecorded p;
+    pb::ProbeRecorded::Feature* f = p.add_features();
+    f->set_feature("dp_comm");
+    f->add_ratios(0.7);
+    f->add_ratios(0.8);
+    return p;
+  }
+  pb::TrialResult Run(const pb::TrialRequest& q) override { return inner_.Run(q); }
+  int probes = 0;
+
+ private:
+  TrialBackend& inner_;
+};
+
+TEST(Tuner, TheProbeRunsOncePerStudy) {
+  Fixture f;
+  ReplayBackend replay(f.table);
+  CountingProbe backend(replay);
+  TunerOptions few = f.options;
+  few.stop.max_trials = 3;
+  few.stop.min_measured = 1000;
+  MemoryJournal journal;
+  Tuner first(*f.c.candidates, f.searcher, f.Settings(), few, journal, backend);
+  first.Run();
+  few.stop.max_trials = 6;
+  Tuner second(*f.c.candidates, f.searcher, f.Settings(), few, journal, backend);
+  second.Replay(std::vector<pb::JournalRecord>(journal.all()));
+  EXPECT_EQ(second.state().Digest(), first.state().Digest());
+  second.Run();
+  EXPECT_EQ(backend.probes, 1);
+  EXPECT_EQ(second.trials().size(), 6u);
+}
+
+TEST(Tuner, AJournalOfAnotherSeedDoesNotReplay) {
+  Fixture f;
+  MemoryJournal journal;
+  ReplayBackend backend(f.table);
+  search::RandomSearcher random;
+  TunerOptions few = f.options;
+  few.stop.max_trials = 4;
+  Tuner live(*f.c.candidates, random, f.Settings(), few, journal, backend);
+  live.Run();
+  Tuner same(*f.c.candidates, random, f.Settings(), few, journal, backend);
+  EXPECT_NO_THROW(same.Replay(journal.all()));
+  few.seed = 18;
+  Tuner other(*f.c.candidates, random, f.Settings(), few, journal, backend);
+  EXPECT_THROW(other.Replay(journal.all()), StudyError);
+}
+
+// A backend whose process "dies" inside chosen trials: Run throws, as a killed coordinator would
+// stop, leaving the trial started but not finished in the journal.
+class DyingBackend : public TrialBackend {
+ public:
+  DyingBackend(TrialBackend& inner, int deaths) : inner_(inner), deaths_(deaths) {}
+  std::string name() const override { return "dying"; }
+  pb::ProbeRecorded Probe() override { return inner_.Probe(); }
+  pb::TrialResult Run(const pb::TrialRequest& q) override {
+    if (q.trial_index() == 2 && deaths_-- > 0) throw std::runtime_error("killed");
+    return inner_.Run(q);
+  }
+
+ private:
+  TrialBackend& inner_;
+  int deaths_;
+};
+
+TEST(Tuner, TheTrialInFlightIsRetriedTwiceThenWorkerLost) {
+  Fixture f;
+  ReplayBackend replay(f.table);
+  TunerOptions few = f.options;
+  few.stop.max_trials = 4;
+  MemoryJournal journal;
+  DyingBackend dying(replay, /*deaths=*/3);
+  for (int session = 0; session < 4; ++session) {
+    Tuner t(*f.c.candidates, f.searcher, f.Settings(), few, journal, dying);
+    t.Replay(std::vector<pb::JournalRecord>(journal.all()));
+    if (session < 3) {
+      EXPECT_THROW(t.Run(), std::runtime_error) << "session " << session;
+      continue;
+    }
+    t.Run();
+    ASSERT_EQ(t.trials().size(), 4u);
+    EXPECT_EQ(t.trials()[2].result.status(), pb::WORKER_LOST);
+    EXPECT_EQ(t.trials()[2].attempts, 3);
+    EXPECT_EQ(t.state().failures(t.trials()[2].candidate), 1);
+  }
+  // With one death, the retry succeeds and the study equals an undisturbed one.
+  MemoryJournal once, clean;
+  DyingBackend dies_once(replay, 1);
+  for (int session = 0; session < 2; ++session) {
+    Tuner t(*f.c.candidates, f.searcher, f.Settings(), few, once, dies_once);
+    t.Replay(std::vector<pb::JournalRecord>(once.all()));
+    if (session == 0) {
+      EXPECT_THROW(t.Run(), std::runtime_error);
+    } else {
+      t.Run();
+      Tuner u(*f.c.candidates, f.searcher, f.Settings(), few, clean, replay);
+      u.Run();
+      EXPECT_EQ(Specs(t), Specs(u));
+      EXPECT_EQ(t.trials()[2].attempts, 2);
+    }
+  }
+}
+
+class NanBackend : public TrialBackend {
+ public:
+  std::string name() const override { return "nan"; }
+  pb::ProbeRecorded Probe() override {
+    pb::ProbeRecorded p;
+    pb::ProbeRecorded::Feature* f = p.add_features();
+    f->set_feature("tp_comm");
+    f->add_ratios(1.5);
+    return p;
+  }
+  pb::TrialResult Run(const pb::TrialRequest&) override {
+    pb::TrialResult r;
+    r.set_status(pb::OK);
+    r.set_step_time_s(std::nan(""));
+    return r;
+  }
+};
+
+TEST(Tuner, NonFiniteResultsBecomeNonfiniteTrialsAndProbeTightensThePrior) {
+  Fixture f;
+  MemoryJournal journal;
+  NanBackend backend;
+  TunerOptions few = f.options;
+  few.stop.max_trials = 3;
+  Tuner t(*f.c.candidates, f.searcher, f.Settings(), few, journal, backend);
+  t.Run();
+  for (const TrialRecord& r : t.trials()) EXPECT_EQ(r.result.status(), pb::NONFINITE);
+  EXPECT_GT(t.state().time().mean()[kTpComm], 1.2);
+  EXPECT_EQ(t.state().measured_count(), 0);
+}
+
+}  // namespace
+}  // namespace autopar::coord

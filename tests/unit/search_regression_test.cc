@@ -1,0 +1,148 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "autopar/search/math.h"
+#include "autopar/search/posterior.h"
+#include "autopar/search/regression.h"
+#include "autopar/search/rng.h"
+
+namespace autopar::search {
+namespace {
+
+// The conjugate update of a 2-parameter model computed by hand: explicit 2×2 inverse, the
+// formulas of Murphy (2012) §7.6.3 written out term by term.
+TEST(NigRegression, MatchesHandComputedConjugateUpdate) {
+  const double mu0[2] = {1.0, 0.0};
+  const double lambda0[4] = {2.0, 0.0, 0.0, 3.0};
+  const double a0 = 2.0, b0 = 0.5;
+  NigRegression r({mu0[0], mu0[1]}, {lambda0[0], lambda0[1], lambda0[2], lambda0[3]}, a0, b0);
+  const double rows[3][2] = {{1.0, 2.0}, {0.5, -1.0}, {2.0, 1.0}};
+  const double z[3] = {3.0, 0.2, 2.5};
+  for (int i = 0; i < 3; ++i) r.Add(rows[i], z[i]);
+
+  // Λn = Λ0 + Σ u uᵀ.
+  double l11 = lambda0[0], l12 = 0, l22 = lambda0[3];
+  double e1 = lambda0[0] * mu0[0], e2 = lambda0[3] * mu0[1];  // η = Λ0 μ0 + Σ u z
+  double zz = 0;
+  for (int i = 0; i < 3; ++i) {
+    l11 += rows[i][0] * rows[i][0];
+    l12 += rows[i][0] * rows[i][1];
+    l22 += rows[i][1] * rows[i][1];
+    e1 += rows[i][0] * z[i];
+    e2 += rows[i][1] * z[i];
+    zz += z[i] * z[i];
+  }
+  const double det = l11 * l22 - l12 * l12;
+  const double v11 = l22 / det, v12 = -l12 / det, v22 = l11 / det;  // Λn⁻¹
+  const double m1 = v11 * e1 + v12 * e2, m2 = v12 * e1 + v22 * e2;
+  const double an = a0 + 3 / 2.0;
+  const double prior_quad = lambda0[0] * mu0[0] * mu0[0] + lambda0[3] * mu0[1] * mu0[1];
+  const double post_quad = m1 * e1 + m2 * e2;
+  const double bn = b0 + 0.5 * (zz + prior_quad - post_quad);
+
+  EXPECT_NEAR(r.mean()[0], m1, 1e-12);
+  EXPECT_NEAR(r.mean()[1], m2, 1e-12);
+  EXPECT_DOUBLE_EQ(r.a(), an);
+  EXPECT_NEAR(r.b(), bn, 1e-12);
+  EXPECT_NEAR(r.MarginalSd(0), std::sqrt(bn / (an - 1) * v11), 1e-12);
+  EXPECT_NEAR(r.MarginalSd(1), std::sqrt(bn / (an - 1) * v22), 1e-12);
+  // Predictive at u = (1, 1): location uᵀμ, squared scale (b/a)(1 + uᵀVu).
+  const double u[2] = {1, 1};
+  EXPECT_NEAR(r.PredictMean(u), m1 + m2, 1e-12);
+  EXPECT_NEAR(r.PredictScale(u, true), std::sqrt(bn / an * (1 + v11 + 2 * v12 + v22)), 1e-12);
+  EXPECT_NEAR(r.PredictScale(u, false), std::sqrt(bn / an * (v11 + 2 * v12 + v22)), 1e-12);
+}
+
+TEST(NigRegression, UpdateOrderDoesNotMatter) {
+  NigRegression a({0, 0}, {1, 0, 0, 1}, 2, 1), b({0, 0}, {1, 0, 0, 1}, 2, 1);
+  const double u1[2] = {1, 0.5}, u2[2] = {-0.25, 2};
+  a.Add(u1, 1.5);
+  a.Add(u2, -0.5);
+  b.Add(u2, -0.5);
+  b.Add(u1, 1.5);
+  EXPECT_NEAR(a.mean()[0], b.mean()[0], 1e-14);
+  EXPECT_NEAR(a.mean()[1], b.mean()[1], 1e-14);
+  EXPECT_NEAR(a.b(), b.b(), 1e-14);
+}
+
+TEST(NigRegression, DrawsHaveThePosteriorMoments) {
+  NigRegression r({1, 1}, {4, 1, 1, 9}, 3, 0.2);
+  const double u[2] = {1, 2};
+  r.Add(u, 2.5);
+  Rng rng(7, 0, Purpose::kProposal);
+  const int n = 40000;
+  double s0 = 0, s1 = 0, ss0 = 0;
+  for (int i = 0; i < n; ++i) {
+    double t[2];
+    r.Draw(rng, t);
+    s0 += t[0];
+    s1 += t[1];
+    ss0 += (t[0] - r.mean()[0]) * (t[0] - r.mean()[0]);
+  }
+  EXPECT_NEAR(s0 / n, r.mean()[0], 0.01);
+  EXPECT_NEAR(s1 / n, r.mean()[1], 0.01);
+  EXPECT_NEAR(std::sqrt(ss0 / n), r.MarginalSd(0), 0.03 * r.MarginalSd(0));
+}
+
+TEST(NigRegression, NonFiniteObservationsAreRejectedLoudly) {
+  NigRegression r({0}, {1}, 2, 1);
+  const double u[1] = {1};
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_THROW(r.Add(u, nan), std::invalid_argument);
+  EXPECT_THROW(r.Add(u, inf), std::invalid_argument);
+  const double bad[1] = {nan};
+  EXPECT_THROW(r.Add(bad, 1.0), std::invalid_argument);
+  EXPECT_EQ(r.count(), 0);  // nothing half-applied
+}
+
+TEST(Distributions, StudentTMatchesTables) {
+  // Values from standard t tables.
+  EXPECT_NEAR(StudentTCdf(2.015, 5), 0.95, 5e-4);
+  EXPECT_NEAR(StudentTCdf(-2.015, 5), 0.05, 5e-4);
+  EXPECT_NEAR(StudentTCdf(0, 3), 0.5, 1e-12);
+  EXPECT_NEAR(StudentTCdf(1.96, 1e6), NormalCdf(1.96), 1e-5);
+  EXPECT_NEAR(StudentTQuantile(0.975, 10), 2.228, 1e-3);
+  EXPECT_NEAR(StudentTQuantile(0.05, 4), -2.132, 1e-3);
+  for (double p : {0.01, 0.3, 0.5, 0.9, 0.999}) {
+    EXPECT_NEAR(StudentTCdf(StudentTQuantile(p, 4.5), 4.5), p, 1e-9);
+  }
+}
+
+TEST(TimePrior, CommunicationIsWiderAndProbeTightens) {
+  TimePrior p = TimePrior::Default(10.0);
+  EXPECT_EQ(p.mean[kGemm], 1.0);
+  EXPECT_GT(p.sd[kTpComm], p.sd[kGemm]);
+  EXPECT_EQ(p.mean[kIntercept], 0.0);
+  const double before = p.sd[kTpComm];
+  p.Tighten(kTpComm, {1.4, 1.5, 1.6});
+  EXPECT_LT(p.sd[kTpComm], before);
+  EXPECT_GT(p.mean[kTpComm], 1.3);  // pulled most of the way to the probe's 1.5
+  EXPECT_LT(p.mean[kTpComm], 1.5);
+  EXPECT_THROW(p.Tighten(kGemm, {}), std::invalid_argument);
+  EXPECT_THROW(p.Tighten(kGemm, {std::numeric_limits<double>::quiet_NaN()}), std::invalid_argument);
+  EXPECT_THROW(p.Tighten(kNumFeatures + 3, {1.0}), std::invalid_argument);
+}
+
+TEST(MemoryPosterior, LearnsScaleFromPeaksAndOomRaisesRisk) {
+  MemoryPosterior m(MemoryPrior{});
+  EXPECT_NEAR(m.PredictMean(40), 40, 1e-9);
+  for (double nominal : {20.0, 30.0, 40.0, 50.0, 60.0}) m.ObservePeak(nominal, 1.2 * nominal);
+  EXPECT_NEAR(m.scale(), 1.2, 0.03);
+  EXPECT_GT(m.POom(70, 80), 0.5);  // 84 GiB expected
+  EXPECT_LT(m.POom(50, 80), 0.01);
+
+  MemoryPosterior fresh(MemoryPrior{});
+  const double before = fresh.POom(70, 80);
+  EXPECT_TRUE(fresh.ObserveOom(72, 80));  // plausible: imputed
+  EXPECT_GT(fresh.POom(70, 80), before);
+  EXPECT_FALSE(fresh.ObserveOom(10, 80));  // a surprise: left to pruning
+  EXPECT_THROW(fresh.ObservePeak(10, std::numeric_limits<double>::infinity()),
+               std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace autopar::search

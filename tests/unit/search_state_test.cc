@@ -1,0 +1,129 @@
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <stdexcept>
+
+#include "autopar/search/searcher.h"
+#include "autopar/search/state.h"
+#include "search_test_util.h"
+
+namespace autopar::search {
+namespace {
+
+using autopar::testing::Llama7bCase;
+
+int64_t FirstEligible(const SearchState& s) {
+  for (int64_t i = 0; i < s.candidates().size(); ++i) {
+    if (s.eligible(i)) return i;
+  }
+  return -1;
+}
+
+TEST(SearchState, AConfigurationThatFailsTwiceIsNeverProposedAgain) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  SearchState s(cs, SearchSettings::Default(cs));
+  const int64_t i = FirstEligible(s);
+  const int64_t eligible = s.eligible_count();
+  s.Observe({i, Outcome::kTimeout});
+  EXPECT_TRUE(s.eligible(i));  // one failure: may be retried
+  EXPECT_EQ(s.failures(i), 1);
+  s.Observe({i, Outcome::kCommError});
+  EXPECT_FALSE(s.eligible(i));
+  EXPECT_TRUE(s.retired(i));
+  EXPECT_EQ(s.eligible_count(), eligible - 1);
+  // No searcher proposes it, whatever the seed.
+  GridSearcher grid;
+  EXPECT_NE(grid.Propose(s, 0, 2), i);
+  ThompsonSearcher ts;
+  for (int seed = 0; seed < 30; ++seed) EXPECT_NE(ts.Propose(s, seed, 2), i);
+}
+
+TEST(SearchState, OomPrunesConfigurationsThatNeedMore) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  SearchState s(cs, SearchSettings::Default(cs));
+  // An eligible configuration with a larger-micro-batch sibling in the same layout.
+  int64_t small = -1, big = -1, unrelated = -1;
+  for (int64_t i = 0; i < cs.size() && big < 0; ++i) {
+    if (!s.eligible(i)) continue;
+    for (int64_t j = 0; j < cs.size(); ++j) {
+      if (j != i && s.eligible(j) && cs.config(j).mbs > cs.config(i).mbs &&
+          NeedsAtLeastAsMuchMemory(cs.config(j), cs.config(i))) {
+        small = i;
+        big = j;
+        break;
+      }
+    }
+  }
+  ASSERT_GE(big, 0);
+  for (int64_t j = 0; j < cs.size(); ++j) {
+    if (s.eligible(j) && cs.config(j).tp != cs.config(small).tp) unrelated = j;
+  }
+  ASSERT_GE(unrelated, 0);
+  s.Observe({small, Outcome::kOom});
+  EXPECT_FALSE(s.eligible(small));
+  EXPECT_TRUE(s.pruned(big));
+  EXPECT_FALSE(s.eligible(big));
+  EXPECT_FALSE(s.pruned(unrelated));
+}
+
+TEST(SearchState, MemoryDominanceFollowsTheKnobs) {
+  const ParallelConfig base =
+      ParseSpec("tp=2,pp=2,dp=4,mbs=2,recompute=selective,sp=on,dist_opt=on");
+  auto with = [&](const std::string& spec) { return ParseSpec(spec); };
+  EXPECT_TRUE(NeedsAtLeastAsMuchMemory(base, base));
+  EXPECT_TRUE(NeedsAtLeastAsMuchMemory(
+      with("tp=2,pp=2,dp=4,mbs=4,recompute=selective,sp=on,dist_opt=on"), base));
+  EXPECT_TRUE(NeedsAtLeastAsMuchMemory(
+      with("tp=2,pp=2,dp=4,mbs=2,recompute=none,sp=off,dist_opt=off"), base));
+  EXPECT_FALSE(NeedsAtLeastAsMuchMemory(
+      with("tp=2,pp=2,dp=4,mbs=1,recompute=selective,sp=on,dist_opt=on"), base));
+  EXPECT_FALSE(NeedsAtLeastAsMuchMemory(
+      with("tp=2,pp=2,dp=4,mbs=2,recompute=full,sp=on,dist_opt=on"), base));
+  EXPECT_FALSE(NeedsAtLeastAsMuchMemory(
+      with("tp=4,pp=2,dp=2,mbs=8,recompute=none,sp=off,dist_opt=off"), base));
+  // Full recompute of fewer layers keeps more.
+  EXPECT_TRUE(NeedsAtLeastAsMuchMemory(with("tp=2,pp=2,dp=4,recompute=full,recompute_layers=2"),
+                                       with("tp=2,pp=2,dp=4,recompute=full")));
+  EXPECT_FALSE(NeedsAtLeastAsMuchMemory(with("tp=2,pp=2,dp=4,recompute=full"),
+                                        with("tp=2,pp=2,dp=4,recompute=full,recompute_layers=2")));
+}
+
+TEST(SearchState, MeasuredPeaksMoveTheMemoryFit) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  SearchState s(cs, SearchSettings::Default(cs));
+  const int64_t before = s.eligible_count();
+  // Every measurement shows 30% more memory than the model: near-capacity configs drop out.
+  int done = 0;
+  for (int64_t i = 0; i < cs.size() && done < 6; ++i) {
+    if (!s.eligible(i)) continue;
+    s.Observe({i, Outcome::kOk, cs.nominal_time_s(i), 1.3 * cs.nominal_memory_gib(i)});
+    ++done;
+  }
+  EXPECT_LT(s.eligible_count(), before - done);
+  EXPECT_NEAR(s.memory().scale(), 1.3, 0.1);
+}
+
+TEST(SearchState, BadMeasurementsAreRejectedLoudly) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  SearchState s(cs, SearchSettings::Default(cs));
+  const int64_t i = FirstEligible(s);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_THROW(s.Observe({i, Outcome::kOk, nan}), std::invalid_argument);
+  EXPECT_THROW(s.Observe({i, Outcome::kOk, inf}), std::invalid_argument);
+  EXPECT_THROW(s.Observe({i, Outcome::kOk, -1.0}), std::invalid_argument);
+  EXPECT_THROW(s.Observe({i, Outcome::kOk, 1.0, inf}), std::invalid_argument);
+  EXPECT_THROW(s.Observe({cs.size(), Outcome::kOk, 1.0}), std::invalid_argument);
+  EXPECT_EQ(s.trials(), 0);
+  s.Observe({i, Outcome::kOk, 1.0});
+  EXPECT_THROW(s.Observe({i, Outcome::kOk, 1.0}), std::invalid_argument);  // measured twice
+  EXPECT_EQ(ParseOutcome("comm_error"), Outcome::kCommError);
+  EXPECT_EQ(ParseOutcome("bogus"), std::nullopt);
+}
+
+}  // namespace
+}  // namespace autopar::search

@@ -1,0 +1,131 @@
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "autopar/trial/schedule.h"
+
+namespace autopar::trial {
+namespace {
+
+using Op = PipelineOp;
+
+TEST(PipelineSchedule, OneFOneBWarmsUpThenAlternates) {
+  const std::vector<Op> ops = PipelineSchedule(4, 1, 0, 6);
+  const std::vector<Op> want = {{Op::kForward, 0, 0},  {Op::kForward, 1, 0},  {Op::kForward, 2, 0},
+                                {Op::kForward, 3, 0},  {Op::kBackward, 0, 0}, {Op::kForward, 4, 0},
+                                {Op::kBackward, 1, 0}, {Op::kForward, 5, 0},  {Op::kBackward, 2, 0},
+                                {Op::kBackward, 3, 0}, {Op::kBackward, 4, 0}, {Op::kBackward, 5, 0}};
+  EXPECT_EQ(ops, want);
+  // The last stage runs forward and backward back to back.
+  const std::vector<Op> last = PipelineSchedule(4, 1, 3, 2);
+  EXPECT_EQ(last, (std::vector<Op>{{Op::kForward, 0, 0}, {Op::kBackward, 0, 0},
+                                   {Op::kForward, 1, 0}, {Op::kBackward, 1, 0}}));
+}
+
+TEST(PipelineSchedule, InFlightMicrobatchesMatchTheMemoryModel) {
+  // 1F1B: stage i holds min(m, pp − i); interleaved adds (pp − 1)/(pp·v) of pp on stage 0
+  // (Korthikanti et al. 2022) — in micro-batch chunks of 1/v of a stage: pp·v + pp − 1.
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(MaxInFlight(PipelineSchedule(4, 1, rank, 8)), 4 - rank);
+    EXPECT_EQ(MaxInFlight(PipelineSchedule(4, 1, rank, 2)), std::min(2, 4 - rank));
+  }
+  EXPECT_EQ(MaxInFlight(PipelineSchedule(4, 2, 0, 8)), 4 * 2 + 4 - 1);
+}
+
+TEST(PipelineSchedule, InterleavedVisitsEveryChunkOnceInMegatronOrder) {
+  const int pp = 2, vpp = 3, m = 4;
+  const std::vector<Op> ops = PipelineSchedule(pp, vpp, 0, m);
+  // The first forwards: micro-batches 0, 1 through chunk 0, then chunk 1, ...
+  EXPECT_EQ(ops[0], (Op{Op::kForward, 0, 0}));
+  EXPECT_EQ(ops[1], (Op{Op::kForward, 1, 0}));
+  EXPECT_EQ(ops[2], (Op{Op::kForward, 0, 1}));
+  std::set<std::tuple<int, int, int>> seen;
+  std::map<std::pair<int, int>, int> forward_at;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    EXPECT_TRUE(seen.insert({ops[i].kind, ops[i].microbatch, ops[i].chunk}).second);
+    if (ops[i].kind == Op::kForward) forward_at[{ops[i].microbatch, ops[i].chunk}] = int(i);
+    else EXPECT_LT(forward_at.at({ops[i].microbatch, ops[i].chunk}), int(i));
+  }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(2 * m * vpp));
+}
+
+// Runs every rank's schedule with non-blocking sends and blocking receives, as the trial does,
+// and checks that no combination deadlocks.
+bool CompletesWithoutDeadlock(int pp, int vpp, int m) {
+  std::vector<std::vector<Op>> ops(pp);
+  for (int r = 0; r < pp; ++r) ops[r] = PipelineSchedule(pp, vpp, r, m);
+  std::vector<size_t> next(pp, 0);
+  std::set<std::tuple<int, int, int>> sent;  // (direction, microbatch, receiving stage)
+  const int last = pp * vpp - 1;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < pp; ++r) {
+      if (next[r] == ops[r].size()) continue;
+      const Op& op = ops[r][next[r]];
+      const int stage = op.chunk * pp + r;
+      const bool fwd = op.kind == Op::kForward;
+      const bool ready = fwd ? stage == 0 || sent.count({0, op.microbatch, stage})
+                             : stage == last || sent.count({1, op.microbatch, stage});
+      if (!ready) continue;
+      if (fwd && stage < last) sent.insert({0, op.microbatch, stage + 1});
+      if (!fwd && stage > 0) sent.insert({1, op.microbatch, stage - 1});
+      ++next[r];
+      progress = true;
+    }
+  }
+  for (int r = 0; r < pp; ++r) {
+    if (next[r] != ops[r].size()) return false;
+  }
+  return true;
+}
+
+TEST(PipelineSchedule, NoLayoutDeadlocks) {
+  for (int pp : {1, 2, 3, 4, 8}) {
+    for (int m : {1, 2, 3, 4, 8, 9, 16}) EXPECT_TRUE(CompletesWithoutDeadlock(pp, 1, m)) << pp << " " << m;
+    if (pp == 1) continue;
+    for (int vpp : {2, 3, 4}) {
+      for (int groups : {1, 2, 3}) {
+        EXPECT_TRUE(CompletesWithoutDeadlock(pp, vpp, groups * pp)) << pp << " " << vpp;
+      }
+    }
+  }
+}
+
+TEST(StageLinks, VirtualStagesWrapAroundTheRanks) {
+  const StageLinks first = LinksOf(4, 2, 0, 0);
+  EXPECT_EQ(first.prev_rank, -1);
+  EXPECT_EQ(first.next_rank, 1);
+  const StageLinks wrap = LinksOf(4, 2, 3, 0);  // stage 3 feeds stage 4 = rank 0, chunk 1
+  EXPECT_EQ(wrap.next_rank, 0);
+  EXPECT_EQ(wrap.next_chunk, 1);
+  const StageLinks end = LinksOf(4, 2, 3, 1);
+  EXPECT_EQ(end.next_rank, -1);
+  EXPECT_EQ(end.prev_rank, 2);
+}
+
+TEST(Timing, TrialMicrobatchesReachSteadyState) {
+  EXPECT_EQ(TrialMicrobatches(4, 1, 64, 0), 8);   // 2·pp
+  EXPECT_EQ(TrialMicrobatches(4, 1, 6, 0), 6);    // never more than the job has
+  EXPECT_EQ(TrialMicrobatches(1, 1, 64, 0), 2);
+  EXPECT_EQ(TrialMicrobatches(4, 2, 64, 0), 8);   // a multiple of pp for interleaving
+  EXPECT_EQ(TrialMicrobatches(4, 2, 64, 5), 4);
+}
+
+TEST(Timing, ExtrapolationScalesThePipelineBySlots) {
+  // 1F1B with pp = 4: slots m + 3. Timed with 8 of 64 micro-batches.
+  EXPECT_DOUBLE_EQ(ExtrapolateStepTime(1.1, 0.5, 4, 1, 8, 64), 1.1 * 67 / 11 + 0.5);
+  // Interleaved, v = 3: bubble (pp − 1)/v = 1.
+  EXPECT_DOUBLE_EQ(ExtrapolateStepTime(0.9, 0.0, 4, 3, 8, 64), 0.9 * 65 / 9);
+  // Running everything needs no extrapolation.
+  EXPECT_DOUBLE_EQ(ExtrapolateStepTime(2.0, 0.25, 8, 1, 16, 16), 2.25);
+}
+
+TEST(Timing, MedianOfTheSlowestRank) {
+  EXPECT_DOUBLE_EQ(MedianOfMax({{1, 3}, {2, 2}, {5, 1}}), 3);
+  EXPECT_DOUBLE_EQ(MedianOfMax({{1}, {4}}), 2.5);
+  EXPECT_DOUBLE_EQ(MedianOfMax({}), 0);
+}
+
+}  // namespace
+}  // namespace autopar::trial
