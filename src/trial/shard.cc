@@ -1,5 +1,8 @@
 #include "src/trial/shard.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "kernels/init.h"
 
 namespace autopar::trial {
@@ -16,6 +19,42 @@ enum Kind : uint64_t { kQ = 1, kK, kV, kProj, kGate, kUp, kFc2, kWord, kPos, kOu
 uint64_t SeedOf(uint64_t seed, Kind kind, int64_t layer) {
   return kernels::ref::SplitMix64(seed ^ (static_cast<uint64_t>(kind) << 40) ^
                                   (static_cast<uint64_t>(layer) * 0x9E3779B97F4A7C15ull));
+}
+
+// Initialises elements [begin, begin + target.numel) of the flat parameter vector into `target`
+// (the whole weights, or a dp rank's share of the fp32 master copy). Hash-filled pieces are made
+// in row blocks of a scratch buffer of the target's dtype, so a share may start mid-row.
+Status FillPieces(Device& device, const std::vector<Piece>& pieces, Tensor target, int64_t begin) {
+  const int64_t end = begin + target.numel;
+  for (const Piece& p : pieces) {
+    const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+    if (lo >= hi) continue;
+    const Tensor out = target.Slice(lo - begin, hi - lo);
+    if (p.init != Piece::kHash) {
+      AUTOPAR_RETURN_IF_ERROR(device.Fill(out, p.init == Piece::kOnes ? 1.0f : 0.0f));
+      continue;
+    }
+    if (lo == p.offset && hi == p.offset + p.numel) {
+      AUTOPAR_RETURN_IF_ERROR(device.FillHash(
+          out, {p.seed, kInitScale, p.rows, p.cols, p.global_cols, p.row_offset, p.col_offset}));
+      continue;
+    }
+    const int64_t block_rows = std::max<int64_t>(1, (int64_t{1} << 20) / p.cols);
+    AUTOPAR_ASSIGN_OR_RETURN(Buffer scratch, device.Allocate(block_rows * p.cols, target.dtype));
+    for (int64_t r = (lo - p.offset) / p.cols; r * p.cols < hi - p.offset; r += block_rows) {
+      const int64_t rows = std::min(block_rows, p.rows - r);
+      const Tensor block = scratch.tensor().Slice(0, rows * p.cols);
+      AUTOPAR_RETURN_IF_ERROR(device.FillHash(block, {p.seed, kInitScale, rows, p.cols,
+                                                      p.global_cols, p.row_offset + r,
+                                                      p.col_offset}));
+      const int64_t block_lo = std::max(lo, p.offset + r * p.cols);
+      const int64_t block_hi = std::min(hi, p.offset + (r + rows) * p.cols);
+      AUTOPAR_RETURN_IF_ERROR(
+          device.Copy(target.Slice(block_lo - begin, block_hi - block_lo),
+                      block.Slice(block_lo - p.offset - r * p.cols, block_hi - block_lo)));
+    }
+  }
+  return OkStatus();
 }
 
 }  // namespace
@@ -195,18 +234,11 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
   AUTOPAR_RETURN_IF_ERROR(device.Fill(g, 0.0f));
   AUTOPAR_RETURN_IF_ERROR(device.Fill(shard.exp_avg_.tensor(), 0.0f));
   AUTOPAR_RETURN_IF_ERROR(device.Fill(shard.exp_avg_sq_.tensor(), 0.0f));
-  for (const Piece& p : pieces) {
-    const Tensor view = w.Slice(p.offset, p.numel);
-    if (p.init == Piece::kHash) {
-      AUTOPAR_RETURN_IF_ERROR(device.FillHash(
-          view, {p.seed, kInitScale, p.rows, p.cols, p.global_cols, p.row_offset, p.col_offset}));
-    } else {
-      AUTOPAR_RETURN_IF_ERROR(device.Fill(view, p.init == Piece::kOnes ? 1.0f : 0.0f));
-    }
-  }
+  AUTOPAR_RETURN_IF_ERROR(FillPieces(device, pieces, w, 0));
   if (shard.separate_master_) {
-    // 16-bit compute needs an fp32 master copy initialised from the same pure function.
-    return Status(Outcome::kInvalid, "the fp32 master copy for 16-bit compute is not implemented");
+    // 16-bit compute keeps an fp32 master copy of this rank's share, from the same pure function.
+    AUTOPAR_RETURN_IF_ERROR(
+        FillPieces(device, pieces, shard.master_.tensor(), (c.dist_opt ? at.dp : 0) * owned));
   }
   shard.tied_ = s.tied;
 
@@ -280,8 +312,13 @@ Status ModelShard::Step(Device& device, ProcessGroups& g, const ParallelConfig& 
   adam.eps = eps;
   adam.step = step;
   const Tensor weights = weights_.tensor();
+  // With 16-bit weights Adam updates the fp32 master copy and writes the weights from it.
   if (!c.dist_opt || c.dp == 1) {
     AUTOPAR_RETURN_IF_ERROR(g.dp.AllReduce(grads));
+    if (separate_master_) {
+      return device.AdamStep(adam, master_.tensor(), grads, exp_avg_.tensor(),
+                             exp_avg_sq_.tensor(), weights);
+    }
     return device.AdamStep(adam, weights, grads, exp_avg_.tensor(), exp_avg_sq_.tensor(), {});
   }
   // Distributed optimizer: each dp rank reduces, updates and gathers back its 1/dp of the
@@ -290,8 +327,13 @@ Status ModelShard::Step(Device& device, ProcessGroups& g, const ParallelConfig& 
   const Tensor mine = weights.Slice(g.at.dp * owned, owned);
   const Tensor my_grads = grads.Slice(g.at.dp * owned, owned);
   AUTOPAR_RETURN_IF_ERROR(g.dp.ReduceScatter(grads, my_grads));
-  AUTOPAR_RETURN_IF_ERROR(
-      device.AdamStep(adam, mine, my_grads, exp_avg_.tensor(), exp_avg_sq_.tensor(), {}));
+  if (separate_master_) {
+    AUTOPAR_RETURN_IF_ERROR(device.AdamStep(adam, master_.tensor(), my_grads, exp_avg_.tensor(),
+                                            exp_avg_sq_.tensor(), mine));
+  } else {
+    AUTOPAR_RETURN_IF_ERROR(
+        device.AdamStep(adam, mine, my_grads, exp_avg_.tensor(), exp_avg_sq_.tensor(), {}));
+  }
   return g.dp.AllGather(mine, weights);
 }
 
@@ -299,7 +341,21 @@ StatusOr<std::pair<double, double>> ModelShard::Fingerprint(Device& device, cons
                                                             uint64_t seed) {
   double sum = 0, projection = 0;
   if (at.dp != 0) return std::pair{sum, projection};  // every dp replica holds the same weights
-  AUTOPAR_ASSIGN_OR_RETURN(std::vector<float> host, device.Download<float>(weights_.tensor()));
+  // The weights on the host as floats: bf16 is the upper half of an fp32.
+  const Tensor w = weights_.tensor();
+  std::vector<float> host(static_cast<size_t>(w.numel));
+  if (w.dtype == DType::kF32) {
+    AUTOPAR_RETURN_IF_ERROR(device.CopyToHost(host.data(), w, w.bytes()));
+  } else if (w.dtype == DType::kBF16) {
+    std::vector<uint16_t> raw(host.size());
+    AUTOPAR_RETURN_IF_ERROR(device.CopyToHost(raw.data(), w, w.bytes()));
+    for (size_t i = 0; i < raw.size(); ++i) {
+      const uint32_t bits = static_cast<uint32_t>(raw[i]) << 16;
+      std::memcpy(&host[i], &bits, sizeof bits);
+    }
+  } else {
+    return Status(Outcome::kInvalid, "fingerprint: weights must be f32 or bf16");
+  }
   for (const Piece& p : pieces_) {
     if (p.duplicate || (p.tp_replicated && at.tp != 0)) continue;
     // Replicated norms have no matrix geometry: index them by position alone.
