@@ -1,0 +1,85 @@
+// The numerical-equivalence test on the CUDA backend (bf16 compute, NCCL): the same layouts as
+// the CPU test must give the single-GPU loss and updated weights within bf16 tolerance. Skipped
+// cleanly where there is no GPU (every rank decides alike: no CUDA build or no device).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "autopar/backend/backend.h"
+#include "autopar/spec/parse.h"
+#include "autopar/trial/trial.h"
+#include "mpi_env.h"
+
+#if defined(AUTOPAR_HAVE_CUDA) && AUTOPAR_HAVE_CUDA
+#include "autopar/backend/cuda_backend.h"
+#endif
+
+namespace autopar::trial {
+namespace {
+
+using backend::Outcome;
+using backend::testing::World;
+
+#if defined(AUTOPAR_HAVE_CUDA) && AUTOPAR_HAVE_CUDA
+// NCCL needs a device per rank; the ranks of this test share one host.
+bool HaveGpu() { return backend::CudaDeviceCount() >= World().size(); }
+std::unique_ptr<backend::Backend> Gpu() {
+  auto b = backend::MakeCudaBackend({});
+  return b.ok() ? std::move(*b) : nullptr;
+}
+#else
+bool HaveGpu() { return false; }
+std::unique_ptr<backend::Backend> Gpu() { return nullptr; }
+#endif
+
+TrainSpec Bf16Train() {
+  TrainSpec t;
+  t.global_batch_size = 8;
+  t.seq_length = 64;
+  t.precision = Precision::kBF16;
+  return t;
+}
+
+TrialOptions Options() {
+  TrialOptions o;
+  o.warmup_iterations = 0;
+  o.timed_iterations = 2;
+  o.max_microbatches = -1;
+  o.fingerprint = true;
+  o.learning_rate = 1e-2f;
+  o.adam_eps = 1.0f;
+  o.timeout_s = 120;
+  return o;
+}
+
+class CudaEquivalence : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaEquivalence, LossAndUpdatedWeightsMatchOneGpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "needs one CUDA device per rank";
+  std::unique_ptr<backend::Backend> gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  const ModelSpec model = ModelPreset("tiny");
+  auto self = World().Split(World().rank(), 0);
+  ASSERT_TRUE(self.ok());
+  ParallelConfig one;
+  one.dp = 1;
+  const TrialMeasurement ref = RunTrial(*gpu, *self, model, Bf16Train(), one, Options());
+  ASSERT_EQ(ref.outcome, Outcome::kOk) << ref.message;
+  const ParallelConfig c = Complete(ParseSpec(GetParam()), World().size());
+  const TrialMeasurement got = RunTrial(*gpu, World(), model, Bf16Train(), c, Options());
+  ASSERT_EQ(got.outcome, Outcome::kOk) << got.message;
+  // bf16 activations and reductions in another order: a few parts in a thousand.
+  EXPECT_NEAR(got.loss, ref.loss, 1e-2 * std::abs(ref.loss));
+  EXPECT_NEAR(got.weight_sum, ref.weight_sum, 1e-3 * std::max(1.0, std::abs(ref.weight_sum)));
+  EXPECT_NEAR(got.weight_projection, ref.weight_projection,
+              1e-3 * std::max(1.0, std::abs(ref.weight_projection)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Trial, CudaEquivalence,
+                         ::testing::Values("tp=2,dp=2", "tp=2,dp=2,sp=on", "pp=2,dp=2",
+                                           "pp=2,dp=2,vpp=2", "tp=2,dp=2,dist_opt=on",
+                                           "tp=2,pp=2,sp=on,recompute=full",
+                                           "tp=2,pp=2,recompute=selective"));
+
+}  // namespace
+}  // namespace autopar::trial
