@@ -224,6 +224,32 @@ void Args::Finish() const {
   }
 }
 
+std::vector<std::string> WithCpuBackendDefaults(const std::vector<std::string>& argv) {
+  bool cpu = true, has_gpu = false;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--gpu" || argv[i] == "--cluster" || argv[i].rfind("--gpu=", 0) == 0 ||
+        argv[i].rfind("--cluster=", 0) == 0) {
+      has_gpu = true;
+    }
+    const bool other_backend = (argv[i] == "--backend" && i + 1 < argv.size() &&
+                                argv[i + 1] != "cpu") ||
+                               (argv[i].rfind("--backend=", 0) == 0 && argv[i] != "--backend=cpu");
+    if (other_backend || argv[i] == "--replay-table" || argv[i].rfind("--replay-table=", 0) == 0) {
+      cpu = false;
+    }
+  }
+  std::vector<std::string> out = argv;
+  if (cpu && !has_gpu) {
+    out.push_back("--gpu");
+    out.push_back("cpu");
+  }
+  return out;
+}
+
+void ApplyCpuBackend(const std::string& backend, Inputs& in) {
+  if (backend == "cpu") in.train.precision = Precision::kFP32;
+}
+
 Inputs ReadInputs(Args& args) {
   Inputs in;
   // Our own flags first; whatever is left is Megatron-LM's (model and train flags).

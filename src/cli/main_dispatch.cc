@@ -24,6 +24,8 @@ commands:
              [--backend cpu|cuda] [--trial-timeout S] [--warmup N] [--iters N]
              [--max-microbatches N|-1] [--seed N]; exit 1 when its outcome is not ok
   probe      under mpirun: GEMM, attention and collective micro-benchmarks vs the model
+  report     --study DIR [--top K] [--plot]: summary and trial table of a finished, running or
+             interrupted study; --plot writes PNGs into DIR/plots (scripts/plot_study.py)
 
 inputs:
   --model NAME|FILE.yaml|config.json   or Megatron flags (--num-layers --hidden-size ...)
@@ -52,6 +54,7 @@ int Main(const std::vector<std::string>& argv, std::ostream& out, std::ostream& 
   try {
     if (command == "plan") return RunPlan(rest, out, err);
     if (command == "predict") return RunPredict(rest, out, err);
+    if (command == "report") return RunReport(rest, out, err);
     if (command == "tune") return RunTune(rest, out, err);
     if (command == "make-replay-table") return RunMakeReplayTable(rest, out, err);
 #if defined(AUTOPAR_WITH_TRIALS)
@@ -67,7 +70,7 @@ int Main(const std::vector<std::string>& argv, std::ostream& out, std::ostream& 
       return kExitOk;
     }
     err << "autopar-tune: unknown command '" << command
-        << "'; allowed: plan, predict, presets, tune, make-replay-table, trial, probe\n";
+        << "'; allowed: plan, predict, report, presets, tune, make-replay-table, trial, probe\n";
     return kExitBadInput;
   } catch (const InputError& e) {
     err << "autopar-tune " << command << ": " << e.what() << "\n";

@@ -44,12 +44,6 @@ WorkerFlags ReadWorkerFlags(Args& args) {
   return f;
 }
 
-// The CPU backend computes in fp32 on host cores: predict it as such.
-Inputs ForBackend(Inputs in, const std::string& backend) {
-  if (backend == "cpu") in.train.precision = Precision::kFP32;
-  return in;
-}
-
 void PrintTrial(std::ostream& out, Format format, const ParallelConfig& c, const Inputs& in,
                 const std::string& backend, const trial::TrialMeasurement& m,
                 const Estimate& predicted) {
@@ -108,35 +102,15 @@ void PrintTrial(std::ostream& out, Format format, const ParallelConfig& c, const
   out << " MiB\n";
 }
 
-// The CPU backend's device is a host core: unless told otherwise, plan with the `cpu` preset.
-std::vector<std::string> DefaultGpuFor(const std::vector<std::string>& argv) {
-  bool cpu = true, has_gpu = false;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    if (argv[i] == "--gpu" || argv[i] == "--cluster" || argv[i].rfind("--gpu=", 0) == 0 ||
-        argv[i].rfind("--cluster=", 0) == 0) {
-      has_gpu = true;
-    }
-    if ((argv[i] == "--backend" && i + 1 < argv.size() && argv[i + 1] == "cuda") ||
-        argv[i] == "--backend=cuda") {
-      cpu = false;
-    }
-  }
-  std::vector<std::string> out = argv;
-  if (cpu && !has_gpu) {
-    out.push_back("--gpu");
-    out.push_back("cpu");
-  }
-  return out;
-}
-
 }  // namespace
 
 int RunTrialCommand(const std::vector<std::string>& argv_in, std::ostream& out,
                     std::ostream& err) {
-  Args args(DefaultGpuFor(argv_in));
+  Args args(WithCpuBackendDefaults(argv_in));
   const auto spec = args.Value("--config");
   WorkerFlags flags = ReadWorkerFlags(args);
-  Inputs in = ForBackend(ReadInputs(args), flags.backend);
+  Inputs in = ReadInputs(args);
+  ApplyCpuBackend(flags.backend, in);
   if (!spec) throw InputError("--config", "required: a SPEC such as tp=2,pp=2,mbs=1");
   EnsureMpi();
   const int world_size = MpiWorldSize();
@@ -169,10 +143,11 @@ int RunTrialCommand(const std::vector<std::string>& argv_in, std::ostream& out,
 
 int RunProbeCommand(const std::vector<std::string>& argv_in, std::ostream& out,
                     std::ostream& err) {
-  Args args(DefaultGpuFor(argv_in));
+  Args args(WithCpuBackendDefaults(argv_in));
   WorkerFlags flags = ReadWorkerFlags(args);
   const int64_t repetitions = args.Int("--repetitions", 5);
-  Inputs in = ForBackend(ReadInputs(args), flags.backend);
+  Inputs in = ReadInputs(args);
+  ApplyCpuBackend(flags.backend, in);
   EnsureMpi();
   const int world_size = MpiWorldSize(), rank = MpiWorldRank();
   if (world_size != in.cluster.world_size()) {

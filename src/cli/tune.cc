@@ -204,12 +204,11 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
   } else {
     const auto factory = Registry().find(flags.backend);
     if (factory == Registry().end()) {
-      throw InputError("--backend",
-                       flags.backend +
-                           " runs trials on every rank and needs the MPI "
-                           "launcher (mpirun -np N autopar-tune ...), which this build "
-                           "does not wire in yet; use --backend replay --replay-table "
-                           "FILE.csv");
+      throw InputError("--backend", flags.backend +
+                                        " runs trials on every rank and needs the MPI launcher "
+                                        "(mpirun -np N autopar-tune ...), which this build does "
+                                        "not wire in yet; use --backend replay --replay-table "
+                                        "FILE.csv");
     }
     const TuneContext context{in,
                               given,
@@ -234,66 +233,67 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
     }
   } release{*backend};
 
-  {
-    // ---- the study directory: lock, description, journal ----
-    const coord::StudyDir dir(flags.study);
-    if (dir.HasDescription()) {
-      if (!flags.resume) {
-        throw coord::StudyError("study '" + flags.study +
-                                "' exists; pass --resume to continue it "
-                                "or choose another --study");
-      }
-      const pb::StudyDescription stored = dir.ReadDescription();
-      if (!flags.seed) sd.set_seed(stored.search().seed());  // the study's seed by default
-      coord::CheckSameStudy(stored, given);
-    } else {
-      if (coord::FileExists(dir.Path("journal"))) {
-        throw coord::StudyError("'" + dir.Path("journal") +
-                                "' exists without study.pb; move it "
-                                "away or choose another --study");
-      }
-      if (flags.resume && !flags.quiet) {
-        err << "autopar-tune tune: nothing to resume in '" << flags.study << "', starting it\n";
-      }
-      dir.WriteDescription(given);
+  // ---- the study directory: lock, description, journal ----
+  const coord::StudyDir dir(flags.study);
+  if (dir.HasDescription()) {
+    if (!flags.resume) {
+      const std::string hint = "pass --resume to continue it or choose another --study";
+      throw coord::StudyError("study '" + flags.study + "' exists; " + hint);
     }
-    coord::FileJournal::Opened journal = coord::FileJournal::Open(dir.Path("journal"));
-    if (journal.cut_bytes > 0) {
-      err << "autopar-tune tune: cut a torn record (" << journal.cut_bytes << " bytes) from '"
-          << dir.Path("journal") << "'\n";
+    const pb::StudyDescription stored = dir.ReadDescription();
+    if (!flags.seed) sd.set_seed(stored.search().seed());  // the study's seed by default
+    coord::CheckSameStudy(stored, given);
+  } else {
+    if (coord::FileExists(dir.Path("journal"))) {
+      const std::string hint = "move it away or choose another --study";
+      throw coord::StudyError("'" + dir.Path("journal") + "' exists without study.pb; " + hint);
     }
-
-    search::SearchSettings settings = search::SearchSettings::Default(*candidates);
-    settings.max_p_oom = flags.max_p_oom;
-    flags.tuner.seed = sd.seed();
-    ProgressPrinter progress(err, *candidates, flags.tuner, flags.quiet);
-    coord::Tuner tuner(*candidates, *searcher, settings, flags.tuner, *journal.journal, *backend,
-                       &progress);
-    tuner.Replay(journal.records);
-    if (!journal.records.empty() && !flags.quiet) {
-      err << "autopar-tune tune: resumed '" << flags.study << "' after " << tuner.trials().size()
-          << " trials\n";
+    if (flags.resume && !flags.quiet) {
+      err << "autopar-tune tune: nothing to resume in '" << flags.study << "', starting it\n";
     }
-    const coord::TuneSummary summary = tuner.Run();
-
-    // ---- outputs ----
-    const TuneReport report{in,      model, *candidates, tuner,
-                            summary, given, flags,       table ? &*table : nullptr};
-    coord::WriteFileAtomic(dir.Path("result.json"), ResultJson(report));
-    coord::WriteFileAtomic(dir.Path("trials.csv"), TrialsCsv(report));
-    if (tuner.state().best() >= 0) {
-      coord::WriteFileAtomic(
-          dir.Path("best.args"),
-          MegatronFlags(candidates->config(tuner.state().best()), in.model, in.train) + "\n");
-    }
-    WriteFinal(out, report);
-    if (tuner.state().best() < 0) {
-      err << "autopar-tune tune: no configuration could be measured (" << tuner.trials().size()
-          << " trials, stop: " << search::ToString(summary.stop.reason) << ")\n";
-      return kExitInfeasible;
-    }
-    return kExitOk;
+    dir.WriteDescription(given);
   }
+  coord::FileJournal::Opened journal = coord::FileJournal::Open(dir.Path("journal"));
+  if (journal.cut_bytes > 0) {
+    err << "autopar-tune tune: cut a torn record (" << journal.cut_bytes << " bytes) from '"
+        << dir.Path("journal") << "'\n";
+  }
+
+  search::SearchSettings settings = search::SearchSettings::Default(*candidates);
+  settings.max_p_oom = flags.max_p_oom;
+  flags.tuner.seed = sd.seed();
+  ProgressPrinter progress(err, *candidates, flags.tuner, flags.quiet);
+  coord::Tuner tuner(*candidates, *searcher, settings, flags.tuner, *journal.journal, *backend,
+                     &progress);
+  tuner.Replay(journal.records);
+  if (!journal.records.empty() && !flags.quiet) {
+    err << "autopar-tune tune: resumed '" << flags.study << "' after " << tuner.trials().size()
+        << " trials\n";
+  }
+  const coord::TuneSummary summary = tuner.Run();
+
+  // ---- outputs ----
+  const TuneReport report{in,      model, *candidates, tuner,
+                          summary, given, flags,       table ? &*table : nullptr};
+  coord::WriteFileAtomic(dir.Path("result.json"), ResultJson(report));
+  coord::WriteFileAtomic(dir.Path("trials.csv"), TrialsCsv(report));
+  if (tuner.state().best() >= 0) {
+    coord::WriteFileAtomic(
+        dir.Path("best.args"),
+        MegatronFlags(candidates->config(tuner.state().best()), in.model, in.train) + "\n");
+  }
+  WriteFinal(out, report);
+  if (tuner.state().best() < 0) {
+    err << "autopar-tune tune: no configuration could be measured (" << tuner.trials().size()
+        << " trials, stop: " << search::ToString(summary.stop.reason) << ")";
+    if (tuner.trials().empty()) {
+      err << ": none of the " << candidates->size() << " candidates fits in "
+          << in.cluster.gpu.memory_gib << " GiB with P(OOM) < " << flags.max_p_oom;
+    }
+    err << "\n";
+    return kExitInfeasible;
+  }
+  return kExitOk;
 }
 
 }  // namespace
@@ -303,9 +303,10 @@ void RegisterTrialBackend(const std::string& name, TrialBackendFactory factory) 
 }
 
 int RunTune(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
-  Args args(argv);
+  Args args(WithCpuBackendDefaults(argv));
   TuneFlags flags = ReadTuneFlags(args);
-  const Inputs in = ReadInputs(args);
+  Inputs in = ReadInputs(args);
+  ApplyCpuBackend(flags.backend, in);
   try {
     return TuneStudy(flags, in, out, err);
   } catch (const coord::StudyError& e) {

@@ -1,5 +1,7 @@
 #include "autopar/search/state.h"
 
+#include <algorithm>
+
 #include <climits>
 #include <cmath>
 #include <stdexcept>
@@ -45,6 +47,10 @@ std::optional<Outcome> ParseOutcome(const std::string& text) {
 SearchSettings SearchSettings::Default(const CandidateSet& candidates) {
   SearchSettings s;
   s.time_prior = TimePrior::Default(candidates.median_nominal_time_s());
+  // The unknown runtime overhead is a few percent of the device, not a fixed 2 GiB: a 4 GiB
+  // CPU-backend budget would otherwise look too uncertain to ever fit.
+  s.memory_prior.offset_sd_gib =
+      std::min(s.memory_prior.offset_sd_gib, 0.025 * candidates.capacity_gib());
   return s;
 }
 

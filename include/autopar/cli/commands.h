@@ -10,6 +10,7 @@ namespace autopar::cli {
 
 int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
 int RunPredict(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
+int RunReport(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
 
 // Runs a whole command line (argv without the program name); catches InputError → exit 2.
 int Main(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);

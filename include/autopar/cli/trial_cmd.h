@@ -16,9 +16,15 @@
 #include <string>
 #include <vector>
 
+
 namespace autopar::cli {
 
 int RunTrialCommand(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
 int RunProbeCommand(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
+
+// Installs `tune --backend cpu|cuda`: the coordinator/worker protocol over MPI with real trials
+// (src/cli/mpi_backend.cc). A no-op in a build without the trial runner.
+void RegisterMpiTrialBackends();
+
 
 }  // namespace autopar::cli

@@ -1,0 +1,262 @@
+// The real trial backends of `tune` (--backend cpu|cuda): the coordinator/worker protocol of
+// include/autopar/coord/protocol.h over MPI, with every rank's share of a trial run by the
+// trial runner (src/trial).
+#if defined(AUTOPAR_WITH_TRIALS)
+
+#include <mpi.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+
+#include "autopar/cli/mpi_session.h"
+#include "autopar/cli/tune.h"
+#include "autopar/common/status.h"
+#include "autopar/coord/convert.h"
+#include "autopar/coord/protocol.h"
+#include "autopar/coord/study.h"
+#include "autopar/trial/backend_factory.h"
+#include "autopar/trial/probe.h"
+#include "autopar/trial/trial.h"
+
+namespace autopar::cli {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+void CheckMpi(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    throw coord::ChannelError(std::string(what) + ": " + std::string(text, len));
+  }
+}
+
+// Protocol messages over MPI: length-prefixed protobuf bytes on the world communicator's own
+// duplicate, so they never match a trial's messages.
+class MpiChannel : public coord::Channel {
+ public:
+  explicit MpiChannel(backend::Group world)
+      : world_(std::move(world)), comm_(world_.comm()), rank_(world_.rank()),
+        size_(world_.size()) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+
+  void Broadcast(pb::Command* command) override {
+    std::string bytes;
+    if (rank_ == 0 && !command->SerializeToString(&bytes)) {
+      throw coord::ChannelError("cannot serialise a command");
+    }
+    uint64_t length = bytes.size();
+    CheckMpi(MPI_Bcast(&length, 1, MPI_UINT64_T, 0, comm_), "MPI_Bcast(length)");
+    bytes.resize(length);
+    CheckMpi(MPI_Bcast(bytes.data(), static_cast<int>(length), MPI_BYTE, 0, comm_),
+             "MPI_Bcast(command)");
+    if (rank_ != 0 && !command->ParseFromString(bytes)) {
+      throw coord::ChannelError("a command from rank 0 does not parse");
+    }
+  }
+
+  void Gather(const pb::Report& mine, std::vector<pb::Report>* all) override {
+    std::string bytes;
+    if (!mine.SerializeToString(&bytes)) throw coord::ChannelError("cannot serialise a report");
+    int length = static_cast<int>(bytes.size());
+    std::vector<int> lengths(rank_ == 0 ? size_ : 0), offsets(lengths.size());
+    CheckMpi(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm_),
+             "MPI_Gather(length)");
+    std::string gathered;
+    if (rank_ == 0) {
+      int total = 0;
+      for (int r = 0; r < size_; ++r) {
+        offsets[r] = total;
+        total += lengths[r];
+      }
+      gathered.resize(total);
+    }
+    CheckMpi(MPI_Gatherv(bytes.data(), length, MPI_BYTE, gathered.data(), lengths.data(),
+                         offsets.data(), MPI_BYTE, 0, comm_),
+             "MPI_Gatherv(reports)");
+    all->clear();
+    if (rank_ != 0) return;
+    for (int r = 0; r < size_; ++r) {
+      pb::Report report;
+      if (!report.ParseFromArray(gathered.data() + offsets[r], lengths[r])) {
+        throw coord::ChannelError("the report of rank " + std::to_string(r) + " does not parse");
+      }
+      all->push_back(std::move(report));
+    }
+  }
+
+ private:
+  backend::Group world_;
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+};
+
+pb::TrialStatus ToStatus(backend::Outcome o) {
+  switch (o) {
+    case backend::Outcome::kOk: return pb::OK;
+    case backend::Outcome::kOom: return pb::OOM;
+    case backend::Outcome::kTimeout: return pb::TIMEOUT;
+    case backend::Outcome::kCommError: return pb::COMM_ERROR;
+    case backend::Outcome::kDeviceError: return pb::DEVICE_ERROR;
+    case backend::Outcome::kNonfinite: return pb::NONFINITE;
+    case backend::Outcome::kInvalid: return pb::INVALID;
+  }
+  return pb::INVALID;
+}
+
+// One rank's work: the trial runner on this rank's backend, over the world group.
+class TrialRankRunner : public coord::RankRunner {
+ public:
+  TrialRankRunner(const TuneContext& context, backend::Group world,
+                  std::unique_ptr<backend::Backend> backend)
+      : in_(context.inputs), world_(std::move(world)), backend_(std::move(backend)),
+        name_(context.backend) {}
+
+  pb::HostFacts Facts() override {
+    pb::HostFacts f;
+    char host[256] = {};
+    if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "unknown");
+    f.set_rank(world_.rank());
+    f.set_hostname(host);
+    f.set_pid(getpid());
+    f.set_local_rank(world_.rank() % static_cast<int>(in_.cluster.gpus_per_node));
+    f.set_device(std::string(backend_->name()));
+    f.set_device_memory_gib(static_cast<double>(backend_->device().budget_bytes()) / kGiB);
+    return f;
+  }
+
+  pb::ProbeResult Probe(const pb::ProbeRequest& request) override {
+    pb::ProbeResult r;
+    r.set_rank(world_.rank());
+    const CostModel cost(in_.model, in_.train, in_.cluster, in_.constants);
+    trial::ProbeOptions options;
+    options.repetitions = std::max(1, request.timed_iterations());
+    options.tp_values = in_.space.tp;
+    auto samples = trial::RunProbe(*backend_, world_, in_.model, in_.train, in_.cluster, cost,
+                                   options);
+    if (!samples.ok()) {
+      r.set_status(ToStatus(samples.status().outcome()));
+      r.set_message(samples.status().ToString());
+      return r;
+    }
+    r.set_status(pb::OK);
+    for (const trial::ProbeSample& s : *samples) {
+      pb::ProbeMeasurement* m = r.add_measurements();
+      m->set_name(s.name);
+      m->set_feature(FeatureName(s.feature));
+      m->set_measured_s(s.measured_s);
+      m->set_predicted_s(s.predicted_s);
+    }
+    return r;
+  }
+
+  pb::RankTrialResult RunTrial(const pb::TrialRequest& request) override {
+    MaybeDie(request);
+    trial::TrialOptions options;
+    options.timeout_s = request.deadline_s() > 0 ? request.deadline_s() : 600;
+    options.warmup_iterations = request.warmup_iterations();
+    options.timed_iterations = std::max(1, request.timed_iterations());
+    if (const char* stall = std::getenv("AUTOPAR_TEST_STALL_RANK")) {
+      options.stall_rank = std::atoi(stall);
+    }
+    const ParallelConfig c = coord::FromProto(request.config());
+    const auto start = std::chrono::steady_clock::now();
+    const trial::TrialMeasurement m =
+        trial::RunTrial(*backend_, world_, in_.model, in_.train, c, options);
+    pb::RankTrialResult r;
+    r.set_rank(world_.rank());
+    r.set_status(ToStatus(m.outcome));
+    r.set_message(m.message);
+    for (double t : m.iteration_times_s) r.add_iteration_times_s(t);
+    if (static_cast<size_t>(world_.rank()) < m.peak_memory_gib.size()) {
+      r.set_peak_memory_gib(m.peak_memory_gib[world_.rank()]);
+    }
+    r.set_wall_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return r;
+  }
+
+ private:
+  // Fault-test hook: AUTOPAR_TEST_KILL_RANK=r and AUTOPAR_TEST_KILL_AFTER_TRIALS=n make rank r
+  // die (SIGKILL, as a crashed node would) when it starts trial n's first attempt.
+  void MaybeDie(const pb::TrialRequest& request) const {
+    const char* rank = std::getenv("AUTOPAR_TEST_KILL_RANK");
+    const char* after = std::getenv("AUTOPAR_TEST_KILL_AFTER_TRIALS");
+    if (rank && after && std::atoi(rank) == world_.rank() && request.attempt() <= 1 &&
+        request.trial_index() == std::atoll(after)) {
+      std::fprintf(stderr, "autopar-tune: test hook: rank %d dies in trial %lld\n", world_.rank(),
+                   static_cast<long long>(request.trial_index()));
+      std::fflush(stderr);
+      raise(SIGKILL);
+    }
+  }
+
+  const Inputs& in_;
+  backend::Group world_;
+  std::unique_ptr<backend::Backend> backend_;
+  std::string name_;
+};
+
+// Rank 0's TrialBackend: owns the channel and its runner, forwards to the protocol.
+class CoordinatorBackend : public coord::TrialBackend {
+ public:
+  CoordinatorBackend(std::unique_ptr<MpiChannel> channel, std::unique_ptr<TrialRankRunner> runner,
+                     coord::ChannelBackend::Options options)
+      : channel_(std::move(channel)), runner_(std::move(runner)),
+        protocol_(*channel_, *runner_, std::move(options)) {}
+  std::string name() const override { return "mpi"; }
+  pb::ProbeRecorded Probe() override { return protocol_.Probe(); }
+  pb::TrialResult Run(const pb::TrialRequest& request) override { return protocol_.Run(request); }
+  void Shutdown(const std::string& reason) override { protocol_.Shutdown(reason); }
+
+ private:
+  std::unique_ptr<MpiChannel> channel_;
+  std::unique_ptr<TrialRankRunner> runner_;
+  coord::ChannelBackend protocol_;
+};
+
+std::unique_ptr<coord::TrialBackend> MakeMpiBackend(const TuneContext& context) {
+  EnsureMpi();
+  auto world = backend::Group::World();
+  if (!world.ok()) throw coord::ChannelError(world.status().ToString());
+  const int rank = world->rank();
+  const Inputs& in = context.inputs;
+  auto device = trial::MakeBackend(context.backend,
+                                   static_cast<size_t>(in.cluster.gpu.memory_gib * kGiB),
+                                   rank % static_cast<int>(in.cluster.gpus_per_node));
+  if (!device.ok()) throw InputError("--backend", device.status().message());
+  auto trials = world->Duplicate();  // the trials' own communicator
+  if (!trials.ok()) throw coord::ChannelError(trials.status().ToString());
+  auto channel = std::make_unique<MpiChannel>(std::move(*world));
+  auto runner = std::make_unique<TrialRankRunner>(context, std::move(*trials), std::move(*device));
+  const uint64_t fingerprint = coord::Fingerprint(context.study);
+  if (rank != 0) {
+    coord::RunWorkerLoop(*channel, *runner, fingerprint);
+    return nullptr;
+  }
+  coord::ChannelBackend::Options options;
+  options.nnodes = in.cluster.nnodes;
+  options.nproc_per_node = in.cluster.gpus_per_node;
+  options.study_fingerprint = fingerprint;
+  return std::make_unique<CoordinatorBackend>(std::move(channel), std::move(runner), options);
+}
+
+}  // namespace
+
+void RegisterMpiTrialBackends() {
+  RegisterTrialBackend("cpu", MakeMpiBackend);
+  RegisterTrialBackend("cuda", MakeMpiBackend);
+}
+
+}  // namespace autopar::cli
+
+#else
+
+namespace autopar::cli {
+void RegisterMpiTrialBackends() {}
+}  // namespace autopar::cli
+
+#endif  // AUTOPAR_WITH_TRIALS
