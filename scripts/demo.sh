@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Fresh machine → installed, built, and the main job run on an embedded default.
+# Fresh machine → installed, built, and the main job run on an embedded default: the online search
+# (Thompson sampling over the Bayesian cost model, real trials on the CPU backend) for a tiny
+# model on 4 local MPI ranks laid out as 2 "nodes" × 2, then its report.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 "$root/scripts/build.sh" >/dev/null
 bin=${AUTOPAR_BUILD_DIR:-$root/build}/autopar-tune
+study=${AUTOPAR_DEMO_STUDY:-$root/runs/demo-$(date +%Y%m%d-%H%M%S)}
+mpirun_flags=(--oversubscribe -x OMP_NUM_THREADS=1)
+if [[ $(id -u) -eq 0 ]]; then mpirun_flags+=(--allow-run-as-root); fi
 set -x
-"$bin" plan --model llama2-7b --gpu a100-80gb --nnodes 4 --nproc-per-node 8 \
-  --global-batch-size 512 --seq-length 4096 --top 5
-"$bin" predict --model llama2-7b --gpu a100-80gb --nnodes 4 --nproc-per-node 8 \
-  --global-batch-size 512 --seq-length 4096 --config tp=2,pp=1,mbs=2,sp=on,dist_opt=on
+mpirun -np 4 "${mpirun_flags[@]}" "$bin" --nnodes 2 --nproc-per-node 2 --model tiny \
+  --global-batch-size 16 --backend cpu --study "$study" --max-trials 30 --trial-timeout 120
+"$bin" report --study "$study" --top 3
+cat "$study/best.args"

@@ -3,6 +3,10 @@
 // search into the user's outputs (tune_report.cc).
 #include "autopar/cli/tune.h"
 
+#include <unistd.h>
+
+#include <iostream>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -71,6 +75,9 @@ TuneFlags ReadTuneFlags(Args& args) {
   if (f.backend != "cpu" && f.backend != "cuda" && f.backend != "replay") {
     throw InputError("--backend", "allowed: cpu, cuda, replay; got '" + f.backend + "'");
   }
+  f.status_addr = args.Value("--status-addr").value_or(f.status_addr);
+  f.status_port = static_cast<int>(args.Int("--status-port", f.backend == "replay" ? -1 : 8642, -1));
+  if (f.status_port > 65535) throw InputError("--status-port", "expected 0..65535 (0: any free port)");
   if (f.backend == "replay" && !f.replay_table) {
     throw InputError("--replay-table", "required with --backend replay (a CSV of measured trials)");
   }
@@ -262,9 +269,29 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
   search::SearchSettings settings = search::SearchSettings::Default(*candidates);
   settings.max_p_oom = flags.max_p_oom;
   flags.tuner.seed = sd.seed();
-  ProgressPrinter progress(err, *candidates, flags.tuner, flags.quiet);
+  ProgressPrinter progress(err, *candidates, flags.tuner, flags.quiet,
+                           &err == &std::cerr && isatty(STDERR_FILENO));
+  // The read-only status endpoint: it only reads the board the observer keeps, so a failure to
+  // bind (a port in use) costs the endpoint, never the search.
+  coord::StatusBoard board;
+  std::unique_ptr<coord::StatusServer> server;
+  if (flags.status_port >= 0) {
+    try {
+      server = std::make_unique<coord::StatusServer>(flags.status_addr,
+                                                     static_cast<uint16_t>(flags.status_port), board);
+      err << "autopar-tune tune: status at http://" << flags.status_addr << ":" << server->port()
+          << "/status and /metrics\n";
+    } catch (const std::runtime_error& e) {
+      err << "autopar-tune tune: no status endpoint: " << e.what() << "\n";
+    }
+  }
+  coord::StatusSnapshot base;
+  base.study = flags.study;
+  base.model = in.model.name;
+  base.searcher = searcher->name();
+  StatusObserver observer(progress, board, *candidates, flags.tuner, base);
   coord::Tuner tuner(*candidates, *searcher, settings, flags.tuner, *journal.journal, *backend,
-                     &progress);
+                     &observer);
   tuner.Replay(journal.records);
   if (!journal.records.empty() && !flags.quiet) {
     err << "autopar-tune tune: resumed '" << flags.study << "' after " << tuner.trials().size()

@@ -222,6 +222,21 @@ void WriteFinal(std::ostream& out, const TuneReport& r) {
   out << "study: " << r.flags.study << " (result.json, trials.csv, best.args)\n";
 }
 
+void ProgressPrinter::OnTrialStarted(const pb::TrialStarted& started,
+                                     const search::SearchState& state) {
+  if (quiet_ || !tty_) return;
+  std::ostringstream line;
+  line << "[" << started.trial_index() + 1 << "] running " << started.spec();
+  if (state.best() >= 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "  best %.4f s", state.best_time_s());
+    line << buf;
+  }
+  if (!last_line_.empty()) line << "  |  last: " << last_line_;
+  // \r and erase-line: the line is rewritten in place.
+  err_ << "\r\x1b[2K" << line.str().substr(0, 200) << std::flush;
+}
+
 void ProgressPrinter::OnTrialFinished(const coord::TrialRecord& t,
                                       const search::SearchState& state) {
   if (session_start_s_ < 0) session_start_s_ = t.elapsed_s - t.result.wall_s();
@@ -255,17 +270,88 @@ void ProgressPrinter::OnTrialFinished(const coord::TrialRecord& t,
     eta = std::min(eta, per_trial * static_cast<double>(options_.stop.max_trials - state.trials()));
   }
   line << "  elapsed " << Clock(t.elapsed_s) << "  ETA <= " << Clock(std::max(eta, 0.0));
-  err_ << line.str() << "\n";
+  if (tty_) {
+    last_line_ = line.str();
+    err_ << "\r\x1b[2K" << last_line_.substr(0, 200) << std::flush;
+  } else {
+    err_ << line.str() << "\n";
+  }
 }
 
 void ProgressPrinter::OnStopped(const search::StopCheck& check, const search::SearchState& state) {
   if (quiet_) return;
+  if (tty_) err_ << "\n";
   err_ << "stopped: " << search::ToString(check.reason);
   if (!std::isnan(check.on_measured)) {
     err_ << " (" << 100 * check.on_measured << "% of draws on measured configurations, P(>"
          << 100 * options_.stop.epsilon << "% better unmeasured) " << check.p_improvement << ")";
   }
   err_ << " after " << state.trials() << " trials\n";
+}
+
+
+
+void StatusObserver::Publish(const search::SearchState& state) {
+  snapshot_.trials_done = state.trials();
+  snapshot_.candidates = candidates_.size();
+  if (state.best() >= 0) {
+    snapshot_.best_config = ToSpec(candidates_.config(state.best()));
+    snapshot_.best_step_time_s = state.best_time_s();
+  }
+  // The posterior mean's best among the candidates still eligible or measured.
+  int64_t arg = -1;
+  double lowest = INFINITY;
+  for (int64_t i = 0; i < candidates_.size(); ++i) {
+    if (!state.eligible_mask()[i] && i != state.best()) continue;
+    const double t = state.time().PredictMean(candidates_, i);
+    if (t < lowest) {
+      lowest = t;
+      arg = i;
+    }
+  }
+  if (arg >= 0) {
+    snapshot_.predicted_best_config = ToSpec(candidates_.config(arg));
+    snapshot_.predicted_best_step_time_s = lowest;
+  }
+  snapshot_.budget_s = options_.stop.budget_s;
+  board_.Update(snapshot_);
+}
+
+void StatusObserver::OnTrialStarted(const pb::TrialStarted& started,
+                                    const search::SearchState& state) {
+  snapshot_.trial_in_flight = true;
+  snapshot_.in_flight_config = started.spec();
+  Publish(state);
+  next_.OnTrialStarted(started, state);
+}
+
+void StatusObserver::OnStopCheck(const search::StopCheck& check, const search::SearchState& state) {
+  // Progress of the convergence rule: the share of draws already landing on measured
+  // configurations against the share that stops the search.
+  if (!std::isnan(check.on_measured)) {
+    snapshot_.stop_progress =
+        std::min(1.0, check.on_measured / options_.stop.converged_fraction);
+  }
+  board_.Update(snapshot_);
+  next_.OnStopCheck(check, state);
+}
+
+void StatusObserver::OnTrialFinished(const coord::TrialRecord& record,
+                                     const search::SearchState& state) {
+  snapshot_.trial_in_flight = false;
+  snapshot_.in_flight_config.clear();
+  if (record.result.status() != pb::OK) ++snapshot_.trials_failed;
+  snapshot_.elapsed_s = record.elapsed_s;
+  Publish(state);
+  next_.OnTrialFinished(record, state);
+}
+
+void StatusObserver::OnStopped(const search::StopCheck& check, const search::SearchState& state) {
+  snapshot_.finished = true;
+  snapshot_.stop_rule = search::ToString(check.reason);
+  snapshot_.stop_progress = 1;
+  Publish(state);
+  next_.OnStopped(check, state);
 }
 
 }  // namespace autopar::cli

@@ -8,6 +8,7 @@
 
 #include "autopar/cli/inputs.h"
 #include "autopar/coord/replay.h"
+#include "autopar/coord/status_server.h"
 #include "autopar/coord/tuner.h"
 #include "autopar/perf/cost_model.h"
 #include "proto/autopar.pb.h"
@@ -24,6 +25,10 @@ struct TuneFlags {
   double max_p_oom = 0.05;
   int64_t top = 10;
   bool quiet = false;
+  // The live status endpoint (rank 0): --status-addr, --status-port (0 picks a free port;
+  // -1: off). On by default on 127.0.0.1:8642 for real backends, off for replay.
+  std::string status_addr = "127.0.0.1";
+  int status_port = -1;
   coord::TunerOptions tuner;
 };
 
@@ -45,11 +50,14 @@ std::string TrialsCsv(const TuneReport& r);
 void WriteFinal(std::ostream& out, const TuneReport& r);
 
 // One line per trial on stderr: index, config, measured vs predicted, best so far, elapsed, ETA.
+// On a terminal (`tty`) the progress is one line updated in place (trial index, the
+// configuration running, best so far, ETA); otherwise one plain line per trial.
 class ProgressPrinter : public coord::TunerObserver {
  public:
   ProgressPrinter(std::ostream& err, const search::CandidateSet& candidates,
-                  const coord::TunerOptions& options, bool quiet)
-      : err_(err), candidates_(candidates), options_(options), quiet_(quiet) {}
+                  const coord::TunerOptions& options, bool quiet, bool tty = false)
+      : err_(err), candidates_(candidates), options_(options), quiet_(quiet), tty_(tty) {}
+  void OnTrialStarted(const pb::TrialStarted& started, const search::SearchState& state) override;
   void OnTrialFinished(const coord::TrialRecord& record, const search::SearchState& state) override;
   void OnStopped(const search::StopCheck& check, const search::SearchState& state) override;
 
@@ -58,8 +66,34 @@ class ProgressPrinter : public coord::TunerObserver {
   const search::CandidateSet& candidates_;
   const coord::TunerOptions& options_;
   bool quiet_;
+  bool tty_;
+  std::string last_line_;
   int64_t session_trials_ = 0;   // this session's trials, for the mean trial time
   double session_start_s_ = -1;  // study time before this session's first trial
+};
+
+// Keeps the live status board of the status server current; forwards every event to `next`.
+class StatusObserver : public coord::TunerObserver {
+ public:
+  StatusObserver(coord::TunerObserver& next, coord::StatusBoard& board,
+                 const search::CandidateSet& candidates, const coord::TunerOptions& options,
+                 coord::StatusSnapshot base)
+      : next_(next), board_(board), candidates_(candidates), options_(options),
+        snapshot_(std::move(base)) {
+    board_.Update(snapshot_);
+  }
+  void OnTrialStarted(const pb::TrialStarted& started, const search::SearchState& state) override;
+  void OnStopCheck(const search::StopCheck& check, const search::SearchState& state) override;
+  void OnTrialFinished(const coord::TrialRecord& record, const search::SearchState& state) override;
+  void OnStopped(const search::StopCheck& check, const search::SearchState& state) override;
+
+ private:
+  void Publish(const search::SearchState& state);
+  coord::TunerObserver& next_;
+  coord::StatusBoard& board_;
+  const search::CandidateSet& candidates_;
+  const coord::TunerOptions& options_;
+  coord::StatusSnapshot snapshot_;
 };
 
 }  // namespace autopar::cli

@@ -205,6 +205,7 @@ TuneSummary Tuner::Run() {
       request.set_deadline_s(options_.trial_timeout_s);
       request.set_warmup_iterations(options_.warmup_iterations);
       request.set_timed_iterations(options_.timed_iterations);
+      if (observer_) observer_->OnTrialStarted(in_flight_->started, *state_);
       result = backend_.Run(request);
       result.set_trial_index(request.trial_index());
       result.set_attempt(request.attempt());
@@ -241,6 +242,9 @@ TuneSummary Tuner::Run() {
     summary.stop = search::CheckStop(*state_, options_.stop, searcher_.uses_posterior(),
                                      options_.seed, trial, elapsed());
     summary.stop_check_ms.push_back(1e3 * (now_s_() - t0));
+    if (summary.stop.reason == search::StopReason::kNone && observer_) {
+      observer_->OnStopCheck(summary.stop, *state_);
+    }
     if (summary.stop.reason == search::StopReason::kNone) {
       t0 = now_s_();
       const auto candidate = searcher_.Propose(*state_, options_.seed, trial);

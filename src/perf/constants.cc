@@ -29,6 +29,10 @@ PerfConstants DefaultConstants(const std::string& gpu_name) {
   } else if (name == "b200") {
     k.eff.gemm = 0.65;
     k.eff.attention = 0.45;
+  } else if (name == "cpu") {
+    // The CPU backend's budget counts the trial's own tensors: no runtime context to add.
+    k.mem.runtime_overhead_gib = 0;
+    k.mem.fragmentation = 0;
   } else if (name == "ascend-910b") {
     k.eff.gemm = 0.60;
     k.eff.attention = 0.40;

@@ -122,7 +122,8 @@ def main():
         if crashes < a.crashes:
             # After a crash inside a trial, let its retry finish before the next crash, so no
             # trial is lost three times (which the study would rightly record as worker_lost).
-            at = count + (rng.randint(3, 5) if in_flight else rng.randint(0 if count == 0 else 1, 3))
+            low = 3 if in_flight else (0 if count == 0 else 1)
+            at = count + rng.randint(low, max(low, 3) + (2 if in_flight else 0))
             env = {"AUTOPAR_TEST_CRASH_AT_APPEND": f"{at}:{rng.randint(0, 160)}"}
         else:
             env = {}

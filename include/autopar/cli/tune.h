@@ -4,6 +4,7 @@
 //   --study DIR (required)  --resume  --seed N  --budget SECONDS|30m|8h  --max-trials N
 //   --trial-timeout SECONDS  --backend cpu|cuda|replay  --replay-table FILE.csv
 //   --searcher thompson|random|grid|analytic  --max-p-oom P  --top K  --quiet
+//   --status-addr ADDR (127.0.0.1)  --status-port N (8642 for cpu/cuda, off for replay; 0: any)
 //   --stop-draws N --stop-fraction F --stop-epsilon E --stop-delta D --min-measured N
 // prints a progress line per trial on stderr and the final table (or --format json|csv|megatron|
 // yaml) on stdout, and writes DIR/result.json, DIR/trials.csv and DIR/best.args atomically.

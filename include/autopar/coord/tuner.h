@@ -49,6 +49,16 @@ struct TrialRecord {
 class TunerObserver {
  public:
   virtual ~TunerObserver() = default;
+  // Before the backend runs a trial (a retry of an interrupted one included).
+  virtual void OnTrialStarted(const pb::TrialStarted& started, const search::SearchState& state) {
+    (void)started;
+    (void)state;
+  }
+  // After each check of the stop rules that did not stop the search.
+  virtual void OnStopCheck(const search::StopCheck& check, const search::SearchState& state) {
+    (void)check;
+    (void)state;
+  }
   virtual void OnTrialFinished(const TrialRecord& record, const search::SearchState& state) {
     (void)record;
     (void)state;
