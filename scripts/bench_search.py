@@ -6,7 +6,8 @@ stop rules and all) for each seed, and the table reports, over the seeds:
 
   to 2%        trials until the best measured step time is within 2% of the table's best
                (median, with the 25th-75th percentiles; ">N" when a run never got there)
-  regret       best measured / table's best - 1 when the searcher's own stop rule fired
+  regret       best measured / table's best - 1 when the searcher's own stop rule fired (median,
+               and the worst seed)
                (Thompson: convergence; the baselines have none and run until the space is
                exhausted, so theirs is 0 by construction)
   stop         trials until the stop rule fired
@@ -92,7 +93,8 @@ def summarize(label, table_path, flags, binary, seeds, work, jobs):
         for s in SEARCHERS:
             for seed in ([1] if s in SEEDLESS else seeds):
                 study = os.path.join(work, "studies", f"{os.path.basename(table_path)}.{s}.{seed}")
-                futures[pool.submit(run_study, binary, table_path, flags, s, seed, study)] = (s, seed)
+                job = pool.submit(run_study, binary, table_path, flags, s, seed, study)
+                futures[job] = (s, seed)
         for f in concurrent.futures.as_completed(futures):
             runs[futures[f]] = f.result()
     for s in SEEDLESS:  # one run stands for every seed
@@ -111,7 +113,7 @@ def summarize(label, table_path, flags, binary, seeds, work, jobs):
         return r["best_so_far"][min(n, len(r["best_so_far"])) - 1] / best - 1
 
     header = (f"{'searcher':10} {'to 2% (median)':>15} {'p25-p75':>13} {'regret':>8} "
-              f"{'stop':>7} {'regret@TS':>10} {'prop ms':>8}")
+              f"{'worst':>7} {'stop':>7} {'regret@TS':>10} {'prop ms':>8}")
     print(header)
     print("-" * len(header))
     medians = {}
@@ -127,8 +129,9 @@ def summarize(label, table_path, flags, binary, seeds, work, jobs):
         ts_stop = [len(runs[("thompson", seed)]["best_so_far"]) for seed in seeds]
         at_ts = [regret_at(r, n) for r, n in zip(rs, ts_stop)]
         fmt = lambda v: ">max" if v == float("inf") else f"{v:g}"
+        final = [regret_at(r, len(r["best_so_far"])) for r in rs]
         print(f"{s:10} {fmt(med):>15} {fmt(lo) + '-' + fmt(hi):>13} "
-              f"{100 * median([regret_at(r, len(r['best_so_far'])) for r in rs]):7.2f}% "
+              f"{100 * median(final):7.2f}% {100 * max(final):6.2f}% "
               f"{median([len(r['best_so_far']) for r in rs]):7g} "
               f"{100 * median(at_ts):9.2f}% {median([r['proposal_ms'] for r in rs]):8.3f}"
               + (f"  ({len(never)} runs never within 2%)" if never else ""))
@@ -153,7 +156,8 @@ def main():
     a = ap.parse_args()
     os.makedirs(os.path.join(a.work, "studies"), exist_ok=True)
     seeds = list(range(1, a.seeds + 1))
-    print(f"# search quality: {a.seeds} seeds per searcher (grid and analytic-only ignore the seed)")
+    print(f"# search quality: {a.seeds} seeds per searcher "
+          "(grid and analytic-only ignore the seed)")
     verdicts = []
     try:
         for label, name, flags, truth_seed in SYNTHETIC:

@@ -8,6 +8,9 @@
 #include "autopar/coord/fake_channel.h"
 #include "autopar/coord/files.h"
 #include "autopar/coord/protocol.h"
+#include "autopar/coord/replay.h"
+#include "autopar/coord/tuner.h"
+#include "search_test_util.h"
 
 namespace autopar::coord {
 namespace {
@@ -157,6 +160,79 @@ TEST(Protocol, ALostChannelThrows) {
   hub.Close();
   pb::Command command;
   EXPECT_THROW(hub.endpoint(1).Broadcast(&command), ChannelError);
+}
+
+}  // namespace
+}  // namespace autopar::coord
+
+namespace autopar::coord {
+namespace {
+
+// Every rank answers from the same replay table; rank r is 1% faster per rank, so the merged step
+// time (max over ranks) is the table's.
+class TableRunner : public RankRunner {
+ public:
+  TableRunner(const ReplayTable& table, int rank) : backend_(table), rank_(rank) {}
+  pb::HostFacts Facts() override { return {}; }
+  pb::ProbeResult Probe(const pb::ProbeRequest&) override {
+    pb::ProbeResult p;
+    p.set_status(pb::OK);
+    return p;
+  }
+  pb::RankTrialResult RunTrial(const pb::TrialRequest& request) override {
+    const pb::TrialResult r = backend_.Run(request);
+    pb::RankTrialResult out;
+    out.set_status(r.status());
+    for (int i = 0; i < request.timed_iterations(); ++i) {
+      out.add_iteration_times_s(r.step_time_s() * (1 - 0.01 * rank_));
+    }
+    out.set_peak_memory_gib(r.peak_memory_gib() * (1 - 0.01 * rank_));
+    return out;
+  }
+
+ private:
+  ReplayBackend backend_;
+  int rank_;
+};
+
+// The whole coordinator over the channel: start-up, probe, trials, shutdown, with four ranks on
+// threads. It must make the same study as the in-process replay backend.
+TEST(Protocol, TheTunerRunsOverTheChannel) {
+  autopar::testing::Llama7bCase c;
+  const ReplayTable table = MakeSyntheticTable(*c.candidates, SyntheticTruth{});
+  search::ThompsonSearcher searcher;
+  TunerOptions options;
+  options.seed = 3;
+  options.stop.min_measured = 8;
+
+  MemoryJournal direct_journal;
+  ReplayBackend direct(table);
+  Tuner reference(*c.candidates, searcher, search::SearchSettings::Default(*c.candidates), options,
+                  direct_journal, direct);
+  reference.Run();
+
+  const int world = 4;
+  FakeChannelHub hub(world);
+  std::vector<std::unique_ptr<TableRunner>> runners;
+  for (int r = 0; r < world; ++r) runners.push_back(std::make_unique<TableRunner>(table, r));
+  std::vector<std::thread> workers;
+  for (int r = 1; r < world; ++r) {
+    workers.emplace_back([&, r] { RunWorkerLoop(hub.endpoint(r), *runners[r], 99); });
+  }
+  MemoryJournal journal;
+  {
+    ChannelBackend backend(hub.endpoint(0), *runners[0], {1, world, 99, {}});
+    Tuner tuner(*c.candidates, searcher, search::SearchSettings::Default(*c.candidates), options,
+                journal, backend);
+    tuner.Run();  // ends with Shutdown: the workers' loops return
+    ASSERT_EQ(tuner.trials().size(), reference.trials().size());
+    for (size_t i = 0; i < tuner.trials().size(); ++i) {
+      EXPECT_EQ(tuner.trials()[i].result.spec(), reference.trials()[i].result.spec());
+      EXPECT_EQ(tuner.trials()[i].result.status(), reference.trials()[i].result.status());
+      EXPECT_EQ(tuner.trials()[i].result.step_time_s(), reference.trials()[i].result.step_time_s());
+    }
+  }
+  for (std::thread& t : workers) t.join();
 }
 
 }  // namespace

@@ -3,19 +3,20 @@
 //
 // Defaults (one table, as limbo keeps them):
 //
-//   | what                                   | value  | why |
-//   |----------------------------------------|--------|--------------------------------------------|
-//   | θ_k prior sd, compute features         | 0.15   | the analytic model is 3–15% off on compute
-//   | | θ_k prior sd, communication features   | 0.5    | collectives miss by up to 2× (topology, |
-//   |                                        |        | NCCL algorithm, contention) | | θ₀ prior sd
-//   (seconds)                  | 0.05·t̃ | t̃ the median analytic step time            | | relative
-//   step-time noise σ₀, a₀        | 5%, 2  | weakly informative: a₀ = 2 is 4 pseudo-rows| | probe
-//   floor on a tightened sd          | 0.05 / | a micro-benchmark is not the whole program | |
-//   (compute / communication)            | 0.15   |                                            | |
-//   memory scale α, offset β (GiB) prior sd| 0.1, 2 | the model's overhead term is a guess       |
-//   | relative memory noise σ₀, a₀           | 3%, 2  | allocator behaviour varies little | | an
-//   OOM is a surprise (not imputed) when| < 1e-3 | P(OOM) predicted before it happened        | |
-//   smallest θ_k a draw may take           | 0.05   | no component of a step takes no time       |
+// clang-format off
+//   what                                      value     why
+//   θ_k prior sd, compute features            0.15      the analytic model is 3–15% off on compute
+//   θ_k prior sd, communication features      0.5       collectives miss by up to 2× (topology,
+//                                                       NCCL algorithm, contention)
+//   θ₀ prior sd (seconds)                     0.05·t̃    t̃ the median analytic step time
+//   relative step-time noise σ₀, strength a₀  5%, 2     weakly informative (a₀ = 2: 4 pseudo-rows)
+//   probe floor on a tightened sd             0.05 /    a micro-benchmark is not the whole
+//     (compute / communication)               0.15      program
+//   memory scale α, offset β (GiB) prior sd   0.1, 2    the model's overhead term is a guess
+//   relative memory noise σ₀, strength a₀     3%, 2     allocator behaviour varies little
+//   an OOM is a surprise (not imputed) below  1e-3      P(OOM) predicted before it happened
+//   smallest θ_k a draw may take              0.05      no component of a step takes no time
+// clang-format on
 #pragma once
 
 #include <array>
