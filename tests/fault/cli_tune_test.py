@@ -88,7 +88,8 @@ def main():
         ([*replay, "--study", "b", "--tp", "2"], "--tp"),
         (["--backend", "tpu", *model, "--study", "b"], "--backend"),
         (["--backend", "replay", *model, "--study", "b"], "--replay-table"),
-        (["--backend", "cpu", *model, "--study", "b"], "MPI launcher"),
+        # Real trials need every rank of the launch: one process cannot be 1 x 8 GPUs.
+        (["--backend", "cpu", *model, "--study", "b"], "--nnodes"),
         ([*replay, "--study", "b", "--max-p-oom", "2"], "--max-p-oom"),
         (["--backend", "replay", "--replay-table", "missing.csv", *model, "--study", "b"],
          "missing.csv"),
