@@ -16,6 +16,7 @@ if [[ -z ${AUTOPAR_BIN:-} ]]; then
 fi
 bin=${AUTOPAR_BIN:-${AUTOPAR_BUILD_DIR:-$root/build}/autopar-tune}
 work=${AUTOPAR_WORK:-$(mktemp -d)}
+mkdir -p "$work"
 flags=(--nnodes 2 --nproc-per-node 2 --model tiny --global-batch-size 16)
 mpi=(mpirun -np 4 --oversubscribe -x OMP_NUM_THREADS=1)
 if [[ $(id -u) -eq 0 ]]; then mpi+=(--allow-run-as-root); fi
