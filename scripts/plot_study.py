@@ -105,6 +105,9 @@ def main(study):
     if oom:
         ax.scatter(oom, [budget or max(m for m in pmem if m)] * len(oom), marker="x",
                    color="tab:red", label="oom")
+    peaks = [m for m in mem + pmem if m]
+    if budget and peaks and max(peaks) < budget / 20:
+        ax.set_yscale("log")  # a budget far above the peaks would flatten them to a line
     ax.set_xlabel("trial")
     ax.set_ylabel("peak memory per rank (GiB)")
     ax.set_title("memory vs budget")
@@ -126,9 +129,10 @@ def main(study):
             ax.barh(range(len(rows)), vals, left=left, label=p)
             left = [a + b for a, b in zip(left, vals)]
         ax.set_yticks(range(len(rows)))
-        ax.set_yticklabels([f"#{r['rank']} {r['config']}" for r in rows], fontsize=7)
+        ax.set_yticklabels([f"#{r['rank']} " + r["config"].replace(",cp=1,up=1,ep=1", "")
+                            for r in rows], fontsize=7)
         ax.invert_yaxis()
-        ax.set_xlabel("predicted seconds per step (posterior mean)")
+        ax.set_xlabel("analytic model, nominal efficiencies (seconds per step)")
         ax.set_title("time breakdown of the top configurations")
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
