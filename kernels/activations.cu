@@ -1,7 +1,7 @@
 // SwiGLU and tanh-GeLU, forward and backward (ref: kernels/activations.h), elementwise in float.
 #include "kernels/cuda_common.cuh"
 
-namespace autopar::kernels::cuda {
+namespace AUTOPAR_CUDA_KERNELS_NS {
 namespace {
 
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -66,9 +66,8 @@ cudaError_t SwiGluForward(cudaStream_t stream, Storage t, const void* x, std::in
   if (rows <= 0 || ffn <= 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    SwiGluForwardKernel<T><<<GridFor(rows * ffn), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), rows, ffn, static_cast<T*>(y));
-    return cudaGetLastError();
+    return Launch(SwiGluForwardKernel<T>, GridFor(rows * ffn), kThreads, 0, stream,
+                  static_cast<const T*>(x), rows, ffn, static_cast<T*>(y));
   });
 }
 
@@ -77,9 +76,9 @@ cudaError_t SwiGluBackward(cudaStream_t stream, Storage t, const void* dy, const
   if (rows <= 0 || ffn <= 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    SwiGluBackwardKernel<T><<<GridFor(rows * ffn), kThreads, 0, stream>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(x), rows, ffn, static_cast<T*>(dx));
-    return cudaGetLastError();
+    return Launch(SwiGluBackwardKernel<T>, GridFor(rows * ffn), kThreads, 0, stream,
+                  static_cast<const T*>(dy), static_cast<const T*>(x), rows, ffn,
+                  static_cast<T*>(dx));
   });
 }
 
@@ -87,9 +86,8 @@ cudaError_t GeluForward(cudaStream_t stream, Storage t, const void* x, std::int6
   if (n <= 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    GeluForwardKernel<T>
-        <<<GridFor(n), kThreads, 0, stream>>>(static_cast<const T*>(x), n, static_cast<T*>(y));
-    return cudaGetLastError();
+    return Launch(GeluForwardKernel<T>, GridFor(n), kThreads, 0, stream, static_cast<const T*>(x),
+                  n, static_cast<T*>(y));
   });
 }
 
@@ -98,10 +96,9 @@ cudaError_t GeluBackward(cudaStream_t stream, Storage t, const void* dy, const v
   if (n <= 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    GeluBackwardKernel<T><<<GridFor(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(x), n, static_cast<T*>(dx));
-    return cudaGetLastError();
+    return Launch(GeluBackwardKernel<T>, GridFor(n), kThreads, 0, stream, static_cast<const T*>(dy),
+                  static_cast<const T*>(x), n, static_cast<T*>(dx));
   });
 }
 
-}  // namespace autopar::kernels::cuda
+}  // namespace AUTOPAR_CUDA_KERNELS_NS

@@ -6,7 +6,7 @@
 // state matches the CPU backend bit for bit.
 #include "kernels/cuda_common.cuh"
 
-namespace autopar::kernels::cuda {
+namespace AUTOPAR_CUDA_KERNELS_NS {
 namespace {
 
 template <typename M>
@@ -35,10 +35,9 @@ cudaError_t AdamStep(cudaStream_t stream, const AdamScalars& s, std::int64_t n, 
   if (n <= 0) return cudaSuccess;
   return Dispatch(model_t, [&](auto tag) {
     using M = decltype(tag);
-    AdamKernel<M><<<GridFor(n), kThreads, 0, stream>>>(s, n, master, grad, exp_avg, exp_avg_sq,
-                                                       static_cast<M*>(model));
-    return cudaGetLastError();
+    return Launch(AdamKernel<M>, GridFor(n), kThreads, 0, stream, s, n, master, grad, exp_avg,
+                  exp_avg_sq, static_cast<M*>(model));
   });
 }
 
-}  // namespace autopar::kernels::cuda
+}  // namespace AUTOPAR_CUDA_KERNELS_NS

@@ -12,7 +12,7 @@
 // which is what `accumulate` (a context-parallel ring's chunk pairs) and fused QKV buffers need.
 #include "kernels/cuda_attention.cuh"
 
-namespace autopar::kernels::cuda {
+namespace AUTOPAR_CUDA_KERNELS_NS {
 namespace {
 
 // lse and delta of the query rows [i0, i0 + bq) of head h: a warp per row. dout rows are in
@@ -79,11 +79,11 @@ __device__ __forceinline__ void StoreGrad(T* dst, float value, bool accumulate) 
 }
 
 template <typename T>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(kAttentionThreads)
     AttentionBackwardKvKernel(AttentionArgs a, AttentionTilePlan plan, const T* q, const T* k,
                               const T* v, const T* out, const T* dout, const float* lse, T* dk,
                               T* dv, bool accumulate) {
-  extern __shared__ float smem[];
+  float* smem = DynamicShared();
   const int bq = plan.block_q;
   const int bk = plan.block_kv;
   const int dim = plan.head_dim;
@@ -154,11 +154,11 @@ __global__ void __launch_bounds__(128)
 }
 
 template <typename T>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(kAttentionThreads)
     AttentionBackwardQKernel(AttentionArgs a, AttentionTilePlan plan, const T* q, const T* k,
                              const T* v, const T* out, const T* dout, const float* lse, T* dq,
                              bool accumulate) {
-  extern __shared__ float smem[];
+  float* smem = DynamicShared();
   const int bq = plan.block_q;
   const int bk = plan.block_kv;
   const int dim = plan.head_dim;
@@ -242,16 +242,13 @@ cudaError_t AttentionBackward(cudaStream_t stream, Storage t, const AttentionArg
     rc = PrepareSharedMemory(AttentionBackwardQKernel<T>, q_bytes, max_smem_bytes);
     if (rc != cudaSuccess) return rc;
     const dim3 kv_grid(static_cast<unsigned>(kv_heads), static_cast<unsigned>(kv_tiles));
-    AttentionBackwardKvKernel<T><<<kv_grid, plan.threads, kv_bytes, stream>>>(
-        args, plan, pq, pk, pv, pout, pdout, lse, static_cast<T*>(dk), static_cast<T*>(dv),
-        accumulate);
-    rc = cudaGetLastError();
+    rc = Launch(AttentionBackwardKvKernel<T>, kv_grid, plan.threads, kv_bytes, stream, args, plan,
+                pq, pk, pv, pout, pdout, lse, static_cast<T*>(dk), static_cast<T*>(dv), accumulate);
     if (rc != cudaSuccess) return rc;
     const dim3 q_grid(static_cast<unsigned>(q_heads), static_cast<unsigned>(q_tiles));
-    AttentionBackwardQKernel<T><<<q_grid, plan.threads, q_bytes, stream>>>(
-        args, plan, pq, pk, pv, pout, pdout, lse, static_cast<T*>(dq), accumulate);
-    return cudaGetLastError();
+    return Launch(AttentionBackwardQKernel<T>, q_grid, plan.threads, q_bytes, stream, args, plan,
+                  pq, pk, pv, pout, pdout, lse, static_cast<T*>(dq), accumulate);
   });
 }
 
-}  // namespace autopar::kernels::cuda
+}  // namespace AUTOPAR_CUDA_KERNELS_NS

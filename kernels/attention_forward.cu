@@ -9,14 +9,14 @@
 // fp32 shared memory, not tensor-core MMAs.
 #include "kernels/cuda_attention.cuh"
 
-namespace autopar::kernels::cuda {
+namespace AUTOPAR_CUDA_KERNELS_NS {
 namespace {
 
 template <typename T>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(kAttentionThreads)
     AttentionForwardKernel(AttentionArgs a, AttentionTilePlan plan, const T* q, const T* k,
                            const T* v, T* out, float* lse) {
-  extern __shared__ float smem[];
+  float* smem = DynamicShared();
   const int bq = plan.block_q;
   const int bk = plan.block_kv;
   const int dim = plan.head_dim;
@@ -160,10 +160,9 @@ cudaError_t AttentionForward(cudaStream_t stream, Storage t, const AttentionArgs
     const cudaError_t rc = PrepareSharedMemory(AttentionForwardKernel<T>, bytes, max_smem_bytes);
     if (rc != cudaSuccess) return rc;
     const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(q_tiles));
-    AttentionForwardKernel<T><<<grid, plan.threads, bytes, stream>>>(
-        args, plan, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-        static_cast<T*>(out), lse);
-    return cudaGetLastError();
+    return Launch(AttentionForwardKernel<T>, grid, plan.threads, bytes, stream, args, plan,
+                  static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                  static_cast<T*>(out), lse);
   });
 }
 
@@ -172,10 +171,9 @@ cudaError_t AttentionMerge(cudaStream_t stream, Storage t, std::int64_t rows, st
   if (rows <= 0 || head_dim <= 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    AttentionMergeKernel<T><<<GridFor(rows * kWarpSize), kThreads, 0, stream>>>(
-        rows, head_dim, static_cast<T*>(out), lse, static_cast<const T*>(part_out), part_lse);
-    return cudaGetLastError();
+    return Launch(AttentionMergeKernel<T>, GridFor(rows * kWarpSize), kThreads, 0, stream, rows,
+                  head_dim, static_cast<T*>(out), lse, static_cast<const T*>(part_out), part_lse);
   });
 }
 
-}  // namespace autopar::kernels::cuda
+}  // namespace AUTOPAR_CUDA_KERNELS_NS

@@ -5,7 +5,7 @@
 // tree, which keeps the relative error near 1e-6 for any vocabulary shard.
 #include "kernels/cuda_common.cuh"
 
-namespace autopar::kernels::cuda {
+namespace AUTOPAR_CUDA_KERNELS_NS {
 namespace {
 
 template <typename T>
@@ -62,19 +62,16 @@ __global__ void CrossEntropyBackwardKernel(const T* logits, const std::int32_t* 
   }
 }
 
-bool RowsFitGrid(std::int64_t rows) { return rows <= 0x7fffffff; }
-
 }  // namespace
 
 cudaError_t CrossEntropyMax(cudaStream_t stream, Storage t, const void* logits, std::int64_t rows,
                             std::int64_t vocab, float* row_max) {
   if (rows <= 0 || vocab <= 0) return cudaSuccess;
-  if (!RowsFitGrid(rows)) return cudaErrorInvalidConfiguration;
+  if (!FitsGridX(rows)) return cudaErrorInvalidConfiguration;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    CrossEntropyMaxKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        static_cast<const T*>(logits), vocab, row_max);
-    return cudaGetLastError();
+    return Launch(CrossEntropyMaxKernel<T>, static_cast<unsigned>(rows), kThreads, 0, stream,
+                  static_cast<const T*>(logits), vocab, row_max);
   });
 }
 
@@ -82,20 +79,20 @@ cudaError_t CrossEntropyPartials(cudaStream_t stream, Storage t, const void* log
                                  const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
                                  std::int64_t vocab_start, const float* row_max, float* partials) {
   if (rows <= 0 || vocab <= 0) return cudaSuccess;
-  if (!RowsFitGrid(rows)) return cudaErrorInvalidConfiguration;
+  if (!FitsGridX(rows)) return cudaErrorInvalidConfiguration;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    CrossEntropyPartialsKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        static_cast<const T*>(logits), targets, rows, vocab, vocab_start, row_max, partials);
-    return cudaGetLastError();
+    return Launch(CrossEntropyPartialsKernel<T>, static_cast<unsigned>(rows), kThreads, 0, stream,
+                  static_cast<const T*>(logits), targets, rows, vocab, vocab_start, row_max,
+                  partials);
   });
 }
 
 cudaError_t CrossEntropyLoss(cudaStream_t stream, const float* row_max, const float* partials,
                              std::int64_t rows, float* loss) {
   if (rows <= 0) return cudaSuccess;
-  CrossEntropyLossKernel<<<GridFor(rows), kThreads, 0, stream>>>(row_max, partials, rows, loss);
-  return cudaGetLastError();
+  return Launch(CrossEntropyLossKernel, GridFor(rows), kThreads, 0, stream, row_max, partials, rows,
+                loss);
 }
 
 cudaError_t CrossEntropyBackward(cudaStream_t stream, Storage t, const void* logits,
@@ -105,11 +102,10 @@ cudaError_t CrossEntropyBackward(cudaStream_t stream, Storage t, const void* log
   if (rows <= 0 || vocab <= 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    CrossEntropyBackwardKernel<T><<<GridFor(rows * vocab), kThreads, 0, stream>>>(
-        static_cast<const T*>(logits), targets, row_max, partials, dloss, rows, vocab, vocab_start,
-        static_cast<T*>(dlogits));
-    return cudaGetLastError();
+    return Launch(CrossEntropyBackwardKernel<T>, GridFor(rows * vocab), kThreads, 0, stream,
+                  static_cast<const T*>(logits), targets, row_max, partials, dloss, rows, vocab,
+                  vocab_start, static_cast<T*>(dlogits));
   });
 }
 
-}  // namespace autopar::kernels::cuda
+}  // namespace AUTOPAR_CUDA_KERNELS_NS

@@ -10,7 +10,7 @@
 #include "kernels/cuda_attention_plan.cuh"
 #include "kernels/cuda_common.cuh"
 
-namespace autopar::kernels::cuda {
+namespace AUTOPAR_CUDA_KERNELS_NS {
 
 // Key j of the chunk is visible to query i of the chunk; out-of-range rows see nothing.
 __device__ __forceinline__ bool Visible(const AttentionArgs& a, std::int64_t i, std::int64_t j) {
@@ -49,13 +49,13 @@ __device__ __forceinline__ void LoadTile(float* tile, int tile_stride, const T* 
   }
 }
 
-// Dynamic shared memory past the default 48 KiB must be opted into per kernel.
-template <typename Kernel>
-cudaError_t PrepareSharedMemory(Kernel kernel, std::size_t bytes, int max_bytes) {
+// Checks `bytes` against the device's opt-in limit and opts the kernel into it when it passes the
+// default 48 KiB.
+template <typename... Params>
+cudaError_t PrepareSharedMemory(void (*kernel)(Params...), std::size_t bytes, int max_bytes) {
   if (bytes > static_cast<std::size_t>(max_bytes)) return cudaErrorInvalidConfiguration;
   if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(bytes));
+  return AllowDynamicShared(kernel, static_cast<int>(bytes));
 }
 
-}  // namespace autopar::kernels::cuda
+}  // namespace AUTOPAR_CUDA_KERNELS_NS

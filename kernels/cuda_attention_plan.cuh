@@ -12,6 +12,9 @@
 
 namespace autopar::kernels::cuda {
 
+// Threads per attention block; the kernels' __launch_bounds__ use it too.
+inline constexpr int kAttentionThreads = 128;
+
 struct AttentionTilePlan {
   int block_q = 0;   // query rows per tile
   int block_kv = 0;  // key rows per tile (<= 32: one lane per key in the softmax)
@@ -52,7 +55,7 @@ constexpr AttentionTilePlan PlanAttentionTiles(std::int64_t head_dim) {
   AttentionTilePlan plan;
   plan.head_dim = static_cast<int>(head_dim);
   plan.block_q = plan.block_kv = head_dim <= 128 ? 32 : head_dim <= 256 ? 16 : 8;
-  plan.threads = 128;
+  plan.threads = kAttentionThreads;
   plan.row_stride = static_cast<int>(head_dim % 2 == 0 ? head_dim + 1 : head_dim);
   return plan;
 }

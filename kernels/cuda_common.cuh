@@ -1,17 +1,65 @@
 // Device-side helpers shared by kernels/*.cu: float <-> storage conversion, warp and block
-// reductions, grid sizing and dispatch on the storage type. Included by .cu files only.
+// reductions, grid sizing, dispatch on the storage type, and the few runtime calls the launchers
+// make (Launch, MemsetAsync, AllowDynamicShared). Included by .cu files only.
+//
+// Host emulation: with AUTOPAR_KERNEL_EMULATION defined, tests/unit/cuda_emulation.h (included
+// first) supplies those runtime calls and the device built-ins (threadIdx, __syncthreads, warp
+// shuffles, atomics) on the host, one std::thread per CUDA thread, and a plain C++ compiler builds
+// the very kernels and launchers of kernels/*.cu. That is how the kernels' index math and
+// synchronisation are tested on machines without a GPU (tests/unit/cuda_emulation_test.cc).
 #pragma once
 
 #include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/cuda_kernels.cuh"
 
-namespace autopar::kernels::cuda {
+// The emulated kernels live in a namespace of their own, so that they and the real ones, linked
+// into the same test binary, never share a symbol.
+#if defined(AUTOPAR_KERNEL_EMULATION)
+#define AUTOPAR_CUDA_KERNELS_NS autopar::kernels::cuda::emulated
+#else
+#define AUTOPAR_CUDA_KERNELS_NS autopar::kernels::cuda
+#include <cuda_runtime.h>
+#endif
+
+namespace AUTOPAR_CUDA_KERNELS_NS {
+
+#if !defined(AUTOPAR_KERNEL_EMULATION)
+// Launch arguments convert to the kernel's parameter types at the call, as with <<<>>>.
+template <typename T>
+struct LaunchArg {
+  using type = T;
+};
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), returning the launch status.
+template <typename... Params>
+cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
+                   cudaStream_t stream, typename LaunchArg<Params>::type... args) {
+  kernel<<<grid, block, shared_bytes, stream>>>(args...);
+  return cudaGetLastError();
+}
+
+inline cudaError_t MemsetAsync(void* data, int value, std::size_t bytes, cudaStream_t stream) {
+  return cudaMemsetAsync(data, value, bytes, stream);
+}
+
+// Dynamic shared memory past the default 48 KiB must be opted into per kernel.
+template <typename... Params>
+cudaError_t AllowDynamicShared(void (*kernel)(Params...), int bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+// The block's dynamic shared memory (the launch's shared_bytes), as floats.
+__device__ __forceinline__ float* DynamicShared() {
+  extern __shared__ float autopar_dynamic_shared[];
+  return autopar_dynamic_shared;
+}
+#endif
 
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -100,6 +148,9 @@ __device__ __forceinline__ std::int64_t GridThreads() {
   return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
 }
 
+// Kernels that put rows on blockIdx.x need rows below 2^31.
+inline bool FitsGridX(std::int64_t n) { return n > 0 && n <= 0x7fffffff; }
+
 // Calls f(T{}) with T the storage type: `return Dispatch(t, [&](auto tag) { using T =
 // decltype(tag); ... })`.
 template <typename F>
@@ -108,4 +159,4 @@ cudaError_t Dispatch(Storage t, F&& f) {
   return f(float{});
 }
 
-}  // namespace autopar::kernels::cuda
+}  // namespace AUTOPAR_CUDA_KERNELS_NS

@@ -2,7 +2,7 @@
 #include "kernels/cuda_common.cuh"
 #include "kernels/init.h"
 
-namespace autopar::kernels::cuda {
+namespace AUTOPAR_CUDA_KERNELS_NS {
 namespace {
 
 template <typename T>
@@ -114,8 +114,7 @@ cudaError_t Fill(cudaStream_t stream, Storage t, void* x, std::int64_t n, float 
   if (n <= 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    FillKernel<T><<<GridFor(n), kThreads, 0, stream>>>(static_cast<T*>(x), n, value);
-    return cudaGetLastError();
+    return Launch(FillKernel<T>, GridFor(n), kThreads, 0, stream, static_cast<T*>(x), n, value);
   });
 }
 
@@ -125,9 +124,8 @@ cudaError_t FillHash(cudaStream_t stream, Storage t, void* x, std::uint64_t seed
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    FillHashKernel<T><<<GridFor(rows * cols), kThreads, 0, stream>>>(
-        static_cast<T*>(x), seed, scale, rows, cols, global_cols, row_offset, col_offset);
-    return cudaGetLastError();
+    return Launch(FillHashKernel<T>, GridFor(rows * cols), kThreads, 0, stream, static_cast<T*>(x),
+                  seed, scale, rows, cols, global_cols, row_offset, col_offset);
   });
 }
 
@@ -138,9 +136,8 @@ cudaError_t Convert(cudaStream_t stream, Storage dst_t, void* dst, Storage src_t
     using D = decltype(dst_tag);
     return Dispatch(src_t, [&](auto src_tag) {
       using S = decltype(src_tag);
-      ConvertKernel<D, S><<<GridFor(n), kThreads, 0, stream>>>(static_cast<D*>(dst),
-                                                               static_cast<const S*>(src), n);
-      return cudaGetLastError();
+      return Launch(ConvertKernel<D, S>, GridFor(n), kThreads, 0, stream, static_cast<D*>(dst),
+                    static_cast<const S*>(src), n);
     });
   });
 }
@@ -150,9 +147,8 @@ cudaError_t Add(cudaStream_t stream, Storage t, const void* a, const void* b, vo
   if (n <= 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    AddKernel<T><<<GridFor(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n);
-    return cudaGetLastError();
+    return Launch(AddKernel<T>, GridFor(n), kThreads, 0, stream, static_cast<const T*>(a),
+                  static_cast<const T*>(b), static_cast<T*>(out), n);
   });
 }
 
@@ -161,9 +157,8 @@ cudaError_t Axpy(cudaStream_t stream, Storage t, float alpha, const void* x, voi
   if (n <= 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    AxpyKernel<T><<<GridFor(n), kThreads, 0, stream>>>(alpha, static_cast<const T*>(x),
-                                                       static_cast<T*>(y), n);
-    return cudaGetLastError();
+    return Launch(AxpyKernel<T>, GridFor(n), kThreads, 0, stream, alpha, static_cast<const T*>(x),
+                  static_cast<T*>(y), n);
   });
 }
 
@@ -171,8 +166,7 @@ cudaError_t Scale(cudaStream_t stream, Storage t, void* x, std::int64_t n, float
   if (n <= 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    ScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(static_cast<T*>(x), n, alpha);
-    return cudaGetLastError();
+    return Launch(ScaleKernel<T>, GridFor(n), kThreads, 0, stream, static_cast<T*>(x), n, alpha);
   });
 }
 
@@ -182,9 +176,8 @@ cudaError_t ScaleMatrix(cudaStream_t stream, Storage t, void* c, std::int64_t ba
   if (batch <= 0 || rows <= 0 || cols <= 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    ScaleMatrixKernel<T><<<GridFor(batch * rows * cols), kThreads, 0, stream>>>(
-        static_cast<T*>(c), batch, rows, cols, ld, stride, beta);
-    return cudaGetLastError();
+    return Launch(ScaleMatrixKernel<T>, GridFor(batch * rows * cols), kThreads, 0, stream,
+                  static_cast<T*>(c), batch, rows, cols, ld, stride, beta);
   });
 }
 
@@ -194,26 +187,23 @@ cudaError_t SumSquares(cudaStream_t stream, Storage t, const void* x, std::int64
   const int blocks = static_cast<int>(std::min<unsigned>(GridFor(n), kSumSquaresPartials));
   const cudaError_t rc = Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    SumSquaresPartialKernel<T>
-        <<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(x), n, partials);
-    return cudaGetLastError();
+    return Launch(SumSquaresPartialKernel<T>, blocks, kThreads, 0, stream, static_cast<const T*>(x),
+                  n, partials);
   });
   if (rc != cudaSuccess) return rc;
-  SumSquaresFinalKernel<<<1, 1, 0, stream>>>(partials, blocks, sum);
-  return cudaGetLastError();
+  return Launch(SumSquaresFinalKernel, 1, 1, 0, stream, partials, blocks, sum);
 }
 
 cudaError_t FindNonfinite(cudaStream_t stream, Storage t, const void* x, std::int64_t n,
                           unsigned long long* first_bad) {
   // All ones is UINT64_MAX: "nothing found" unless the kernel lowers it.
-  cudaError_t rc = cudaMemsetAsync(first_bad, 0xff, sizeof(*first_bad), stream);
+  const cudaError_t rc = MemsetAsync(first_bad, 0xff, sizeof(*first_bad), stream);
   if (rc != cudaSuccess || n <= 0) return rc;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    FindNonfiniteKernel<T>
-        <<<GridFor(n), kThreads, 0, stream>>>(static_cast<const T*>(x), n, first_bad);
-    return cudaGetLastError();
+    return Launch(FindNonfiniteKernel<T>, GridFor(n), kThreads, 0, stream, static_cast<const T*>(x),
+                  n, first_bad);
   });
 }
 
-}  // namespace autopar::kernels::cuda
+}  // namespace AUTOPAR_CUDA_KERNELS_NS

@@ -4,7 +4,7 @@
 // ids in a batch hit the same row, and the addition order across them is not fixed.
 #include "kernels/cuda_common.cuh"
 
-namespace autopar::kernels::cuda {
+namespace AUTOPAR_CUDA_KERNELS_NS {
 namespace {
 
 template <typename T>
@@ -41,10 +41,9 @@ cudaError_t EmbeddingForward(cudaStream_t stream, Storage t, const void* table,
   if (tokens <= 0 || hidden <= 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    EmbeddingForwardKernel<T><<<GridFor(tokens * hidden), kThreads, 0, stream>>>(
-        static_cast<const T*>(table), ids, tokens, hidden, vocab, vocab_start,
-        static_cast<T*>(out));
-    return cudaGetLastError();
+    return Launch(EmbeddingForwardKernel<T>, GridFor(tokens * hidden), kThreads, 0, stream,
+                  static_cast<const T*>(table), ids, tokens, hidden, vocab, vocab_start,
+                  static_cast<T*>(out));
   });
 }
 
@@ -54,10 +53,9 @@ cudaError_t EmbeddingBackward(cudaStream_t stream, Storage t, const void* dout,
   if (tokens <= 0 || hidden <= 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    EmbeddingBackwardKernel<T><<<GridFor(tokens * hidden), kThreads, 0, stream>>>(
-        static_cast<const T*>(dout), ids, tokens, hidden, vocab, vocab_start, dtable);
-    return cudaGetLastError();
+    return Launch(EmbeddingBackwardKernel<T>, GridFor(tokens * hidden), kThreads, 0, stream,
+                  static_cast<const T*>(dout), ids, tokens, hidden, vocab, vocab_start, dtable);
   });
 }
 
-}  // namespace autopar::kernels::cuda
+}  // namespace AUTOPAR_CUDA_KERNELS_NS

@@ -8,7 +8,7 @@
 // bits of dgamma may differ between runs).
 #include "kernels/cuda_common.cuh"
 
-namespace autopar::kernels::cuda {
+namespace AUTOPAR_CUDA_KERNELS_NS {
 namespace {
 
 constexpr int kColumnsPerBlock = 32;
@@ -125,8 +125,6 @@ __global__ void NormBackwardParamsKernel(const T* dy, const T* x, const float* m
   }
 }
 
-bool RowsFitGrid(std::int64_t rows) { return rows > 0 && rows <= 0x7fffffff; }
-
 template <typename T>
 cudaError_t LaunchParams(cudaStream_t stream, const T* dy, const T* x, const float* mean,
                          const float* rstd, std::int64_t rows, std::int64_t hidden, float* dgamma,
@@ -137,9 +135,8 @@ cudaError_t LaunchParams(cudaStream_t stream, const T* dy, const T* x, const flo
   const dim3 grid(static_cast<unsigned>((hidden + kColumnsPerBlock - 1) / kColumnsPerBlock),
                   static_cast<unsigned>(slices));
   const dim3 block(kColumnsPerBlock, kRowGroups);
-  NormBackwardParamsKernel<T>
-      <<<grid, block, 0, stream>>>(dy, x, mean, rstd, rows, hidden, dgamma, dbeta);
-  return cudaGetLastError();
+  return Launch(NormBackwardParamsKernel<T>, grid, block, 0, stream, dy, x, mean, rstd, rows,
+                hidden, dgamma, dbeta);
 }
 
 }  // namespace
@@ -148,13 +145,12 @@ cudaError_t RmsNormForward(cudaStream_t stream, Storage t, const void* x, const 
                            std::int64_t rows, std::int64_t hidden, float eps, void* y,
                            float* rstd) {
   if (rows <= 0 || hidden <= 0) return cudaSuccess;
-  if (!RowsFitGrid(rows)) return cudaErrorInvalidConfiguration;
+  if (!FitsGridX(rows)) return cudaErrorInvalidConfiguration;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    RmsNormForwardKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(gamma), hidden, eps, static_cast<T*>(y),
-        rstd);
-    return cudaGetLastError();
+    return Launch(RmsNormForwardKernel<T>, static_cast<unsigned>(rows), kThreads, 0, stream,
+                  static_cast<const T*>(x), static_cast<const T*>(gamma), hidden, eps,
+                  static_cast<T*>(y), rstd);
   });
 }
 
@@ -162,7 +158,7 @@ cudaError_t RmsNormBackward(cudaStream_t stream, Storage t, const void* dy, cons
                             const void* gamma, const float* rstd, std::int64_t rows,
                             std::int64_t hidden, void* dx, float* dgamma) {
   if (rows <= 0 || hidden <= 0) return cudaSuccess;
-  if (!RowsFitGrid(rows)) return cudaErrorInvalidConfiguration;
+  if (!FitsGridX(rows)) return cudaErrorInvalidConfiguration;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     const T* pdy = static_cast<const T*>(dy);
@@ -171,9 +167,8 @@ cudaError_t RmsNormBackward(cudaStream_t stream, Storage t, const void* dy, cons
     const cudaError_t rc =
         LaunchParams<T>(stream, pdy, px, nullptr, rstd, rows, hidden, dgamma, nullptr);
     if (rc != cudaSuccess) return rc;
-    NormBackwardDxKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        pdy, px, static_cast<const T*>(gamma), nullptr, rstd, hidden, static_cast<T*>(dx));
-    return cudaGetLastError();
+    return Launch(NormBackwardDxKernel<T>, static_cast<unsigned>(rows), kThreads, 0, stream, pdy,
+                  px, static_cast<const T*>(gamma), nullptr, rstd, hidden, static_cast<T*>(dx));
   });
 }
 
@@ -181,13 +176,12 @@ cudaError_t LayerNormForward(cudaStream_t stream, Storage t, const void* x, cons
                              const void* beta, std::int64_t rows, std::int64_t hidden, float eps,
                              void* y, float* mean, float* rstd) {
   if (rows <= 0 || hidden <= 0) return cudaSuccess;
-  if (!RowsFitGrid(rows)) return cudaErrorInvalidConfiguration;
+  if (!FitsGridX(rows)) return cudaErrorInvalidConfiguration;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    LayerNormForwardKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta), hidden,
-        eps, static_cast<T*>(y), mean, rstd);
-    return cudaGetLastError();
+    return Launch(LayerNormForwardKernel<T>, static_cast<unsigned>(rows), kThreads, 0, stream,
+                  static_cast<const T*>(x), static_cast<const T*>(gamma),
+                  static_cast<const T*>(beta), hidden, eps, static_cast<T*>(y), mean, rstd);
   });
 }
 
@@ -196,7 +190,7 @@ cudaError_t LayerNormBackward(cudaStream_t stream, Storage t, const void* dy, co
                               std::int64_t rows, std::int64_t hidden, void* dx, float* dgamma,
                               float* dbeta) {
   if (rows <= 0 || hidden <= 0) return cudaSuccess;
-  if (!RowsFitGrid(rows)) return cudaErrorInvalidConfiguration;
+  if (!FitsGridX(rows)) return cudaErrorInvalidConfiguration;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     const T* pdy = static_cast<const T*>(dy);
@@ -204,10 +198,9 @@ cudaError_t LayerNormBackward(cudaStream_t stream, Storage t, const void* dy, co
     const cudaError_t rc =
         LaunchParams<T>(stream, pdy, px, mean, rstd, rows, hidden, dgamma, dbeta);
     if (rc != cudaSuccess) return rc;
-    NormBackwardDxKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        pdy, px, static_cast<const T*>(gamma), mean, rstd, hidden, static_cast<T*>(dx));
-    return cudaGetLastError();
+    return Launch(NormBackwardDxKernel<T>, static_cast<unsigned>(rows), kThreads, 0, stream, pdy,
+                  px, static_cast<const T*>(gamma), mean, rstd, hidden, static_cast<T*>(dx));
   });
 }
 
-}  // namespace autopar::kernels::cuda
+}  // namespace AUTOPAR_CUDA_KERNELS_NS

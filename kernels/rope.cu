@@ -6,7 +6,7 @@
 // ~10^-2 rad, more than bf16 resolves.
 #include "kernels/cuda_common.cuh"
 
-namespace autopar::kernels::cuda {
+namespace AUTOPAR_CUDA_KERNELS_NS {
 namespace {
 
 template <typename T>
@@ -49,10 +49,9 @@ cudaError_t Rope(cudaStream_t stream, Storage t, const RopeArgs& args, const voi
   if (n <= 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    RopeKernel<T><<<GridFor(n), kThreads, 0, stream>>>(args, static_cast<const T*>(x),
-                                                       static_cast<T*>(y), sign);
-    return cudaGetLastError();
+    return Launch(RopeKernel<T>, GridFor(n), kThreads, 0, stream, args, static_cast<const T*>(x),
+                  static_cast<T*>(y), sign);
   });
 }
 
-}  // namespace autopar::kernels::cuda
+}  // namespace AUTOPAR_CUDA_KERNELS_NS

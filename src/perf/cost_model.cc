@@ -120,7 +120,9 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
   const double ep = c.ep;
   const int64_t layers_per_stage = m.num_layers / c.pp;
   const int64_t microbatches = train_.global_batch_size / (int64_t{c.dp} * c.mbs);
-  const double dp_cp = static_cast<double>(c.dp) * c.cp;
+  // Every rank of the up·cp·dp block holds the same dense weights (the gradient reduction and
+  // the distributed optimizer span them all); the experts are split over ep of them.
+  const double replicas = static_cast<double>(c.dp) * c.cp * c.up;
 
   // Activation bytes of one layer for one micro-batch (Korthikanti et al. 2022, generalised to
   // GQA, gated MLPs, MoE and sequence splitting).
@@ -129,26 +131,59 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
   const double a = m.num_attention_heads;
   const double d = m.is_mla() ? m.qk_head_dim + m.qk_pos_emb_head_dim : m.head_dim();
   const double g = m.is_mla() ? a : m.num_query_groups;
+  const double up = c.up;
+  // Heads per rank: query heads split by tp; kv heads split by tp (replicated when fewer), and
+  // after the Ulysses all-to-all a rank holds the kv heads its heads/up query heads read, so the
+  // up ranks together hold max(kv heads, up) of them.
+  const double tp_heads = a / t;
+  const double tp_kv = std::max(g / t, 1.0);
+  const double ul_kv = up > 1 ? std::max(tp_kv, up) : tp_kv;
   // Saved per layer: the inputs and outputs of both norms (replicated over tp unless SP shards
-  // them) and dropout masks; q, k, v and the attention output; the MLP's fc1 output (gate and up
-  // for SwiGLU) and activation output.
+  // them) and dropout masks; q, k, v (with Ulysses, the all-to-all's output) and the attention
+  // output (with Ulysses, also its head-sharded form before the all-to-all back, unless selective
+  // recompute reruns it); the MLP's fc1 output (gate and up for SwiGLU) and activation output.
   const double replicated = (4 * elem + (stack.dropout ? 2 : 0)) * tokens * h;
-  const double attention_sharded = elem * tokens * (2 * a * d + 2 * g * d);
+  const double attention_saved =
+      elem * tokens * d * (2 * tp_heads + 2 * ul_kv +
+                           (up > 1 && c.recompute != Recompute::kSelective ? tp_heads : 0));
   const double gated = elem * (m.activation == Activation::kSwiGLU ? 3 : 2);
   const double scores =
       stack.flash_attention || c.recompute == Recompute::kSelective
           ? 0
           : ((stack.dropout ? 1 + 2 * elem : elem)) * c.mbs * (a / c.up) *
                 (train_.seq_length / c.cp) * train_.seq_length;
-  auto layer_bytes = [&](bool moe) {
-    double mlp = gated * tokens * m.ffn_hidden_size;
-    if (moe) {
-      mlp = gated * tokens * m.moe_router_topk * m.moe_ffn_hidden_size +
-            elem * tokens * m.moe_router_topk * h +  // dispatched tokens
-            gated * tokens * m.moe_shared_expert_intermediate_size;
-    }
-    return replicated / (c.sp ? t : 1) + (attention_sharded + mlp + scores) / t;
+  // A MoE layer's routed part (dropless, balanced routing): each tp rank routes its 1/tp of the
+  // rows to top-k experts; the expert-parallel all-to-all and the tp all-gather (experts are
+  // tp-sharded) bring every rank tokens·k rows, kept as the experts' input [tokens·k, h] with
+  // their tp-sharded fc1 and activation outputs; each token's k expert outputs are kept for the
+  // gates' gradient.
+  const double k = m.moe_router_topk;
+  const double routed =
+      elem * tokens * k * h * (1 + 1 / t) + gated * tokens * k * m.moe_ffn_hidden_size / t;
+  // One layer without its routed experts (what the backward pass's buffers are sized for).
+  auto layer_ws = [&](bool moe) {
+    const double ffn = moe ? m.moe_shared_expert_intermediate_size : m.ffn_hidden_size;
+    return replicated / (c.sp ? t : 1) + attention_saved + (gated * tokens * ffn + scores) / t;
   };
+  auto layer_bytes = [&](bool moe) { return layer_ws(moe) + (moe ? routed : 0); };
+  // Transient buffers of a MoE layer's backward: dispatch and combine ping-pong buffers
+  // ([tokens·k, h] each), the experts' input gradient and their fc1 / activation gradients; and
+  // the router's input gradient [tokens / tp, h].
+  const double moe_transient = elem * tokens * (k * 3 * h + h / t) +
+                               gated * tokens * k * m.moe_ffn_hidden_size / t;
+  // The sequence-split attention's workspaces (ContextAttention): the Ulysses send and receive
+  // buffers and the head-sharded output and QKV gradients; the ring's K/V blocks (the own one,
+  // two in flight) and their gradients (two being summed, one arriving), and a merge buffer.
+  double context_ws = 0;
+  if (c.cp > 1 || c.up > 1) {
+    const double rows = tokens * up, ul_cols = d * (tp_heads + 2 * ul_kv) / up;
+    const double kv_cols = 2 * d * ul_kv / up;
+    context_ws = rows * ul_cols;
+    if (c.up > 1) context_ws += 2 * rows * ul_cols + rows * d * tp_heads / up;
+    if (c.cp > 1) context_ws += 6 * rows * kv_cols + rows / 2 * d * tp_heads / up;
+    if (c.up > 1 && c.recompute == Recompute::kSelective) context_ws += tokens * d * tp_heads;
+    context_ws *= elem;
+  }
   const double layer_input = elem * tokens * h / (c.sp ? t : 1);  // what full recompute keeps
 
   auto stage_bytes = [&](int64_t stage) {
@@ -172,7 +207,7 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
     const double experts = moe_layers * static_cast<double>(params_.expert_per_layer) / (t * ep);
     mem.weights = weight_bytes * (dense + experts);
     mem.gradients = 4 * (dense + experts);  // fp32 main gradients
-    mem.optimizer = optimizer_bytes * (c.dist_opt ? dense / dp_cp + experts / (dp_cp / ep)
+    mem.optimizer = optimizer_bytes * (c.dist_opt ? dense / replicas + experts / (replicas / ep)
                                                   : dense + experts);
 
     // Micro-batches whose activations are alive at the peak of this stage.
@@ -186,8 +221,10 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
     // tensor-parallel region ([s·b, h] each) and the residual-stream gradients and pipeline
     // send/recv buffers (local [s·b, h] each). A fully recomputed layer rebuilds its activations
     // first.
-    double working = std::max(dense_layer_bytes, moe_layers > 0 ? moe_layer_bytes : 0.0) +
-                     elem * tokens * h * (2 + 6 / (c.sp ? t : 1));
+    double working = std::max(dense_layers > 0 ? layer_ws(false) : 0.0,
+                              moe_layers > 0 ? layer_ws(true) : 0.0) +
+                     elem * tokens * h * (2 + 6 / (c.sp ? t : 1)) + context_ws +
+                     (moe_layers > 0 ? moe_transient : 0.0);
     if (c.recompute == Recompute::kFull) {
       // Megatron's block method recomputes the first N layers of every model chunk.
       const int64_t per_chunk = layers_per_stage / c.vpp;

@@ -54,6 +54,11 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   const double qk_dim = m.is_mla() ? m.qk_head_dim + m.qk_pos_emb_head_dim : m.head_dim();
   const double v_dim = m.is_mla() ? m.v_head_dim : m.head_dim();
   const double kv_heads = m.is_mla() ? a : m.num_query_groups;
+  // Heads per rank: query heads split by tp; kv heads by tp (replicated when fewer); after the
+  // Ulysses all-to-all the up ranks together hold max(kv heads, up) of a tp rank's kv heads.
+  const double tp_heads = a / t;
+  const double tp_kv = std::max(kv_heads / t, 1.0);
+  const double ul_kv = c.up > 1 ? std::max(tp_kv, static_cast<double>(c.up)) : tp_kv;
   const double attn_params = params_.attention_per_layer;
   const double one_expert =
       m.is_moe() ? static_cast<double>(params_.expert_per_layer) / m.num_experts : 0;
@@ -74,14 +79,16 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     }
     // Attention core over the full key range; flash skips the masked half of a causal square.
     const double heads = a / (t * c.up);
-    const double attn_flops = 2 * c.mbs * (s / c.cp) * s * heads * (qk_dim + v_dim) * c.up;
+    // A rank attends with its heads/(tp·up) heads for the cp rank's s/cp queries over all s keys
+    // (after the Ulysses all-to-all); the load-balanced chunks give every rank the same share.
+    const double attn_flops = 2 * c.mbs * (s / c.cp) * s * heads * (qk_dim + v_dim);
     double softmax = 0;  // the unfused attention's passes over the score matrix
     if (stack.flash_attention) {
       f[kAttention] = 0.5 * attn_flops / (peak_flops_ * e.attention);
     } else {
       f[kAttention] = attn_flops / (peak_flops_ * e.attention_unfused);
       // Scale-mask-softmax and dropout over the score matrix, bf16 in and out (+ a byte mask).
-      const double score_elems = c.mbs * heads * (s / c.cp) * s * c.up;
+      const double score_elems = c.mbs * heads * (s / c.cp) * s;
       softmax = score_elems * (stack.dropout ? 9 : 4) / hbm;
       f[kMemoryBound] += softmax;
     }
@@ -105,20 +112,44 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     const double act_bytes = kBf16Bytes * tokens * h;
     f[kTpComm] = c.sp ? 4 * AllGatherTime(act_bytes, c.tp, tp_stride)
                       : 2 * AllReduceTime(act_bytes, c.tp, tp_stride);
-    // Ulysses: all-to-all q, k, v into head shards and the output back.
-    f[kUlyssesComm] = AllToAllTime(kBf16Bytes * tokens * (2 * a * qk_dim + 2 * kv_heads * v_dim) / t,
-                                   c.up, up_stride);
-    // Context parallel: cp − 1 ring steps pass K/V blocks, each hidden behind one block's attention.
-    if (c.cp > 1) {
-      const double kv_block = kBf16Bytes * tokens * kv_heads * (qk_dim + v_dim) / t;
-      const double step = P2PTime(kv_block, CrossesNodes(c.cp, cp_stride));
-      const double compute_step = f[kAttention] / c.cp;
-      f[kCpComm] = (c.cp - 1) * std::max(0.0, step - compute_step);
+    // Ulysses (as the trial runs it): one all-to-all of q, k and v into head shards (kv heads
+    // replicated when a tp rank has fewer than up), one of the output back; backward mirrors
+    // them. The buffers are packed and unpacked by row gathers.
+    if (c.up > 1) {
+      const double qkv_bytes = kBf16Bytes * tokens * (tp_heads * qk_dim + ul_kv * (qk_dim + v_dim));
+      const double o_bytes = kBf16Bytes * tokens * tp_heads * v_dim;
+      f[kUlyssesComm] =
+          AllToAllTime(qkv_bytes, c.up, up_stride) + AllToAllTime(o_bytes, c.up, up_stride);
+      f[kMemoryBound] += 2 * (qkv_bytes + o_bytes) / hbm;
     }
-    // Expert parallel: dispatch and combine all-to-alls of the routed tokens.
+    // Context parallel (ring attention, load-balanced chunks): cp − 1 steps pass the K/V block
+    // of the rank's rows, each behind that step's attention; the blocks are merged by
+    // log-sum-exp. Backward passes K/V and their gradients together, and the gradients take one
+    // more hop home after the last step, which nothing hides.
+    double cp_bwd = 0;
+    if (c.cp > 1) {
+      const double kv_block = kBf16Bytes * tokens * ul_kv * (qk_dim + v_dim);
+      const bool crosses = CrossesNodes(c.cp, cp_stride);
+      const double step = P2PTime(kv_block, crosses), both = P2PTime(2 * kv_block, crosses);
+      const double attention_step = f[kAttention] / c.cp;
+      const double backward_step = (stack.flash_attention ? 2.5 : 2.0) * attention_step;
+      f[kCpComm] = (c.cp - 1) * std::max(0.0, step - attention_step);
+      cp_bwd = (c.cp - 1) * std::max(0.0, both - backward_step) + step;
+      // Merges: 2·cp − 1 partial results of half the rows each, read twice and written once.
+      f[kMemoryBound] +=
+          (2.0 * c.cp - 2) * 3 * kBf16Bytes * tokens * tp_heads * v_dim / 2 / hbm;
+    }
+    // Expert parallel (the trial's dropless dispatcher): each tp rank routes its 1/tp of the rows;
+    // dispatch is an all-to-all over ep of their k copies, then (experts being tp-sharded) a tp
+    // all-gather of what arrived; combine is a tp reduce-scatter and the all-to-all back. The
+    // per-expert counts travel first (a small all-to-all and a host round trip).
     if (moe) {
-      f[kEpComm] = 2 * AllToAllTime(kBf16Bytes * tokens * m.moe_router_topk * h / (c.sp ? t : 1),
-                                    c.ep, cp_stride);
+      const double routed = kBf16Bytes * tokens * m.moe_router_topk * h;
+      f[kEpComm] = 2 * AllToAllTime(routed / t, c.ep, cp_stride) +
+                   2 * AllGatherTime(routed, c.tp, tp_stride) +
+                   (c.ep > 1 ? AllToAllTime(0, c.ep, cp_stride) : 0);
+      // Row gathers of dispatch, sort, unsort and combine.
+      f[kMemoryBound] += 2 * (2 * routed / t + 2 * routed) / hbm;
     }
 
     // Backward: twice the GEMM FLOPs (input and weight gradients), the same collectives.
@@ -127,10 +158,11 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     b[kGemm] = 2 * f[kGemm];
     b[kAttention] = (stack.flash_attention ? 2.5 : 2.0) * f[kAttention];
     b[kMemoryBound] = 2 * f[kMemoryBound];
-    b[kCpComm] = 2 * f[kCpComm];
+    b[kCpComm] = cp_bwd;
     if (c.recompute == Recompute::kSelective) {  // the attention core runs forward again
       b[kAttention] += f[kAttention];
       b[kMemoryBound] += softmax;
+      b[kCpComm] += f[kCpComm];
     }
     return lc;
   };
@@ -195,23 +227,24 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   }
 
   // Data-parallel gradient reduction (and the distributed optimizer's parameter all-gather),
-  // over dp·cp for dense parameters and dp·cp/ep for experts.
+  // over the up·cp·dp ranks that hold the same dense parameters (up fastest, at stride tp) and
+  // the up·cp·dp / ep that hold the same experts (spanning the same ranks).
   const double dense_params =
       (dense_layers * static_cast<double>(params_.dense_layer()) +
        moe_layers * static_cast<double>(params_.moe_layer_non_expert()) + params_.embedding) / t;
   const double expert_params = moe_layers * static_cast<double>(params_.expert_per_layer) / (t * c.ep);
   const double grad_bytes = stack.grad_reduce_in_fp32 ? 4 : 2;
-  const int64_t dp_group = int64_t{c.dp} * c.cp;
+  const int64_t dp_group = int64_t{c.dp} * c.cp * c.up;
   const int64_t edp_group = dp_group / c.ep;
   double grad_time, gather_time = 0;
   if (c.dist_opt) {
-    grad_time = AllGatherTime(grad_bytes * dense_params, dp_group, cp_stride) +
-                AllGatherTime(grad_bytes * expert_params, edp_group, cp_stride * c.ep);
-    gather_time = AllGatherTime(kBf16Bytes * dense_params, dp_group, cp_stride) +
-                  AllGatherTime(kBf16Bytes * expert_params, edp_group, cp_stride * c.ep);
+    grad_time = AllGatherTime(grad_bytes * dense_params, dp_group, up_stride) +
+                AllGatherTime(grad_bytes * expert_params, edp_group, up_stride * c.ep);
+    gather_time = AllGatherTime(kBf16Bytes * dense_params, dp_group, up_stride) +
+                  AllGatherTime(kBf16Bytes * expert_params, edp_group, up_stride * c.ep);
   } else {
-    grad_time = AllReduceTime(grad_bytes * dense_params, dp_group, cp_stride) +
-                AllReduceTime(grad_bytes * expert_params, edp_group, cp_stride * c.ep);
+    grad_time = AllReduceTime(grad_bytes * dense_params, dp_group, up_stride) +
+                AllReduceTime(grad_bytes * expert_params, edp_group, up_stride * c.ep);
   }
   if (c.pp > 1 && params_.output_layer == 0) {
     // Tied embeddings: first and last stage all-reduce the embedding gradient.

@@ -1,6 +1,15 @@
 #include "src/trial/comm.h"
 
+#include <vector>
+
 namespace autopar::trial {
+
+namespace {
+// A group of one is not connected (no communicator is made for it): callers skip its collectives.
+Status NotConnected(const char* file, int line) {
+  return Status::Error(backend::Outcome::kInvalid, "collective on a group of one", file, line);
+}
+}  // namespace
 
 Status WaitUntil(backend::Request& request, Deadline deadline) {
   for (;;) {
@@ -9,17 +18,18 @@ Status WaitUntil(backend::Request& request, Deadline deadline) {
     if (*done) return backend::OkStatus();
     if (std::chrono::steady_clock::now() > deadline) {
       request.Abandon();
-      return Status::Error(backend::Outcome::kTimeout, "collective did not complete by the deadline",
-                           __FILE__, __LINE__);
+      return Status::Error(backend::Outcome::kTimeout,
+                           "collective did not complete by the deadline", __FILE__, __LINE__);
     }
   }
 }
 
-#define AUTOPAR_POLL(start_expr)                                   \
-  do {                                                             \
-    auto request_ = (start_expr);                                  \
-    if (!request_.ok()) return request_.status();                  \
-    AUTOPAR_RETURN_IF_ERROR(WaitUntil(**request_, deadline_));     \
+#define AUTOPAR_POLL(start_expr)                               \
+  do {                                                         \
+    if (!c_) return NotConnected(__FILE__, __LINE__);          \
+    auto request_ = (start_expr);                              \
+    if (!request_.ok()) return request_.status();              \
+    AUTOPAR_RETURN_IF_ERROR(WaitUntil(**request_, deadline_)); \
   } while (0)
 
 Status Comm::AllReduce(Tensor buf, ReduceOp op) {
@@ -38,6 +48,22 @@ Status Comm::ReduceScatter(Tensor send, Tensor recv) {
   return backend::OkStatus();
 }
 
+Status Comm::AllToAll(Tensor send, Tensor recv) {
+  const int n = size();
+  if (send.numel % n != 0) {
+    return Status::Error(backend::Outcome::kInvalid, "AllToAll: numel is not a multiple of size",
+                         __FILE__, __LINE__);
+  }
+  const std::vector<int64_t> counts(static_cast<size_t>(n), send.numel / n);
+  return AllToAllV(send, counts, recv, counts);
+}
+
+Status Comm::AllToAllV(Tensor send, std::span<const int64_t> send_counts, Tensor recv,
+                       std::span<const int64_t> recv_counts) {
+  AUTOPAR_POLL(c_->IAllToAllV(send, send_counts, recv, recv_counts));
+  return backend::OkStatus();
+}
+
 Status Comm::Recv(Tensor buf, int peer, int tag) {
   AUTOPAR_POLL(c_->IRecv(buf, peer, tag));
   return backend::OkStatus();
@@ -45,7 +71,17 @@ Status Comm::Recv(Tensor buf, int peer, int tag) {
 
 Status Comm::Send(Tensor buf, int peer, int tag, std::unique_ptr<backend::Request>& pending) {
   AUTOPAR_RETURN_IF_ERROR(Wait(pending));
+  if (!c_) return NotConnected(__FILE__, __LINE__);
   auto request = c_->ISend(buf, peer, tag);
+  if (!request.ok()) return request.status();
+  pending = std::move(*request);
+  return backend::OkStatus();
+}
+
+Status Comm::StartRecv(Tensor buf, int peer, int tag, std::unique_ptr<backend::Request>& pending) {
+  AUTOPAR_RETURN_IF_ERROR(Wait(pending));
+  if (!c_) return NotConnected(__FILE__, __LINE__);
+  auto request = c_->IRecv(buf, peer, tag);
   if (!request.ok()) return request.status();
   pending = std::move(*request);
   return backend::OkStatus();

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <span>
 
 #include "autopar/backend/collectives.h"
 #include "autopar/backend/status.h"
@@ -35,9 +37,14 @@ class Comm {
   Status AllReduce(Tensor buf, ReduceOp op = ReduceOp::kSum);  // in place
   Status AllGather(Tensor send, Tensor recv);
   Status ReduceScatter(Tensor send, Tensor recv);
+  // Equal blocks of numel / size() per rank, and the variable-size form (see Collectives).
+  Status AllToAll(Tensor send, Tensor recv);
+  Status AllToAllV(Tensor send, std::span<const int64_t> send_counts, Tensor recv,
+                   std::span<const int64_t> recv_counts);
   Status Recv(Tensor buf, int peer, int tag);
-  // Starts a send into `pending`; the buffer must stay untouched until Wait(pending).
+  // Starts a send (a receive) into `pending`; the buffer must stay untouched until Wait(pending).
   Status Send(Tensor buf, int peer, int tag, std::unique_ptr<backend::Request>& pending);
+  Status StartRecv(Tensor buf, int peer, int tag, std::unique_ptr<backend::Request>& pending);
   // Completes `pending` if there is one.
   Status Wait(std::unique_ptr<backend::Request>& pending);
 

@@ -1,64 +1,17 @@
 #include "src/trial/program.h"
 
 #include "kernels/init.h"
+#include "src/trial/carver.h"
+#include "src/trial/linear.h"
 
 namespace autopar::trial {
 namespace {
 
-using backend::AttentionDesc;
 using backend::DType;
-using backend::GemmDesc;
 using backend::OkStatus;
 using backend::Outcome;
 
 constexpr int kSendBuffers = 2;  // per program: sends in flight before the oldest must finish
-
-// Row-major y[m, n] (+)= x[m, k] · W[n, k]ᵀ: a linear layer with PyTorch's [out, in] weight.
-GemmDesc Linear(int64_t m, int64_t n, int64_t k, float beta = 0) {
-  GemmDesc d;
-  d.trans_b = true;
-  d.m = m;
-  d.n = n;
-  d.k = k;
-  d.beta = beta;
-  return d;
-}
-// dx[m, k] = dy[m, n] · W[n, k].
-GemmDesc LinearInputGrad(int64_t m, int64_t n, int64_t k) {
-  GemmDesc d;
-  d.m = m;
-  d.n = k;
-  d.k = n;
-  return d;
-}
-// dW[n, k] += dy[m, n]ᵀ · x[m, k].
-GemmDesc LinearWeightGrad(int64_t m, int64_t n, int64_t k) {
-  GemmDesc d;
-  d.trans_a = true;
-  d.m = n;
-  d.n = k;
-  d.k = m;
-  d.beta = 1;
-  return d;
-}
-
-// Carves consecutive views out of a buffer; without a buffer it only measures.
-class Carver {
- public:
-  Carver() = default;
-  explicit Carver(Tensor base) : base_(base), measure_(false) {}
-  Tensor Take(int64_t numel) {
-    const Tensor t = measure_ ? Tensor{} : base_.Slice(used_, numel);
-    used_ += numel;
-    return t;
-  }
-  int64_t used() const { return used_; }
-
- private:
-  Tensor base_;
-  bool measure_ = true;
-  int64_t used_ = 0;
-};
 
 }  // namespace
 
@@ -75,30 +28,56 @@ StatusOr<std::unique_ptr<StageProgram>> StageProgram::Create(Device& device, con
   const bool keep_lse = c.recompute != Recompute::kSelective;
   const bool last_rank = g.at.pp == s.pp - 1;
 
+  const bool ulysses = s.up > 1;
+  // The dense MLP part's width of each of this rank's layers (MLP, or a MoE layer's shared
+  // experts), and the widest, which the shared work areas must hold.
+  auto is_moe = [&](int chunk, int64_t j) {
+    return s.IsMoe((int64_t{chunk} * s.pp + g.at.pp) * s.layers_per_chunk + j);
+  };
+  int64_t widest_ffn = 0;
+  for (int chunk = 0; chunk < s.vpp; ++chunk) {
+    for (int64_t j = 0; j < s.layers_per_chunk; ++j) {
+      widest_ffn = std::max(widest_ffn, s.MlpFfn(is_moe(chunk, j)));
+    }
+  }
+  const int64_t widest_fc1 = (s.swiglu ? 2 : 1) * widest_ffn;
+  const int64_t qkv_numel = ulysses ? T * s.up * s.ul_cols : T * s.qkv_cols;
+
   // One layer's activations, in elements of the compute dtype and of f32.
-  auto carve_layer = [&](Carver& cc, Carver& cs, bool full, LayerActs& a) {
+  auto carve_layer = [&](Carver& cc, Carver& cs, bool full, LayerActs& a, int64_t ffn) {
     a.x = cc.Take(Tl * h);
     if (!full) return;
     a.y1 = cc.Take(Tl * h);
-    a.qkv = cc.Take(T * s.qkv_cols);
+    a.qkv = cc.Take(qkv_numel);
     a.o = cc.Take(T * s.q_cols);
     a.x1 = cc.Take(Tl * h);
     a.y2 = cc.Take(Tl * h);
-    a.h1 = cc.Take(T * s.fc1_cols);
-    a.a1 = cc.Take(T * s.ffn);
+    a.h1 = cc.Take(T * (s.swiglu ? 2 : 1) * ffn);
+    a.a1 = cc.Take(T * ffn);
     a.rstd1 = cs.Take(Tl);
     a.rstd2 = cs.Take(Tl);
     if (layernorm) {
       a.mean1 = cs.Take(Tl);
       a.mean2 = cs.Take(Tl);
     }
-    if (keep_lse) a.lse = cs.Take(T * s.heads);
+    if (keep_lse) {
+      a.lse = cs.Take(T * s.heads);
+      if (ulysses) a.o_ul = cc.Take(T * s.q_cols);
+    }
   };
-  // Measure a slot, then allocate and carve for real.
+  // Measure a slot, then allocate and carve for real. The slots of the model chunks differ only
+  // in which layers are MoE layers, so a slot is carved for the widest chunk's layers.
+  std::vector<int64_t> ffn_of(s.layers_per_chunk, 0);
+  for (int chunk = 0; chunk < s.vpp; ++chunk) {
+    for (int64_t j = 0; j < s.layers_per_chunk; ++j) {
+      ffn_of[j] = std::max(ffn_of[j], s.MlpFfn(is_moe(chunk, j)));
+    }
+  }
   auto carve_slot = [&](Carver cc, Carver cs, Slot& slot) {
     slot.layers.resize(s.layers_per_chunk);
+    slot.moe.resize(s.layers_per_chunk);
     for (int64_t j = 0; j < s.layers_per_chunk; ++j) {
-      carve_layer(cc, cs, !p->Recomputed(static_cast<int>(j)), slot.layers[j]);
+      carve_layer(cc, cs, !p->Recomputed(static_cast<int>(j)), slot.layers[j], ffn_of[j]);
     }
     if (last_rank) slot.dlast = cc.Take(Tl * h);
     return std::pair{cc.used(), cs.used()};
@@ -109,7 +88,8 @@ StatusOr<std::unique_ptr<StageProgram>> StageProgram::Create(Device& device, con
   for (int i = 0; i < slots; ++i) {
     Slot& slot = p->slots_[i];
     AUTOPAR_ASSIGN_OR_RETURN(slot.compute, device.Allocate(slot_compute, compute));
-    AUTOPAR_ASSIGN_OR_RETURN(slot.stats, device.Allocate(std::max<int64_t>(slot_stats, 1), DType::kF32));
+    AUTOPAR_ASSIGN_OR_RETURN(slot.stats,
+                             device.Allocate(std::max<int64_t>(slot_stats, 1), DType::kF32));
     carve_slot(Carver(slot.compute.tensor()), Carver(slot.stats.tensor()), slot);
     p->free_slots_.push_back(slots - 1 - i);
   }
@@ -119,22 +99,23 @@ StatusOr<std::unique_ptr<StageProgram>> StageProgram::Create(Device& device, con
   if (c.recompute == Recompute::kFull) {
     Carver cc, cs;
     LayerActs tmp;
-    carve_layer(cc, cs, true, tmp);
+    carve_layer(cc, cs, true, tmp, widest_ffn);
     AUTOPAR_ASSIGN_OR_RETURN(p->work_compute_, device.Allocate(cc.used(), compute));
-    AUTOPAR_ASSIGN_OR_RETURN(p->work_stats_, device.Allocate(cs.used() + T * s.heads, DType::kF32));
+    AUTOPAR_ASSIGN_OR_RETURN(p->work_stats_, device.Allocate(cs.used(), DType::kF32));
     Carver wc(p->work_compute_.tensor()), ws(p->work_stats_.tensor());
-    carve_layer(wc, ws, true, p->work_);
-    if (p->work_.lse.numel == 0) p->work_.lse = ws.Take(T * s.heads);
+    carve_layer(wc, ws, true, p->work_, widest_ffn);
   } else if (c.recompute == Recompute::kSelective) {
-    AUTOPAR_ASSIGN_OR_RETURN(p->work_compute_, device.Allocate(T * s.q_cols, compute));
+    AUTOPAR_ASSIGN_OR_RETURN(p->work_compute_,
+                             device.Allocate((ulysses ? 2 : 1) * T * s.q_cols, compute));
     AUTOPAR_ASSIGN_OR_RETURN(p->work_stats_, device.Allocate(T * s.heads, DType::kF32));
-    p->work_.o = p->work_compute_.tensor();
+    p->work_.o = p->work_compute_.tensor().Slice(0, T * s.q_cols);
+    if (ulysses) p->work_.o_ul = p->work_compute_.tensor().Slice(T * s.q_cols, T * s.q_cols);
     p->work_.lse = p->work_stats_.tensor();
   }
 
   // Workspaces of the backward pass and the loss.
-  const int64_t compute_ws = 2 * T * h + Tl * h + T * s.qkv_cols + T * s.q_cols +
-                             T * s.fc1_cols + T * s.ffn + 5 * Tl * h + kSendBuffers * Tl * h +
+  const int64_t compute_ws = 2 * T * h + Tl * h + T * s.qkv_cols + T * s.q_cols + T * widest_fc1 +
+                             T * widest_ffn + 5 * Tl * h + kSendBuffers * Tl * h +
                              (last_rank ? T * s.vocab_shard + Tl * h : 0);
   AUTOPAR_ASSIGN_OR_RETURN(p->ws_compute_, device.Allocate(compute_ws, compute));
   AUTOPAR_ASSIGN_OR_RETURN(p->ws_stats_, device.Allocate(2 * Tl + 5 * T, DType::kF32));
@@ -145,8 +126,8 @@ StatusOr<std::unique_ptr<StageProgram>> StageProgram::Create(Device& device, con
   p->reduced_ = cc.Take(Tl * h);
   p->dqkv_ = cc.Take(T * s.qkv_cols);
   p->do_ = cc.Take(T * s.q_cols);
-  p->dh1_ = cc.Take(T * s.fc1_cols);
-  p->da1_ = cc.Take(T * s.ffn);
+  p->dh1_ = cc.Take(T * widest_fc1);
+  p->da1_ = cc.Take(T * widest_ffn);
   p->dx1_ = cc.Take(Tl * h);
   p->dtmp_ = cc.Take(Tl * h);
   p->grad_a_ = cc.Take(Tl * h);
@@ -171,6 +152,12 @@ StatusOr<std::unique_ptr<StageProgram>> StageProgram::Create(Device& device, con
   p->positions_ = ci.Take(Tl);
   AUTOPAR_RETURN_IF_ERROR(device.Fill(p->dloss_, static_cast<float>(1.0 / data.tokens_per_step)));
   p->slot_of_.assign(data.samples_per_replica / s.mbs, std::vector<int>(s.vpp, -1));
+  if (s.cp > 1 || s.up > 1) {
+    AUTOPAR_ASSIGN_OR_RETURN(p->context_, ContextAttention::Create(device, s, g));
+  }
+  if (s.experts > 0) {
+    AUTOPAR_ASSIGN_OR_RETURN(p->moe_, MoeLayer::Create(device, s, g, data.tokens_per_step / s.seq));
+  }
   return p;
 }
 
@@ -184,54 +171,6 @@ int StageProgram::Tag(int microbatch, int receiving_stage, bool backward) const 
   return ((microbatch * stages + receiving_stage) * 2 + (backward ? 1 : 0)) % 30000;
 }
 
-// ---- building blocks ----
-
-Status StageProgram::Norm(Tensor gamma, Tensor beta, Tensor x, Tensor y, Tensor rstd,
-                          Tensor mean) {
-  const backend::NormDesc d{s_.local_tokens, s_.hidden, 1e-5f};
-  if (s_.rmsnorm) return dev_.RmsNormForward(d, x, gamma, y, rstd);
-  return dev_.LayerNormForward(d, x, gamma, beta, y, mean, rstd);
-}
-
-Status StageProgram::NormBackward(Tensor gamma, Tensor dgamma, Tensor dbeta, Tensor dy, Tensor x,
-                                  Tensor rstd, Tensor mean, Tensor dx) {
-  const backend::NormDesc d{s_.local_tokens, s_.hidden, 1e-5f};
-  if (s_.rmsnorm) return dev_.RmsNormBackward(d, dy, x, gamma, rstd, dx, dgamma);
-  return dev_.LayerNormBackward(d, dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
-}
-
-// With SP the tensor-parallel region starts with an all-gather of the sequence shards;
-// without it every tp rank already holds all rows.
-StatusOr<Tensor> StageProgram::GatherRows(Tensor local, Tensor full) {
-  if (!s_.sp) return local;
-  AUTOPAR_RETURN_IF_ERROR(g_.tp.AllGather(local, full));
-  return full;
-}
-
-// ...and ends with a reduce-scatter (SP) or an all-reduce of the row-parallel partial sums.
-Status StageProgram::ReduceRows(Tensor partial, Tensor local_out) {
-  if (s_.sp) return g_.tp.ReduceScatter(partial, local_out);
-  AUTOPAR_RETURN_IF_ERROR(g_.tp.AllReduce(partial));
-  return dev_.Copy(local_out, partial);
-}
-
-Status StageProgram::Rope(Tensor qkv, bool backward) {
-  if (!s_.rope) return OkStatus();
-  backend::RopeDesc d;
-  d.seq = s_.seq;
-  d.batch = s_.mbs;
-  d.head_dim = s_.head_dim;
-  d.row_stride = s_.qkv_cols;
-  const Tensor q = qkv.Slice(0, qkv.numel);
-  const Tensor k = qkv.Slice(s_.q_cols, qkv.numel - s_.q_cols);
-  for (auto [part, heads] : {std::pair{q, s_.heads}, std::pair{k, s_.kv_heads}}) {
-    d.heads = heads;
-    AUTOPAR_RETURN_IF_ERROR(backward ? dev_.RopeBackward(d, part, part)
-                                     : dev_.RopeForward(d, part, part));
-  }
-  return OkStatus();
-}
-
 // Token ids and targets of a micro-batch: a pure function of the data seed and the global
 // sample and position, so every layout of the job sees the same data.
 Status StageProgram::LoadTokens(int microbatch) {
@@ -239,20 +178,23 @@ Status StageProgram::LoadTokens(int microbatch) {
   const int64_t T = s_.tokens;
   std::vector<int32_t> ids(T), targets(T), positions(s_.local_tokens);
   const int64_t first_sample = g_.at.dp * data_.samples_per_replica + int64_t{microbatch} * s_.mbs;
-  for (int64_t pos = 0; pos < s_.seq; ++pos) {
+  // Row (s, b) holds the token at this rank's s-th position of the sequence (GlobalPosition).
+  for (int64_t local = 0; local < s_.seq_local; ++local) {
+    const int64_t pos = GlobalPosition(s_, g_.at, local);
     for (int64_t b = 0; b < s_.mbs; ++b) {
       const uint64_t base = static_cast<uint64_t>(first_sample + b) * (s_.seq + 1) + pos;
       auto token = [&](uint64_t i) {
-        return static_cast<int32_t>(kernels::ref::SplitMix64(data_.seed ^ (i * 0x2545F4914F6CDD1Dull)) %
-                                    static_cast<uint64_t>(s_.vocab));
+        return static_cast<int32_t>(
+            kernels::ref::SplitMix64(data_.seed ^ (i * 0x2545F4914F6CDD1Dull)) %
+            static_cast<uint64_t>(s_.vocab));
       };
-      ids[pos * s_.mbs + b] = token(base);
-      targets[pos * s_.mbs + b] = token(base + 1);  // the next token of the same sequence
+      ids[local * s_.mbs + b] = token(base);
+      targets[local * s_.mbs + b] = token(base + 1);  // the next token of the same sequence
     }
   }
   const int64_t first_row = s_.sp ? g_.at.tp * s_.local_tokens : 0;
   for (int64_t r = 0; r < s_.local_tokens; ++r) {
-    positions[r] = static_cast<int32_t>((first_row + r) / s_.mbs);
+    positions[r] = static_cast<int32_t>(GlobalPosition(s_, g_.at, (first_row + r) / s_.mbs));
   }
   AUTOPAR_RETURN_IF_ERROR(dev_.Upload(ids_, ids));
   AUTOPAR_RETURN_IF_ERROR(dev_.Upload(targets_, targets));
@@ -310,94 +252,6 @@ Status StageProgram::HeadForwardBackward(int microbatch, Tensor x, Tensor dx) {
                       meanf_, dx);
 }
 
-// ---- one transformer layer ----
-
-Status StageProgram::LayerForward(const LayerWeights& w, const LayerActs& a, Tensor x, Tensor out) {
-  const int64_t T = s_.tokens, h = s_.hidden;
-  // Attention block: x1 = x + proj(attention(rope(qkv(norm1(x))))).
-  AUTOPAR_RETURN_IF_ERROR(Norm(w.norm1, w.norm1_bias, x, a.y1, a.rstd1, a.mean1));
-  AUTOPAR_ASSIGN_OR_RETURN(Tensor y1, GatherRows(a.y1, gathered_));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, s_.qkv_cols, h), y1, w.qkv, a.qkv));
-  AUTOPAR_RETURN_IF_ERROR(Rope(a.qkv, false));
-  AttentionDesc att;
-  att.batch = s_.mbs;
-  att.heads_q = s_.heads;
-  att.heads_kv = s_.kv_heads;
-  att.head_dim = s_.head_dim;
-  att.seq_q = att.seq_kv = s_.seq;
-  att.q_stride = att.kv_stride = s_.qkv_cols;
-  const int64_t n = a.qkv.numel;
-  const Tensor lse = a.lse.numel > 0 ? a.lse : work_.lse;
-  AUTOPAR_RETURN_IF_ERROR(dev_.AttentionForward(att, a.qkv.Slice(0, n),
-                                                a.qkv.Slice(s_.q_cols, n - s_.q_cols),
-                                                a.qkv.Slice(s_.q_cols + s_.kv_cols,
-                                                            n - s_.q_cols - s_.kv_cols),
-                                                a.o, lse));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, h, s_.q_cols), a.o, w.proj, partial_));
-  AUTOPAR_RETURN_IF_ERROR(ReduceRows(partial_, reduced_));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Add(x, reduced_, a.x1));
-  // MLP block: out = x1 + fc2(act(fc1(norm2(x1)))).
-  AUTOPAR_RETURN_IF_ERROR(Norm(w.norm2, w.norm2_bias, a.x1, a.y2, a.rstd2, a.mean2));
-  AUTOPAR_ASSIGN_OR_RETURN(Tensor y2, GatherRows(a.y2, gathered_));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, s_.fc1_cols, h), y2, w.fc1, a.h1));
-  AUTOPAR_RETURN_IF_ERROR(s_.swiglu ? dev_.SwiGluForward(T, s_.ffn, a.h1, a.a1)
-                                    : dev_.GeluForward(a.h1, a.a1));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, h, s_.ffn), a.a1, w.fc2, partial_));
-  AUTOPAR_RETURN_IF_ERROR(ReduceRows(partial_, reduced_));
-  return dev_.Add(a.x1, reduced_, out);
-}
-
-Status StageProgram::LayerBackward(const LayerWeights& w, const LayerActs& a, Tensor dout,
-                                   Tensor dx) {
-  const int64_t T = s_.tokens, h = s_.hidden;
-  // MLP block. The backward of a reduce-scatter is an all-gather (and of an all-reduce, nothing).
-  AUTOPAR_ASSIGN_OR_RETURN(Tensor d_partial, GatherRows(dout, gathered_));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearWeightGrad(T, h, s_.ffn), d_partial, a.a1, w.d_fc2));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearInputGrad(T, h, s_.ffn), d_partial, w.fc2, da1_));
-  AUTOPAR_RETURN_IF_ERROR(s_.swiglu ? dev_.SwiGluBackward(T, s_.ffn, da1_, a.h1, dh1_)
-                                    : dev_.GeluBackward(da1_, a.h1, dh1_));
-  AUTOPAR_ASSIGN_OR_RETURN(Tensor y2, GatherRows(a.y2, gathered_));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearWeightGrad(T, s_.fc1_cols, h), dh1_, y2, w.d_fc1));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearInputGrad(T, s_.fc1_cols, h), dh1_, w.fc1, partial_));
-  AUTOPAR_RETURN_IF_ERROR(ReduceRows(partial_, reduced_));
-  AUTOPAR_RETURN_IF_ERROR(NormBackward(w.norm2, w.d_norm2, w.d_norm2_bias, reduced_, a.x1,
-                                       a.rstd2, a.mean2, dx1_));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Add(dx1_, dout, dx1_));  // the residual path
-
-  // Attention block.
-  AUTOPAR_ASSIGN_OR_RETURN(d_partial, GatherRows(dx1_, gathered_));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearWeightGrad(T, h, s_.q_cols), d_partial, a.o, w.d_proj));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearInputGrad(T, h, s_.q_cols), d_partial, w.proj, do_));
-  AttentionDesc att;
-  att.batch = s_.mbs;
-  att.heads_q = s_.heads;
-  att.heads_kv = s_.kv_heads;
-  att.head_dim = s_.head_dim;
-  att.seq_q = att.seq_kv = s_.seq;
-  att.q_stride = att.kv_stride = s_.qkv_cols;
-  const int64_t n = a.qkv.numel;
-  const Tensor q = a.qkv.Slice(0, n), k = a.qkv.Slice(s_.q_cols, n - s_.q_cols),
-               v = a.qkv.Slice(s_.q_cols + s_.kv_cols, n - s_.q_cols - s_.kv_cols);
-  Tensor lse = a.lse;
-  if (lse.numel == 0) {
-    // Selective recompute kept q, k, v but not the softmax statistics: run attention again.
-    AUTOPAR_RETURN_IF_ERROR(dev_.AttentionForward(att, q, k, v, work_.o, work_.lse));
-    lse = work_.lse;
-  }
-  const int64_t dn = dqkv_.numel;
-  AUTOPAR_RETURN_IF_ERROR(dev_.AttentionBackward(
-      att, q, k, v, a.o, do_, lse, dqkv_.Slice(0, dn), dqkv_.Slice(s_.q_cols, dn - s_.q_cols),
-      dqkv_.Slice(s_.q_cols + s_.kv_cols, dn - s_.q_cols - s_.kv_cols), false));
-  AUTOPAR_RETURN_IF_ERROR(Rope(dqkv_, true));
-  AUTOPAR_ASSIGN_OR_RETURN(Tensor y1, GatherRows(a.y1, gathered_));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearWeightGrad(T, s_.qkv_cols, h), dqkv_, y1, w.d_qkv));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearInputGrad(T, s_.qkv_cols, h), dqkv_, w.qkv, partial_));
-  AUTOPAR_RETURN_IF_ERROR(ReduceRows(partial_, reduced_));
-  AUTOPAR_RETURN_IF_ERROR(NormBackward(w.norm1, w.d_norm1, w.d_norm1_bias, reduced_, a.x,
-                                       a.rstd1, a.mean1, dx));
-  return dev_.Add(dx, dx1_, dx);
-}
-
 // ---- a micro-batch through a model chunk ----
 
 Status StageProgram::Forward(int microbatch, int chunk) {
@@ -428,8 +282,10 @@ Status StageProgram::Forward(int microbatch, int chunk) {
   }
   for (size_t j = 0; j < weights.layers.size(); ++j) {
     const Tensor next = j + 1 < weights.layers.size() ? slot.layers[j + 1].x : out;
-    const LayerActs& acts = Recomputed(static_cast<int>(j)) ? work_ : slot.layers[j];
-    AUTOPAR_RETURN_IF_ERROR(LayerForward(weights.layers[j], acts, x, next));
+    const bool recomputed = Recomputed(static_cast<int>(j));
+    const LayerActs& acts = recomputed ? work_ : slot.layers[j];
+    MoeActs& moe = recomputed ? work_moe_ : slot.moe[j];
+    AUTOPAR_RETURN_IF_ERROR(LayerForward(weights.layers[j], acts, moe, x, next, true));
     x = next;
   }
   if (send == nullptr) return HeadForwardBackward(microbatch, out, slot.dlast);
@@ -451,13 +307,16 @@ Status StageProgram::Backward(int microbatch, int chunk) {
   }
   for (size_t j = weights.layers.size(); j-- > 0;) {
     LayerActs acts = slot.layers[j];
+    MoeActs* moe = &slot.moe[j];
     if (Recomputed(static_cast<int>(j))) {
       // Full recompute: rebuild this layer's activations from its saved input.
-      AUTOPAR_RETURN_IF_ERROR(LayerForward(weights.layers[j], work_, slot.layers[j].x, scratch_));
+      AUTOPAR_RETURN_IF_ERROR(
+          LayerForward(weights.layers[j], work_, work_moe_, slot.layers[j].x, scratch_, false));
       acts = work_;
       acts.x = slot.layers[j].x;
+      moe = &work_moe_;
     }
-    AUTOPAR_RETURN_IF_ERROR(LayerBackward(weights.layers[j], acts, dout, dx));
+    AUTOPAR_RETURN_IF_ERROR(LayerBackward(weights.layers[j], acts, *moe, dout, dx));
     std::swap(dout, dx);
   }
   free_slots_.push_back(slot_index);

@@ -1,12 +1,15 @@
-// The per-rank step program of a dense configuration: embedding, transformer layers, loss and
-// their backward passes over this rank's model chunks, with the tensor-parallel collectives and
-// the pipeline send/recv of each micro-batch.
+// The per-rank step program of a configuration: embedding, transformer layers, loss and their
+// backward passes over this rank's model chunks, with the tensor-parallel collectives, the
+// sequence-split attention (context_attention.h), the expert-parallel MoE layers (moe.h) and the
+// pipeline send/recv of each micro-batch.
 #pragma once
 
 #include <memory>
 #include <vector>
 
 #include "autopar/trial/schedule.h"
+#include "src/trial/context_attention.h"
+#include "src/trial/moe.h"
 #include "src/trial/shard.h"
 
 namespace autopar::trial {
@@ -14,11 +17,14 @@ namespace autopar::trial {
 // Activations one layer keeps for its backward pass. Fully recomputed layers keep only `x` in
 // their slot and rebuild the rest in the program's one-layer work area.
 struct LayerActs {
-  Tensor x;                         // layer input [Tl, h]
-  Tensor y1, x1, y2;                // norm1 out, attention residual out, norm2 out [Tl, h]
-  Tensor qkv, o, h1, a1;            // [T, qkv], [T, q], [T, fc1], [T, ffn]
+  Tensor x;               // layer input [Tl, h]
+  Tensor y1, x1, y2;      // norm1 out, attention residual out, norm2 out [Tl, h]
+  Tensor qkv, o, h1, a1;  // [T, qkv], [T, q], [T, fc1], [T, ffn] (MLP or shared experts)
   Tensor rstd1, mean1, rstd2, mean2;  // f32 [Tl]
-  Tensor lse;                       // f32 [T, heads]; empty under selective recompute
+  Tensor lse;                         // f32 [T, heads]; empty under selective recompute
+  // With Ulysses, qkv is the all-to-all's result [T·up, ul_cols] and o_ul the attention output
+  // before the all-to-all back [T·up, ul_heads·d] (empty under selective recompute).
+  Tensor o_ul;
 };
 
 struct DataSpec {
@@ -31,27 +37,37 @@ class StageProgram {
  public:
   // Allocates `slots` activation slots and the work areas. kOom when they do not fit.
   static StatusOr<std::unique_ptr<StageProgram>> Create(Device& device, const Shapes& s,
-                                                        const ParallelConfig& c,
-                                                        ProcessGroups& g, ModelShard& w,
-                                                        const DataSpec& data, int slots);
+                                                        const ParallelConfig& c, ProcessGroups& g,
+                                                        ModelShard& w, const DataSpec& data,
+                                                        int slots);
 
   Status Forward(int microbatch, int chunk);
   Status Backward(int microbatch, int chunk);
   Status FlushSends();
   // Sum of the token losses computed since the last call (last stage only; 0 elsewhere).
   double TakeLossSum();
+  // The MoE load-balancing loss added since the last call (already divided by the samples).
+  double TakeAuxLoss() { return moe_ ? moe_->TakeAuxLoss() : 0.0; }
 
  private:
-  StageProgram(Device& d, const Shapes& s, const ParallelConfig& c, ProcessGroups& g,
-               ModelShard& w, const DataSpec& data)
+  StageProgram(Device& d, const Shapes& s, const ParallelConfig& c, ProcessGroups& g, ModelShard& w,
+               const DataSpec& data)
       : dev_(d), s_(s), c_(c), g_(g), w_(w), data_(data) {}
 
   bool Recomputed(int layer_in_chunk) const;
-  Status LayerForward(const LayerWeights& w, const LayerActs& a, Tensor x, Tensor out);
-  Status LayerBackward(const LayerWeights& w, const LayerActs& a, Tensor dout, Tensor dx);
+  // `moe` holds a MoE layer's routing and expert activations; count_aux is false on a full
+  // recompute's rerun so its load-balancing loss is counted once.
+  Status LayerForward(const LayerWeights& w, const LayerActs& a, MoeActs& moe, Tensor x, Tensor out,
+                      bool count_aux);
+  Status LayerBackward(const LayerWeights& w, const LayerActs& a, MoeActs& moe, Tensor dout,
+                       Tensor dx);
+  Status AttentionForward(const LayerActs& a, Tensor qkv);
+  Status AttentionBackward(const LayerActs& a);
+  Status MlpForward(const LayerWeights& w, const LayerActs& a, MoeActs& moe, bool count_aux);
+  Status MlpBackward(const LayerWeights& w, const LayerActs& a, MoeActs& moe, Tensor dout);
   Status Norm(Tensor gamma, Tensor beta, Tensor x, Tensor y, Tensor rstd, Tensor mean);
-  Status NormBackward(Tensor gamma, Tensor dgamma, Tensor dbeta, Tensor dy, Tensor x,
-                      Tensor rstd, Tensor mean, Tensor dx);
+  Status NormBackward(Tensor gamma, Tensor dgamma, Tensor dbeta, Tensor dy, Tensor x, Tensor rstd,
+                      Tensor mean, Tensor dx);
   // Sequence-parallel entry and exit of the tensor-parallel region.
   StatusOr<Tensor> GatherRows(Tensor local, Tensor full);
   Status ReduceRows(Tensor partial, Tensor local_out);
@@ -72,13 +88,17 @@ class StageProgram {
   struct Slot {
     Buffer compute, stats;
     std::vector<LayerActs> layers;
-    Tensor dlast;  // gradient at the last layer's output (last stage)
+    std::vector<MoeActs> moe;  // per layer; allocated by the forward pass of a MoE layer
+    Tensor dlast;              // gradient at the last layer's output (last stage)
   };
   std::vector<Slot> slots_;
   std::vector<int> free_slots_;
   std::vector<std::vector<int>> slot_of_;  // [microbatch][chunk] → slot, -1 when none
   Buffer work_compute_, work_stats_, ws_compute_, ws_stats_, ws_ids_;
   LayerActs work_;
+  MoeActs work_moe_;
+  std::unique_ptr<ContextAttention> context_;  // cp > 1 or up > 1
+  std::unique_ptr<MoeLayer> moe_;              // MoE models
   Tensor gathered_, partial_, reduced_, dqkv_, do_, dh1_, da1_, dx1_, dtmp_, grad_a_, grad_b_;
   Tensor scratch_, last_out_, logits_, yf_, rstdf_, meanf_, row_max_, ce_partials_, loss_, dloss_;
   Tensor ids_, targets_, positions_;

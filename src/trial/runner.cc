@@ -107,7 +107,7 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
   out.microbatches_run = run_microbatches;
   out.microbatches_total = static_cast<int>(job_microbatches);
 
-  std::vector<double> pipeline_s, tail_s, loss_sums;
+  std::vector<double> pipeline_s, tail_s, loss_sums, aux_sums;
   std::pair<double, double> fingerprint{0, 0};
   int tp_rank = 0;
   // Everything that allocates lives in this scope, so it is all freed before the agreement.
@@ -162,6 +162,7 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
       pipeline_s.push_back(pipeline);
       tail_s.push_back(timer.Seconds() - pipeline);
       loss_sums.push_back(groups.at.tp == 0 ? loss : 0.0);
+      aux_sums.push_back(program.TakeAuxLoss());  // counted on one rank per sample already
     }
     if (options.fingerprint) {
       AUTOPAR_ASSIGN_OR_RETURN(fingerprint, shard.Fingerprint(dev, groups.at, options.seed));
@@ -196,7 +197,8 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
     step[i] = ExtrapolateStepTime(pipeline_s[i], tail_s[i], c.pp, c.vpp, run_microbatches,
                                   static_cast<int>(job_microbatches));
   }
-  std::vector<double> sums = {fingerprint.first, fingerprint.second};
+  std::vector<double> sums = {fingerprint.first, fingerprint.second,
+                              aux_sums.empty() ? 0.0 : aux_sums[0]};
   sums.insert(sums.end(), losses.begin(), losses.end());
   Status agree = HostAllReduce(peaks, MPI_SUM, world.comm(), grace);
   if (agree.ok()) agree = HostAllReduce(step, MPI_MAX, world.comm(), grace);
@@ -218,7 +220,8 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
   out.weight_projection = sums[1];
   if (iterations > 0) {
     const double tokens = static_cast<double>(run_microbatches) * c.mbs * train.seq_length * c.dp;
-    out.loss = sums[2] / tokens;
+    out.loss = sums[3] / tokens;
+    out.aux_loss = sums[2];
   }
   return out;
 }

@@ -18,38 +18,76 @@ using backend::Buffer;
 using backend::Device;
 using backend::StatusOr;
 
-// Megatron-core rank order, tp fastest: rank = tp + TP·(up + UP·(cp + CP·(dp + DP·pp))).
+// Megatron-core rank order with Ulysses next to tp: rank = tp + TP·(up + UP·(cp + CP·(dp +
+// DP·pp))). Expert parallelism lives inside the (cp, dp) block (DESIGN §3: ep | dp·cp): with
+// k = cp + CP·dp, the ep consecutive values of k form an expert-parallel group (tp-up-cp-ep-dp-pp).
 struct Coordinates {
   int tp = 0, up = 0, cp = 0, dp = 0, pp = 0;
+  int ep = 0;        // rank in the expert-parallel group: k mod ep
+  int ep_block = 0;  // which expert-parallel group of the (cp, dp) block: k / ep
   static Coordinates Of(int rank, const ParallelConfig& c);
 };
 
-// The groups a dense trial communicates on, built once per trial with MPI_Comm_split.
+// The groups a trial communicates on, built once per trial with MPI_Comm_split. A group of one
+// rank is left unconnected (callers skip its collectives).
 struct ProcessGroups {
   Coordinates at;
-  Comm tp, pp, dp, embedding;  // embedding: first and last pipeline stage (tied weights)
+  Comm tp, up, cp, pp;
+  // dp: every rank holding the same dense weights (same tp and pp: up·cp·dp ranks), over which
+  // dense gradients are reduced and the distributed optimizer shards. edp: the ranks holding the
+  // same experts (same tp, pp and ep rank: up·cp·dp / ep ranks). ep: the expert-parallel group.
+  Comm dp, edp, ep;
+  Comm seq;        // the ranks that hold pieces of the same samples (tp·up·cp): MoE statistics
+  Comm embedding;  // first and last pipeline stage (tied weights)
   static StatusOr<ProcessGroups> Create(backend::Backend& backend, const backend::Group& world,
                                         const ParallelConfig& c, Deadline deadline);
 };
 
-// Per-rank shapes (elements). T: tokens of a micro-batch; Tl: the rows this rank holds outside
-// the tensor-parallel region (T / tp with sequence parallelism).
+// Per-rank shapes (elements). T (`tokens`): the rows of a micro-batch this rank's tensor-parallel
+// region holds, mbs·seq/(cp·up); Tl (`local_tokens`): the rows outside it (T / tp with sequence
+// parallelism). Rows are (s, b) with s slowest; a rank's s are its share of the sequence (see
+// GlobalPosition).
 struct Shapes {
-  int64_t tp, pp, vpp, mbs, seq, tokens, local_tokens, hidden;
+  int64_t tp, pp, vpp, mbs, seq, seq_local, tokens, local_tokens, hidden;
   int64_t heads, kv_heads, head_dim, q_cols, kv_cols, qkv_cols;
   int64_t ffn, fc1_cols, vocab, vocab_shard, vocab_start, max_positions;
   int64_t layers_per_chunk;
   bool sp, swiglu, rmsnorm, rope, learned_positions, tied;
+  // Context parallelism splits the sequence in 2·cp chunks of `chunk` positions; Ulysses gives
+  // each up rank heads/up query heads (`ul_heads`) and the kv heads they read (`ul_kv_heads`,
+  // replicated when kv_heads < up) for the cp rank's rows.
+  int64_t cp, up, chunk, ul_heads, ul_kv_heads, ul_cols;
+  // Mixture of experts: experts and the ep rank's share, routed top-k, the tp shard of one
+  // expert's width and of the shared experts' width, and the leading dense layers.
+  int64_t experts, local_experts, topk, expert_ffn, shared_ffn, first_dense;
+  bool IsMoe(int64_t layer) const { return experts > 0 && layer >= first_dense; }
+  // Width of the dense MLP part of a layer: the MLP, or the shared experts of a MoE layer.
+  int64_t MlpFfn(bool moe) const { return moe ? shared_ffn : ffn; }
+  int64_t MlpFc1Cols(bool moe) const { return (swiglu ? 2 : 1) * MlpFfn(moe); }
   static Shapes Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& c, int tp_rank);
 };
+
+// The global sequence position of this rank's local position `s`: the cp rank holds chunks cp_rank
+// and 2·cp − 1 − cp_rank (load-balanced causal attention), and up rank u the u-th slice of them.
+int64_t GlobalPosition(const Shapes& s, const Coordinates& at, int64_t s_local);
 
 // Empty when the trial runner can express `c` for `m`, else why not.
 std::string Unsupported(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& c);
 
+// One routed expert's tp shard: fc1 [gate; up] rows of the expert's width, fc2 its columns.
+struct ExpertWeights {
+  Tensor fc1, fc2, d_fc1, d_fc2;
+};
+
 // One transformer layer's weights (compute dtype, PyTorch [out, in] layout) and f32 gradients.
+// In a MoE layer fc1 and fc2 are the shared experts (empty without them), `router` [experts, h]
+// is replicated, and `experts` are the ep rank's local experts.
 struct LayerWeights {
   Tensor norm1, norm1_bias, qkv, proj, norm2, norm2_bias, fc1, fc2;
   Tensor d_norm1, d_norm1_bias, d_qkv, d_proj, d_norm2, d_norm2_bias, d_fc1, d_fc2;
+  bool moe = false;
+  Tensor router, d_router;
+  std::vector<ExpertWeights> experts;
 };
 
 struct ChunkWeights {
@@ -64,7 +102,8 @@ struct Piece {
   uint64_t seed = 0;
   enum Init : uint8_t { kHash, kOnes, kZeros } init = kHash;
   int64_t rows = 0, cols = 0, global_cols = 0, row_offset = 0, col_offset = 0;
-  bool tp_replicated = false;  // same on every tp rank (norms, positions): SP sums its grads
+  bool tp_replicated = false;  // same on every tp rank (norms, positions, router)
+  bool tp_partial = false;     // its gradient is a partial sum over tp whatever SP (the router)
   bool duplicate = false;      // a copy another rank owns too (the tied output embedding)
 };
 
@@ -73,18 +112,19 @@ class ModelShard {
   // Lays out and allocates this rank's parameters, gradients and optimizer states, and
   // initialises them from `seed`. kOom when they do not fit.
   static StatusOr<ModelShard> Create(Device& device, const ModelSpec& m, const Shapes& s,
-                                     const ParallelConfig& c, const Coordinates& at,
-                                     uint64_t seed);
+                                     const ParallelConfig& c, const Coordinates& at, uint64_t seed);
 
-  std::vector<ChunkWeights> chunks;  // one per model chunk (vpp)
-  Tensor word_embedding, d_word_embedding;   // first stage
-  Tensor positions, d_positions;             // first stage, learned positions
+  std::vector<ChunkWeights> chunks;         // one per model chunk (vpp)
+  Tensor word_embedding, d_word_embedding;  // first stage
+  Tensor positions, d_positions;            // first stage, learned positions
   Tensor final_norm, final_norm_bias, d_final_norm, d_final_norm_bias;  // last stage
-  Tensor output, d_output;                   // last stage (the embedding itself when tied)
+  Tensor output, d_output;  // last stage (the embedding itself when tied)
 
   Status ZeroGrads(Device& device);
-  // Gradient sync and Adam: TP sum of replicated grads under SP, tied embedding grads over the
-  // embedding group, DP all-reduce or reduce-scatter + all-gather (distributed optimizer).
+  // Gradient sync and Adam: TP sum of replicated grads under SP (and of the router always), tied
+  // embedding grads over the embedding group, then per partition an all-reduce over its
+  // data-parallel group, or reduce-scatter + all-gather (distributed optimizer): dense parameters
+  // over g.dp, experts over g.edp.
   Status Step(Device& device, ProcessGroups& g, const ParallelConfig& c, float lr, float eps,
               int64_t step);
   // Sharding-invariant checksums of the weights, summed over `g`'s world by the caller.
@@ -92,9 +132,19 @@ class ModelShard {
                                                   uint64_t seed);
 
  private:
-  std::vector<Piece> pieces_;
-  int64_t padded_numel_ = 0;
-  Buffer weights_, grads_, master_, exp_avg_, exp_avg_sq_;
+  // Dense parameters and routed experts live in separate flat buffers: they are reduced (and
+  // sharded by the distributed optimizer) over different groups.
+  struct Partition {
+    std::vector<Piece> pieces;
+    int64_t padded_numel = 0;
+    int shards = 1, shard = 0;  // distributed-optimizer shards and this rank's
+    Buffer weights, grads, master, exp_avg, exp_avg_sq;
+  };
+  static constexpr int kDense = 0, kExperts = 1;
+  Status Allocate(Device& device, Partition& p, int shards, int shard);
+  Status StepPartition(Device& device, Partition& p, Comm& group, const backend::AdamParams& adam);
+
+  Partition parts_[2];
   bool separate_master_ = false;
   bool tied_ = false;
 };

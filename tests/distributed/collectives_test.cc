@@ -206,6 +206,51 @@ TEST_F(DistributedCollectives, AllToAllEqualSplits) {
   }
 }
 
+// Variable blocks, as a dropless MoE dispatch sends them: rank i sends (i + 2j) % 3 elements
+// to rank j (some blocks empty), blocking and non-blocking; bad counts are kInvalid.
+TEST_F(DistributedCollectives, AllToAllVVariableBlocks) {
+  auto count = [](int from, int to) { return static_cast<std::int64_t>((from + 2 * to) % 3); };
+  for (const Split& split : kSplits) {
+    Connected c = Connect(split);
+    const int size = c.comm->size(), me = c.comm->rank();
+    std::vector<std::int64_t> send_counts(size), recv_counts(size);
+    std::int64_t recv_total = 0;
+    for (int j = 0; j < size; ++j) {
+      send_counts[j] = count(me, j);
+      recv_counts[j] = count(j, me);
+      recv_total += recv_counts[j];
+    }
+    // Block j of a rank's send is elements [offset_j, offset_j + count) of its Data(8, ...).
+    std::vector<float> want;
+    for (int src = 0; src < size; ++src) {
+      const std::vector<float> theirs = Data(8, 3 * size, c.group.world_ranks()[src]);
+      std::int64_t offset = 0;
+      for (int j = 0; j < me; ++j) offset += count(src, j);
+      want.insert(want.end(), theirs.begin() + offset, theirs.begin() + offset + count(src, me));
+    }
+    const std::vector<float> mine = Data(8, 3 * size, World().rank());
+    const Tensor send = Put(mine), recv = Zeros(recv_total + 1);
+    ASSERT_TRUE(c.comm->AllToAllV(send, send_counts, recv, recv_counts).ok());
+    std::vector<float> got = Get(recv);
+    EXPECT_EQ(std::vector<float>(got.begin(), got.end() - 1), want) << split.name;
+    EXPECT_EQ(got.back(), 0.0f) << "wrote past the received blocks";
+
+    const Tensor recv2 = Zeros(recv_total);
+    StatusOr<std::unique_ptr<Request>> req =
+        c.comm->IAllToAllV(send, send_counts, recv2, recv_counts);
+    ASSERT_TRUE(req.ok()) << req.status().ToString();
+    ASSERT_TRUE((*req)->Wait().ok());
+    EXPECT_EQ(Get(recv2), want) << split.name;
+
+    std::vector<std::int64_t> too_many = send_counts;
+    too_many[0] += 3 * size;
+    EXPECT_EQ(c.comm->AllToAllV(send, too_many, recv, recv_counts).outcome(), Outcome::kInvalid);
+    EXPECT_EQ(c.comm->AllToAllV(send, std::vector<std::int64_t>(size + 1), recv, recv_counts)
+                  .outcome(),
+              Outcome::kInvalid);
+  }
+}
+
 TEST_F(DistributedCollectives, BroadcastFromEachRootAndBarrier) {
   Connected c = Connect(kSplits[1]);
   for (int root = 0; root < c.comm->size(); ++root) {

@@ -205,6 +205,34 @@ TEST_F(NcclCollectivesTest, PointToPointRingAndRequests) {
   EXPECT_EQ(Get(rs_recv), std::vector<float>(block, static_cast<float>(size_)));
 }
 
+TEST_F(NcclCollectivesTest, VariableAllToAllPacksBlocksInRankOrder) {
+  // Rank i sends i + j + 1 elements to rank j, so every pair's counts agree.
+  auto count = [](int from, int to) { return static_cast<std::int64_t>(from + to + 1); };
+  std::vector<std::int64_t> send_counts(size_), recv_counts(size_);
+  std::int64_t send_total = 0, recv_total = 0;
+  for (int j = 0; j < size_; ++j) {
+    send_counts[j] = count(rank_, j);
+    recv_counts[j] = count(j, rank_);
+    send_total += send_counts[j];
+    recv_total += recv_counts[j];
+  }
+  const Tensor send = Put(Mine(send_total)), recv = Put(std::vector<float>(recv_total, -1.0f));
+  std::vector<float> want;
+  for (int i = 0; i < size_; ++i) {
+    std::int64_t offset = 0;  // where rank i's block for this rank starts in its send buffer
+    for (int j = 0; j < rank_; ++j) offset += count(i, j);
+    for (std::int64_t e = 0; e < count(i, rank_); ++e) want.push_back(Value(i, offset + e));
+  }
+  ASSERT_TRUE(comm_->AllToAllV(send, send_counts, recv, recv_counts).ok());
+  EXPECT_EQ(Get(recv), want);
+  ASSERT_TRUE(dev().Fill(recv, 0.0f).ok());
+  StatusOr<std::unique_ptr<Request>> request =
+      comm_->IAllToAllV(send, send_counts, recv, recv_counts);
+  ASSERT_TRUE(request.ok()) << request.status().ToString();
+  ASSERT_TRUE((*request)->Wait().ok());
+  EXPECT_EQ(Get(recv), want);
+}
+
 TEST_F(NcclCollectivesTest, RejectsBadArgumentsAsInvalid) {
   const Tensor x = Put(std::vector<float>(10));
   EXPECT_EQ(comm_->Send(x, size_, 0).outcome(), Outcome::kInvalid);

@@ -172,7 +172,8 @@ TEST_P(CudaTypedTest, NormsMatchReference) {
   EXPECT_TRUE(Close(Get(tdb), dbeta, 1e-5, 1e-5));
 
   // Wrong dtypes are the caller's bug.
-  EXPECT_EQ(dev().RmsNormForward(d, tx, tdg, ty, tr).outcome(), Outcome::kInvalid);
+  const Tensor int_gamma = PutI32(std::vector<std::int32_t>(d.hidden, 1));
+  EXPECT_EQ(dev().RmsNormForward(d, tx, int_gamma, ty, tr).outcome(), Outcome::kInvalid);
 }
 
 TEST_P(CudaTypedTest, RopeWithOffsetPartialRotationAndFusedRowsMatchesReference) {

@@ -9,7 +9,9 @@
 // the current one, and let the data-parallel gradient reduction run under the backward pass.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <span>
 
 #include "autopar/backend/status.h"
 #include "autopar/backend/tensor.h"
@@ -48,6 +50,14 @@ class Collectives {
   virtual Status ReduceScatter(Tensor send, Tensor recv, ReduceOp op) = 0;
   // send, recv [size * n]: block j of send goes to rank j, block i of recv came from rank i.
   virtual Status AllToAll(Tensor send, Tensor recv) = 0;
+  // Variable-size all-to-all (MPI_Alltoallv with packed blocks): send holds send_counts[j]
+  // elements for rank j, and recv gets recv_counts[i] elements from rank i, each packed in rank
+  // order. Counts are in elements, one per rank; send and recv must not overlap and must each hold
+  // at least the sum of their counts. Rank i's send_counts[j] must equal rank j's recv_counts[i]:
+  // callers exchange counts first (a dropless MoE dispatch sends its per-expert token counts with
+  // an equal-split AllToAll before the tokens).
+  virtual Status AllToAllV(Tensor send, std::span<const std::int64_t> send_counts, Tensor recv,
+                           std::span<const std::int64_t> recv_counts) = 0;
   // buf on `root` is copied to every rank.
   virtual Status Broadcast(Tensor buf, int root) = 0;
   virtual Status Barrier() = 0;
@@ -63,6 +73,10 @@ class Collectives {
   virtual StatusOr<std::unique_ptr<Request>> IAllGather(Tensor send, Tensor recv) = 0;
   virtual StatusOr<std::unique_ptr<Request>> IReduceScatter(Tensor send, Tensor recv,
                                                             ReduceOp op) = 0;
+  // The counts are copied: the spans need not outlive the call, the buffers must.
+  virtual StatusOr<std::unique_ptr<Request>> IAllToAllV(
+      Tensor send, std::span<const std::int64_t> send_counts, Tensor recv,
+      std::span<const std::int64_t> recv_counts) = 0;
 };
 
 }  // namespace autopar::backend

@@ -5,8 +5,8 @@
 // AUTOPAR_HAVE_CUDA=1 for every consumer, so callers write
 //
 //   #if AUTOPAR_HAVE_CUDA
-//     if (want_gpu) backend = MakeCudaBackend({.device_index = local_rank, .memory_budget_bytes =
-//     b});
+//     CudaBackendOptions options{.device_index = local_rank, .memory_budget_bytes = budget};
+//     StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(options);
 //   #endif
 //
 // Differences from the CPU backend a caller can observe:
@@ -23,7 +23,8 @@
 //    the host does not wait); the I* variants run on a side stream and overlap with compute until
 //    Wait/Test. NCCL has no tags: point-to-point messages between a pair match in issue order, and
 //    a size mismatch between sender and receiver is not detected. Reductions work on f32, bf16,
-//    f16 and i32.
+//    f16 and i32. NCCL cannot cancel one operation, so Request::Abandon aborts the whole
+//    communicator (later calls on it are kCommError).
 //  * Ids (embedding, cross-entropy targets) are not range-checked on the host, which would cost a
 //    device-to-host copy per call; a negative id acts like one outside the vocabulary shard.
 //  * Collectives keep a pointer to their backend's device: destroy them before the backend.

@@ -1,15 +1,18 @@
 // One real training step of a parallel configuration, on every rank (DESIGN §5).
 //
-// RunTrial builds the configuration's process groups (Megatron-core rank order tp-up-cp-dp-pp),
-// allocates the real per-rank footprint (weights, fp32 gradients, Adam states — sharded over dp
-// with the distributed optimizer — and the activations of the micro-batches in flight under the
-// pipeline schedule), and runs the step program: embedding on the first stage, the stage's
-// transformer layers (norm, QKV with GQA, RoPE, causal attention, output projection, SwiGLU or
-// GeLU MLP, residuals) with tensor-parallel all-reduces (or all-gather / reduce-scatter with
-// sequence parallelism), final norm, vocab-parallel logits and cross-entropy on the last stage,
-// the full backward with real gradient GEMMs, pipeline send/recv under 1F1B or the interleaved
-// schedule, the data-parallel gradient all-reduce (or reduce-scatter + parameter all-gather with
-// the distributed optimizer), and the Adam step; recompute none / selective / full.
+// RunTrial builds the configuration's process groups (Megatron-core rank order tp-up-cp-dp-pp,
+// expert-parallel groups of ep consecutive (cp, dp) indices), allocates the real per-rank
+// footprint (weights, fp32 gradients, Adam states — sharded over the up·cp·dp replicas, and the
+// experts over their up·cp·dp/ep replicas, with the distributed optimizer — and the activations of
+// the micro-batches in flight under the pipeline schedule), and runs the step program: embedding
+// on the first stage, the stage's transformer layers (norm, QKV with GQA, RoPE, causal attention —
+// local, or over a sequence split by Ulysses all-to-alls and a context-parallel ring —, output
+// projection, SwiGLU or GeLU MLP or a dropless expert-parallel MoE block, residuals) with
+// tensor-parallel all-reduces (or all-gather / reduce-scatter with sequence parallelism), final
+// norm, vocab-parallel logits and cross-entropy on the last stage, the full backward with real
+// gradient GEMMs, pipeline send/recv under 1F1B or the interleaved schedule, the data-parallel
+// gradient all-reduce (or reduce-scatter + parameter all-gather with the distributed optimizer),
+// and the Adam step; recompute none / selective / full.
 //
 // Outcomes are values, never crashes: an allocation past the budget ends the trial as `oom` on
 // every rank and frees everything, so the next trial in the same process runs normally.
@@ -53,6 +56,8 @@ struct TrialMeasurement {
   int microbatches_run = 0;
   int microbatches_total = 0;
   double loss = 0;  // mean token loss of the first iteration over the whole global batch
+  // The MoE load-balancing loss the first iteration added to the objective (0 for dense models).
+  double aux_loss = 0;
   // Sharding-invariant checksums of the updated weights (sum, and a hash-weighted sum), equal for
   // every layout of the same model and seed up to rounding.
   double weight_sum = 0;
@@ -61,7 +66,8 @@ struct TrialMeasurement {
 
 // Collective over `world` (every rank calls it with the same arguments); the result is the same
 // on every rank. `world` must have exactly config.world_size() ranks. Configurations the runner
-// cannot express yet (cp, up, ep > 1) end as `invalid` with the reason.
+// cannot express (multi-head latent attention, replicated kv heads over tp, ...) end as `invalid`
+// with the reason.
 TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world,
                           const ModelSpec& model, const TrainSpec& train,
                           const ParallelConfig& config, const TrialOptions& options);

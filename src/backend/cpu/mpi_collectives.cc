@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "autopar/backend/mpi_check.h"
 
@@ -100,6 +101,8 @@ class MpiRequest final : public Request {
 
   // Runs once when the operation completes (the in-place reduce-scatter's block move).
   std::function<void()> on_complete;
+  // Arrays MPI reads until the operation completes (MPI_Ialltoallv's counts and displacements).
+  std::vector<int> arrays;
 
   void Complete() {
     if (on_complete) {
@@ -107,6 +110,9 @@ class MpiRequest final : public Request {
       on_complete = nullptr;
     }
   }
+
+  // Takes the MPI request once it exists (after the arrays it reads are in place).
+  void Adopt(MPI_Request request) { request_ = request; }
 
   void Abandon() override {
     if (request_ == MPI_REQUEST_NULL) return;
@@ -165,6 +171,17 @@ class MpiCollectives final : public Collectives {
     const int block = static_cast<int>(send.numel / size());
     AUTOPAR_CHECK_MPI(MPI_Alltoall(SendOrInPlace(send, recv), block, MpiType(send.dtype), recv.data,
                                    block, MpiType(recv.dtype), comm()));
+    return OkStatus();
+  }
+
+  Status AllToAllV(Tensor send, std::span<const std::int64_t> send_counts, Tensor recv,
+                   std::span<const std::int64_t> recv_counts) override {
+    AUTOPAR_ASSIGN_OR_RETURN(std::vector<int> a,
+                             AllToAllVArrays(send, send_counts, recv, recv_counts));
+    const int n = size();
+    AUTOPAR_CHECK_MPI(MPI_Alltoallv(send.data, a.data(), a.data() + n, MpiType(send.dtype),
+                                    recv.data, a.data() + 2 * n, a.data() + 3 * n,
+                                    MpiType(recv.dtype), comm()));
     return OkStatus();
   }
 
@@ -261,8 +278,60 @@ class MpiCollectives final : public Collectives {
     return Wrap(request, /*point_to_point=*/false);
   }
 
+  StatusOr<std::unique_ptr<Request>> IAllToAllV(
+      Tensor send, std::span<const std::int64_t> send_counts, Tensor recv,
+      std::span<const std::int64_t> recv_counts) override {
+    AUTOPAR_ASSIGN_OR_RETURN(std::vector<int> a,
+                             AllToAllVArrays(send, send_counts, recv, recv_counts));
+    auto wrapped = std::make_unique<MpiRequest>(MPI_REQUEST_NULL, /*point_to_point=*/false);
+    wrapped->arrays = std::move(a);  // MPI reads them until the operation completes
+    const int* arrays = wrapped->arrays.data();
+    const int n = size();
+    MPI_Request request = MPI_REQUEST_NULL;
+    AUTOPAR_CHECK_MPI(MPI_Ialltoallv(send.data, arrays, arrays + n, MpiType(send.dtype), recv.data,
+                                     arrays + 2 * n, arrays + 3 * n, MpiType(recv.dtype), comm(),
+                                     &request));
+    wrapped->Adopt(request);
+    return std::unique_ptr<Request>(std::move(wrapped));
+  }
+
  private:
   MPI_Comm comm() const { return group_.comm(); }
+
+  // Checks an all-to-all-v and returns MPI's int arrays: send counts, send displacements, recv
+  // counts, recv displacements (n each, blocks packed in rank order).
+  StatusOr<std::vector<int>> AllToAllVArrays(const Tensor& send,
+                                             std::span<const std::int64_t> send_counts,
+                                             const Tensor& recv,
+                                             std::span<const std::int64_t> recv_counts) const {
+    AUTOPAR_RETURN_IF_ERROR(CheckView("AllToAllV", send));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("AllToAllV", recv));
+    AUTOPAR_CHECK_ARG(send.dtype == recv.dtype, "AllToAllV: send and recv dtypes differ");
+    const auto n = static_cast<std::size_t>(size());
+    AUTOPAR_CHECK_ARG(send_counts.size() == n && recv_counts.size() == n,
+                      "AllToAllV: need one count per rank");
+    AUTOPAR_CHECK_ARG(!Overlaps(send, recv), "AllToAllV: send and recv overlap");
+    std::vector<int> a(4 * n);
+    std::int64_t send_total = 0, recv_total = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      AUTOPAR_CHECK_ARG(send_counts[i] >= 0 && recv_counts[i] >= 0, "AllToAllV: negative count");
+      a[i] = static_cast<int>(send_counts[i]);
+      a[n + i] = static_cast<int>(send_total);
+      a[2 * n + i] = static_cast<int>(recv_counts[i]);
+      a[3 * n + i] = static_cast<int>(recv_total);
+      send_total += send_counts[i];
+      recv_total += recv_counts[i];
+      AUTOPAR_CHECK_ARG(send_total <= INT_MAX && recv_total <= INT_MAX,
+                        "AllToAllV: more than INT_MAX elements");
+    }
+    AUTOPAR_CHECK_ARG(send_total <= send.numel, "AllToAllV: send holds " +
+                                                    std::to_string(send.numel) + " elements, " +
+                                                    std::to_string(send_total) + " to send");
+    AUTOPAR_CHECK_ARG(recv_total <= recv.numel, "AllToAllV: recv holds " +
+                                                    std::to_string(recv.numel) + " elements, " +
+                                                    std::to_string(recv_total) + " to receive");
+    return a;
+  }
   static int Count(const Tensor& t) { return static_cast<int>(t.numel); }
 
   static const void* SendOrInPlace(const Tensor& send, const Tensor& recv) {

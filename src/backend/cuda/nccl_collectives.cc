@@ -98,6 +98,14 @@ class NcclCollectives final : public Collectives {
   }
 
   Status AllToAll(Tensor send, Tensor recv) override;
+
+  Status AllToAllV(Tensor send, std::span<const std::int64_t> send_counts, Tensor recv,
+                   std::span<const std::int64_t> recv_counts) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckAllToAllV(send, send_counts, recv, recv_counts));
+    return Run(
+        [&](cudaStream_t s) { return EnqueueAllToAllV(send, send_counts, recv, recv_counts, s); });
+  }
+
   Status Broadcast(Tensor buf, int root) override;
   Status Barrier() override;
   Status Send(Tensor buf, int peer, int tag) override;
@@ -138,6 +146,15 @@ class NcclCollectives final : public Collectives {
     return comm_->Async([&](cudaStream_t s) { return EnqueueReduceScatter(send, recv, op, s); });
   }
 
+  // The counts are read while enqueueing, which Async does before it returns.
+  StatusOr<std::unique_ptr<Request>> IAllToAllV(
+      Tensor send, std::span<const std::int64_t> send_counts, Tensor recv,
+      std::span<const std::int64_t> recv_counts) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckAllToAllV(send, send_counts, recv, recv_counts));
+    return comm_->Async(
+        [&](cudaStream_t s) { return EnqueueAllToAllV(send, send_counts, recv, recv_counts, s); });
+  }
+
  private:
   CudaDevice& device() { return comm_->device(); }
 
@@ -163,6 +180,55 @@ class NcclCollectives final : public Collectives {
     return AUTOPAR_NCCL_SETTLE(
         *comm_, ncclReduceScatter(send.data, recv.data, Count(recv), NcclType(recv.dtype),
                                   NcclOp(op), comm_->get(), s));
+  }
+
+  // Grouped point-to-point calls, one send and one receive per peer with a non-empty block (both
+  // sides skip the same empty blocks, since rank i's send count to j is j's receive count from i).
+  Status EnqueueAllToAllV(const Tensor& send, std::span<const std::int64_t> send_counts,
+                          const Tensor& recv, std::span<const std::int64_t> recv_counts,
+                          cudaStream_t s) {
+    const std::size_t elem = DTypeSize(send.dtype);
+    const ncclDataType_t type = NcclType(send.dtype);
+    const char* from = static_cast<const char*>(send.data);
+    char* to = static_cast<char*>(recv.data);
+    return comm_->Grouped([&]() -> ncclResult_t {
+      std::size_t send_offset = 0, recv_offset = 0;
+      for (int peer = 0; peer < size(); ++peer) {
+        const auto send_count = static_cast<std::size_t>(send_counts[peer]);
+        const auto recv_count = static_cast<std::size_t>(recv_counts[peer]);
+        ncclResult_t rc = ncclSuccess;
+        if (send_count > 0) {
+          rc = ncclSend(from + send_offset * elem, send_count, type, peer, comm_->get(), s);
+        }
+        if (rc == ncclSuccess && recv_count > 0) {
+          rc = ncclRecv(to + recv_offset * elem, recv_count, type, peer, comm_->get(), s);
+        }
+        if (rc != ncclSuccess) return rc;
+        send_offset += send_count;
+        recv_offset += recv_count;
+      }
+      return ncclSuccess;
+    });
+  }
+
+  Status CheckAllToAllV(const Tensor& send, std::span<const std::int64_t> send_counts,
+                        const Tensor& recv, std::span<const std::int64_t> recv_counts) const {
+    AUTOPAR_RETURN_IF_ERROR(CheckView("AllToAllV", send));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("AllToAllV", recv));
+    AUTOPAR_CHECK_ARG(send.dtype == recv.dtype, "AllToAllV: send and recv dtypes differ");
+    const auto n = static_cast<std::size_t>(size());
+    AUTOPAR_CHECK_ARG(send_counts.size() == n && recv_counts.size() == n,
+                      "AllToAllV: need one count per rank");
+    AUTOPAR_CHECK_ARG(!Overlaps(send, recv), "AllToAllV: send and recv overlap");
+    std::int64_t send_total = 0, recv_total = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      AUTOPAR_CHECK_ARG(send_counts[i] >= 0 && recv_counts[i] >= 0, "AllToAllV: negative count");
+      send_total += send_counts[i];
+      recv_total += recv_counts[i];
+    }
+    AUTOPAR_CHECK_ARG(send_total <= send.numel && recv_total <= recv.numel,
+                      "AllToAllV: the counts exceed the buffers");
+    return OkStatus();
   }
 
   Status CheckAllReduce(const Tensor& send, const Tensor& recv) const {

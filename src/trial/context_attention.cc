@@ -1,0 +1,331 @@
+#include "src/trial/context_attention.h"
+
+#include <utility>
+#include <vector>
+
+#include "src/trial/carver.h"
+
+namespace autopar::trial {
+namespace {
+
+using backend::AttentionDesc;
+using backend::DType;
+using backend::OkStatus;
+
+constexpr int kKvTag = 101, kDkvTag = 102;  // ring messages on the cp group
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ContextAttention>> ContextAttention::Create(Device& device,
+                                                                     const Shapes& s,
+                                                                     ProcessGroups& g) {
+  std::unique_ptr<ContextAttention> a(new ContextAttention(device, s, g));
+  const int64_t T = s.tokens, U = s.up, Tcp = T * U, d = s.head_dim;
+  const int64_t Hq = s.heads, Hkv = s.kv_heads, Hu = s.ul_heads, kvu = s.ul_kv_heads;
+  const int64_t ul_blocks = s.ul_cols / d, qkv_blocks = s.qkv_cols / d;
+  const int64_t kv_cols = 2 * kvu * d, chunk_rows = s.chunk * s.mbs;
+
+  // Workspaces: measured, then allocated and carved.
+  auto carve = [&](Carver cc, Carver cs) {
+    a->pack_ = cc.Take(Tcp * s.ul_cols);
+    if (U > 1) {
+      a->recv_ = cc.Take(Tcp * s.ul_cols);
+      a->do_ul_ = cc.Take(Tcp * Hu * d);
+      a->dqkv_ul_ = cc.Take(Tcp * s.ul_cols);
+    }
+    if (s.cp > 1) {
+      for (Tensor& t : a->kv_) t = cc.Take(Tcp * kv_cols);
+      for (Tensor& t : a->dkv_) t = cc.Take(Tcp * kv_cols);
+      a->part_out_ = cc.Take(chunk_rows * Hu * d);
+      a->part_lse_ = cs.Take(chunk_rows * Hu);
+    }
+    return std::pair{cc.used(), cs.used()};
+  };
+  const auto [compute, stats] = carve(Carver(), Carver());
+  AUTOPAR_ASSIGN_OR_RETURN(a->compute_, device.Allocate(compute, device.compute_dtype()));
+  AUTOPAR_ASSIGN_OR_RETURN(a->stats_, device.Allocate(std::max<int64_t>(stats, 1), DType::kF32));
+  carve(Carver(a->compute_.tensor()), Carver(a->stats_.tensor()));
+
+  // Index lists of the row gathers, in units of head_dim-wide blocks.
+  const int64_t group = Hq / Hkv;
+  auto kv_head = [&](int64_t u) { return Hkv >= U ? u * kvu : u * Hu / group; };  // first of u's
+  if (U > 1) {
+    // Forward all-to-all: block u of the send buffer is [T rows, the columns of up rank u].
+    std::vector<int32_t> pack;
+    for (int64_t u = 0; u < U; ++u) {
+      for (int64_t r = 0; r < T; ++r) {
+        for (int64_t b = 0; b < ul_blocks; ++b) {
+          const int64_t col = b < Hu         ? u * Hu + b
+                              : b < Hu + kvu ? Hq + kv_head(u) + b - Hu
+                                             : Hq + Hkv + kv_head(u) + b - Hu - kvu;
+          pack.push_back(static_cast<int32_t>(r * qkv_blocks + col));
+        }
+      }
+    }
+    a->pack_qkv_ = a->ids_.Add(std::move(pack));
+    // The output comes back as [source u][T rows][u's heads]: o's head block u·Hu + i.
+    std::vector<int32_t> unpack_o, pack_do;
+    for (int64_t r = 0; r < T; ++r) {
+      for (int64_t b = 0; b < Hq; ++b) {
+        unpack_o.push_back(static_cast<int32_t>(((b / Hu) * T + r) * Hu + b % Hu));
+      }
+    }
+    for (int64_t u = 0; u < U; ++u) {
+      for (int64_t r = 0; r < T; ++r) {
+        for (int64_t i = 0; i < Hu; ++i)
+          pack_do.push_back(static_cast<int32_t>(r * Hq + u * Hu + i));
+      }
+    }
+    a->unpack_o_ = a->ids_.Add(std::move(unpack_o));
+    a->pack_do_ = a->ids_.Add(std::move(pack_do));
+    // Backward all-to-all: [source u][T rows][ul columns] back into [T, q | k | v]. A kv head
+    // that several up ranks read gets one gradient from each: one list per replica, summed.
+    const int64_t replicas = U * kvu / Hkv, none = U * T * ul_blocks;
+    for (int64_t rep = 0; rep < replicas; ++rep) {
+      std::vector<int32_t> ids;
+      for (int64_t r = 0; r < T; ++r) {
+        for (int64_t b = 0; b < qkv_blocks; ++b) {
+          if (b < Hq) {
+            ids.push_back(
+                static_cast<int32_t>(rep == 0 ? ((b / Hu) * T + r) * ul_blocks + b % Hu : none));
+            continue;
+          }
+          const bool is_v = b >= Hq + Hkv;
+          const int64_t head = b - Hq - (is_v ? Hkv : 0);
+          int64_t seen = 0, src = 0;
+          for (int64_t u = 0; u < U; ++u) {
+            if (kv_head(u) <= head && head < kv_head(u) + kvu && seen++ == rep) src = u;
+          }
+          ids.push_back(static_cast<int32_t>((src * T + r) * ul_blocks + Hu + (is_v ? kvu : 0) +
+                                             head - kv_head(src)));
+        }
+      }
+      a->unpack_dqkv_.push_back(a->ids_.Add(std::move(ids)));
+    }
+  }
+  if (s.cp > 1) {
+    // K and V of the rank's rows packed for the ring; their gradient placed back beside dq.
+    std::vector<int32_t> kv_pack, assemble;
+    for (int64_t r = 0; r < Tcp; ++r) {
+      for (int64_t i = 0; i < 2 * kvu; ++i)
+        kv_pack.push_back(static_cast<int32_t>(r * ul_blocks + Hu + i));
+      for (int64_t b = 0; b < ul_blocks; ++b) {
+        assemble.push_back(static_cast<int32_t>(b < Hu ? Tcp * 2 * kvu : r * 2 * kvu + b - Hu));
+      }
+    }
+    a->kv_pack_ = a->ids_.Add(std::move(kv_pack));
+    a->dkv_assemble_ = a->ids_.Add(std::move(assemble));
+  }
+  AUTOPAR_RETURN_IF_ERROR(a->ids_.Upload(device));
+  return a;
+}
+
+int64_t ContextAttention::ChunkStart(int cp_rank, int c) const {
+  return (c == 0 ? cp_rank : 2 * s_.cp - 1 - cp_rank) * s_.chunk;
+}
+
+AttentionDesc ContextAttention::PairDesc(int qc, int src, int kc) const {
+  AttentionDesc d;
+  d.batch = s_.mbs;
+  d.heads_q = s_.ul_heads;
+  d.heads_kv = s_.ul_kv_heads;
+  d.head_dim = s_.head_dim;
+  d.seq_q = d.seq_kv = s_.chunk;
+  d.q_position_offset = ChunkStart(g_.at.cp, qc);
+  d.kv_position_offset = ChunkStart(src, kc);
+  d.q_stride = s_.ul_cols;
+  d.kv_stride = 2 * s_.ul_kv_heads * s_.head_dim;
+  return d;
+}
+
+// RoPE on the ul layout by global positions: one run of rows per chunk.
+Status ContextAttention::Rope(Tensor ul, bool backward) {
+  if (!s_.rope) return OkStatus();
+  const int64_t d = s_.head_dim, chunk_rows = s_.chunk * s_.mbs;
+  const int chunks = s_.cp > 1 ? 2 : 1;
+  for (int c = 0; c < chunks; ++c) {
+    backend::RopeDesc r;
+    r.seq = chunks == 2 ? s_.chunk : 2 * s_.chunk;
+    r.batch = s_.mbs;
+    r.head_dim = d;
+    r.row_stride = s_.ul_cols;
+    r.position_offset = chunks == 2 ? ChunkStart(g_.at.cp, c) : 0;
+    const int64_t row0 = c * chunk_rows * s_.ul_cols;
+    for (auto [col, heads] :
+         {std::pair{int64_t{0}, s_.ul_heads}, std::pair{s_.ul_heads * d, s_.ul_kv_heads}}) {
+      r.heads = heads;
+      const Tensor x = ul.Slice(row0 + col, ul.numel - row0 - col);
+      AUTOPAR_RETURN_IF_ERROR(backward ? dev_.RopeBackward(r, x, x) : dev_.RopeForward(r, x, x));
+    }
+  }
+  return OkStatus();
+}
+
+Status ContextAttention::Forward(Tensor qkv, Tensor qkv_ul, Tensor o_ul, Tensor lse, Tensor o) {
+  const int64_t Tcp = s_.tokens * s_.up, d = s_.head_dim;
+  if (s_.up > 1) {
+    const Tensor send = pack_.Slice(0, Tcp * s_.ul_cols);
+    AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, qkv, d, ids_[pack_qkv_], send));
+    AUTOPAR_RETURN_IF_ERROR(g_.up.AllToAll(send, qkv_ul.Slice(0, Tcp * s_.ul_cols)));
+  }
+  AUTOPAR_RETURN_IF_ERROR(Rope(qkv_ul, false));
+  AUTOPAR_RETURN_IF_ERROR(Core(qkv_ul, o_ul, lse));
+  if (s_.up == 1) return OkStatus();
+  const Tensor back = recv_.Slice(0, Tcp * s_.ul_heads * d);
+  AUTOPAR_RETURN_IF_ERROR(g_.up.AllToAll(o_ul.Slice(0, back.numel), back));
+  return PickRows(dev_, back, d, ids_[unpack_o_], o);
+}
+
+Status ContextAttention::Core(Tensor qkv_ul, Tensor o_ul, Tensor lse) {
+  if (s_.cp > 1) return RingForward(qkv_ul, o_ul, lse);
+  AttentionDesc att = PairDesc(0, 0, 0);
+  att.seq_q = att.seq_kv = 2 * s_.chunk;  // the whole sequence, positions from 0
+  att.kv_stride = s_.ul_cols;
+  const int64_t n = qkv_ul.numel, d = s_.head_dim;
+  return dev_.AttentionForward(
+      att, qkv_ul, qkv_ul.Slice(s_.ul_heads * d, n - s_.ul_heads * d),
+      qkv_ul.Slice((s_.ul_heads + s_.ul_kv_heads) * d, n - (s_.ul_heads + s_.ul_kv_heads) * d),
+      o_ul, lse);
+}
+
+Status ContextAttention::Backward(Tensor qkv_ul, Tensor o_ul, Tensor lse, Tensor d_o, Tensor dqkv) {
+  const int64_t Tcp = s_.tokens * s_.up, d = s_.head_dim;
+  Tensor do_ul = d_o, dqkv_ul = dqkv;
+  if (s_.up > 1) {
+    const Tensor send = pack_.Slice(0, Tcp * s_.ul_heads * d);
+    AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, d_o, d, ids_[pack_do_], send));
+    AUTOPAR_RETURN_IF_ERROR(g_.up.AllToAll(send, do_ul_));
+    do_ul = do_ul_;
+    dqkv_ul = dqkv_ul_;
+  }
+  if (s_.cp > 1) {
+    AUTOPAR_RETURN_IF_ERROR(RingBackward(qkv_ul, o_ul, lse, do_ul, dqkv_ul));
+  } else {
+    AttentionDesc att = PairDesc(0, 0, 0);
+    att.seq_q = att.seq_kv = 2 * s_.chunk;
+    att.kv_stride = s_.ul_cols;
+    const int64_t k_off = s_.ul_heads * d, v_off = (s_.ul_heads + s_.ul_kv_heads) * d;
+    const int64_t n = qkv_ul.numel, dn = dqkv_ul.numel;
+    AUTOPAR_RETURN_IF_ERROR(dev_.AttentionBackward(
+        att, qkv_ul, qkv_ul.Slice(k_off, n - k_off), qkv_ul.Slice(v_off, n - v_off), o_ul, do_ul,
+        lse, dqkv_ul, dqkv_ul.Slice(k_off, dn - k_off), dqkv_ul.Slice(v_off, dn - v_off), false));
+  }
+  AUTOPAR_RETURN_IF_ERROR(Rope(dqkv_ul, true));
+  if (s_.up == 1) return OkStatus();
+  const Tensor back = recv_.Slice(0, Tcp * s_.ul_cols);
+  AUTOPAR_RETURN_IF_ERROR(g_.up.AllToAll(dqkv_ul.Slice(0, back.numel), back));
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, back, d, ids_[unpack_dqkv_[0]], dqkv));
+  for (size_t rep = 1; rep < unpack_dqkv_.size(); ++rep) {
+    const Tensor more = pack_.Slice(0, dqkv.numel);
+    AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, back, d, ids_[unpack_dqkv_[rep]], more));
+    AUTOPAR_RETURN_IF_ERROR(dev_.Add(dqkv, more, dqkv));
+  }
+  return OkStatus();
+}
+
+namespace {
+// The chunk pairs a step computes, by global positions: the own block is causal within and
+// between its chunks; an earlier rank's block is seen (first chunk only) by both query chunks;
+// a later rank's block (both chunks) only by the second query chunk.
+struct Pair {
+  int q, kv;
+};
+std::vector<Pair> VisiblePairs(int step, int src, int me) {
+  if (step == 0) return {{0, 0}, {1, 0}, {1, 1}};
+  if (src < me) return {{0, 0}, {1, 0}};
+  return {{1, 0}, {1, 1}};
+}
+}  // namespace
+
+Status ContextAttention::RingForward(Tensor qkv_ul, Tensor o_ul, Tensor lse) {
+  const int cp = static_cast<int>(s_.cp), me = g_.at.cp;
+  const int next = (me + 1) % cp, prev = (me + cp - 1) % cp;
+  const int64_t d = s_.head_dim, Hu = s_.ul_heads, kvu = s_.ul_kv_heads;
+  const int64_t chunk_rows = s_.chunk * s_.mbs, kv_cols = 2 * kvu * d;
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, qkv_ul, d, ids_[kv_pack_], kv_[0]));
+  bool written[2] = {false, false};
+  std::unique_ptr<backend::Request> send, recv;
+  for (int step = 0; step < cp; ++step) {
+    const int src = (me - step + cp) % cp;
+    const Tensor cur = kv_[step == 0 ? 0 : 1 + (step - 1) % 2];
+    if (step + 1 < cp) {  // the next block travels while this one is computed
+      AUTOPAR_RETURN_IF_ERROR(g_.cp.Send(cur, next, kKvTag, send));
+      AUTOPAR_RETURN_IF_ERROR(g_.cp.StartRecv(kv_[1 + step % 2], prev, kKvTag, recv));
+    }
+    for (const Pair p : VisiblePairs(step, src, me)) {
+      const AttentionDesc att = PairDesc(p.q, src, p.kv);
+      const Tensor q = qkv_ul.Slice(p.q * chunk_rows * s_.ul_cols, chunk_rows * s_.ul_cols);
+      const int64_t k0 = p.kv * chunk_rows * kv_cols;
+      const Tensor k = cur.Slice(k0, chunk_rows * kv_cols);
+      const Tensor v = cur.Slice(k0 + kvu * d, chunk_rows * kv_cols - kvu * d);
+      const Tensor out = o_ul.Slice(p.q * chunk_rows * Hu * d, chunk_rows * Hu * d);
+      const Tensor out_lse = lse.Slice(p.q * chunk_rows * Hu, chunk_rows * Hu);
+      if (!written[p.q]) {
+        AUTOPAR_RETURN_IF_ERROR(dev_.AttentionForward(att, q, k, v, out, out_lse));
+        written[p.q] = true;
+        continue;
+      }
+      AUTOPAR_RETURN_IF_ERROR(dev_.AttentionForward(att, q, k, v, part_out_, part_lse_));
+      AUTOPAR_RETURN_IF_ERROR(
+          dev_.AttentionMerge(chunk_rows * Hu, d, out, out_lse, part_out_, part_lse_));
+    }
+    AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(send));
+    AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(recv));
+  }
+  return OkStatus();
+}
+
+Status ContextAttention::RingBackward(Tensor qkv_ul, Tensor o_ul, Tensor lse, Tensor do_ul,
+                                      Tensor dqkv_ul) {
+  const int cp = static_cast<int>(s_.cp), me = g_.at.cp;
+  const int next = (me + 1) % cp, prev = (me + cp - 1) % cp;
+  const int64_t d = s_.head_dim, Hu = s_.ul_heads, kvu = s_.ul_kv_heads;
+  const int64_t chunk_rows = s_.chunk * s_.mbs, kv_cols = 2 * kvu * d;
+  AUTOPAR_RETURN_IF_ERROR(dev_.Fill(dqkv_ul, 0.0f));
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, qkv_ul, d, ids_[kv_pack_], kv_[0]));
+  // dK/dV of the block at hand: this rank's part goes into dkv_[step % 2], the part the earlier
+  // ranks of the ring accumulated arrives in dkv_[2], and the sum moves on to the next rank.
+  std::unique_ptr<backend::Request> send, recv, dkv_send, dkv_recv;
+  const Tensor incoming = dkv_[2];
+  for (int step = 0; step < cp; ++step) {
+    const int src = (me - step + cp) % cp;
+    const Tensor cur = kv_[step == 0 ? 0 : 1 + (step - 1) % 2];
+    if (step + 1 < cp) {
+      AUTOPAR_RETURN_IF_ERROR(g_.cp.Send(cur, next, kKvTag, send));
+      AUTOPAR_RETURN_IF_ERROR(g_.cp.StartRecv(kv_[1 + step % 2], prev, kKvTag, recv));
+    }
+    if (step > 0) AUTOPAR_RETURN_IF_ERROR(g_.cp.StartRecv(incoming, prev, kDkvTag, dkv_recv));
+    const Tensor part = dkv_[step % 2];
+    AUTOPAR_RETURN_IF_ERROR(dev_.Fill(part, 0.0f));
+    for (const Pair p : VisiblePairs(step, src, me)) {
+      const AttentionDesc att = PairDesc(p.q, src, p.kv);
+      const int64_t q0 = p.q * chunk_rows * s_.ul_cols, k0 = p.kv * chunk_rows * kv_cols;
+      const int64_t o0 = p.q * chunk_rows * Hu * d;
+      const Tensor q = qkv_ul.Slice(q0, chunk_rows * s_.ul_cols);
+      const Tensor dq = dqkv_ul.Slice(q0, chunk_rows * s_.ul_cols);
+      const Tensor k = cur.Slice(k0, chunk_rows * kv_cols);
+      const Tensor v = cur.Slice(k0 + kvu * d, chunk_rows * kv_cols - kvu * d);
+      const Tensor dk = part.Slice(k0, chunk_rows * kv_cols);
+      const Tensor dv = part.Slice(k0 + kvu * d, chunk_rows * kv_cols - kvu * d);
+      AUTOPAR_RETURN_IF_ERROR(dev_.AttentionBackward(
+          att, q, k, v, o_ul.Slice(o0, chunk_rows * Hu * d), do_ul.Slice(o0, chunk_rows * Hu * d),
+          lse.Slice(p.q * chunk_rows * Hu, chunk_rows * Hu), dq, dk, dv, true));
+    }
+    if (step > 0) {
+      AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(dkv_recv));
+      AUTOPAR_RETURN_IF_ERROR(dev_.Add(part, incoming, part));
+    }
+    AUTOPAR_RETURN_IF_ERROR(g_.cp.Send(part, next, kDkvTag, dkv_send));  // waits the previous one
+    AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(send));
+    AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(recv));
+  }
+  // The last hop brings this rank's own block's gradient home.
+  AUTOPAR_RETURN_IF_ERROR(g_.cp.StartRecv(incoming, prev, kDkvTag, dkv_recv));
+  AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(dkv_recv));
+  AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(dkv_send));
+  const Tensor placed = pack_.Slice(0, dqkv_ul.numel);
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, incoming, d, ids_[dkv_assemble_], placed));
+  return dev_.Add(dqkv_ul, placed, dqkv_ul);
+}
+
+}  // namespace autopar::trial

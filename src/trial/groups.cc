@@ -1,0 +1,161 @@
+// A rank's place in a configuration: coordinates, process groups, shapes, and what the trial
+// runner can express.
+#include <algorithm>
+
+#include "src/trial/shard.h"
+
+namespace autopar::trial {
+
+using backend::OkStatus;
+
+Coordinates Coordinates::Of(int rank, const ParallelConfig& c) {
+  Coordinates at;
+  at.tp = rank % c.tp;
+  rank /= c.tp;
+  at.up = rank % c.up;
+  rank /= c.up;
+  at.cp = rank % c.cp;
+  rank /= c.cp;
+  at.dp = rank % c.dp;
+  at.pp = rank / c.dp;
+  const int k = at.cp + c.cp * at.dp;  // index in the (cp, dp) block, where ep groups live
+  at.ep = k % c.ep;
+  at.ep_block = k / c.ep;
+  return at;
+}
+
+StatusOr<ProcessGroups> ProcessGroups::Create(backend::Backend& backend,
+                                              const backend::Group& world, const ParallelConfig& c,
+                                              Deadline deadline) {
+  ProcessGroups g;
+  const int rank = world.rank();
+  const Coordinates at = Coordinates::Of(rank, c);
+  g.at = at;
+  const int TP = c.tp, UP = c.up, CP = c.cp, DP = c.dp;
+  const int k = at.cp + CP * at.dp;
+  // Split is collective over the world, so every rank makes every group in the same order;
+  // only groups of more than one rank get a communicator.
+  auto make = [&](int color, int key, Comm& out) -> Status {
+    AUTOPAR_ASSIGN_OR_RETURN(backend::Group group, world.Split(color, key));
+    if (group.empty() || group.size() == 1) return OkStatus();
+    AUTOPAR_ASSIGN_OR_RETURN(auto collectives, backend.Connect(group));
+    out = Comm(std::move(collectives), deadline);
+    return OkStatus();
+  };
+  const int tp_stride = 1, up_stride = TP, cp_stride = TP * UP, pp_stride = TP * UP * CP * DP;
+  // A group along one dimension: the ranks that differ only in that coordinate.
+  AUTOPAR_RETURN_IF_ERROR(make(rank - at.tp * tp_stride, at.tp, g.tp));
+  AUTOPAR_RETURN_IF_ERROR(make(rank - at.up * up_stride, at.up, g.up));
+  AUTOPAR_RETURN_IF_ERROR(make(rank - at.cp * cp_stride, at.cp, g.cp));
+  AUTOPAR_RETURN_IF_ERROR(make(rank - at.pp * pp_stride, at.pp, g.pp));
+  // Dense replicas: same tp and pp; ranked by (up, cp, dp), the distributed optimizer's order.
+  AUTOPAR_RETURN_IF_ERROR(make(at.tp + TP * at.pp, at.up + UP * k, g.dp));
+  // Expert parallel: same tp, up, pp and k / ep; expert replicas: same tp, pp and k mod ep.
+  const int blocks = CP * DP / c.ep;
+  AUTOPAR_RETURN_IF_ERROR(
+      make(at.tp + TP * (at.up + UP * (at.ep_block + blocks * at.pp)), at.ep, g.ep));
+  AUTOPAR_RETURN_IF_ERROR(
+      make(at.tp + TP * (at.ep + c.ep * at.pp), at.up + UP * at.ep_block, g.edp));
+  // The ranks of one sample: same dp and pp.
+  AUTOPAR_RETURN_IF_ERROR(make(at.dp + DP * at.pp, at.tp + TP * (at.up + UP * at.cp), g.seq));
+  // The first and last pipeline stage share the (tied) word embedding.
+  const bool end_stage = at.pp == 0 || at.pp == c.pp - 1;
+  const int color = end_stage && c.pp > 1 ? rank - at.pp * pp_stride : -1;
+  AUTOPAR_ASSIGN_OR_RETURN(backend::Group embedding, world.Split(color, at.pp));
+  if (!embedding.empty()) {
+    AUTOPAR_ASSIGN_OR_RETURN(auto collectives, backend.Connect(embedding));
+    g.embedding = Comm(std::move(collectives), deadline);
+  }
+  return g;
+}
+
+Shapes Shapes::Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& c, int tp_rank) {
+  Shapes s{};
+  s.tp = c.tp;
+  s.pp = c.pp;
+  s.vpp = c.vpp;
+  s.mbs = c.mbs;
+  s.cp = c.cp;
+  s.up = c.up;
+  s.seq = t.seq_length;
+  s.seq_local = t.seq_length / (int64_t{c.cp} * c.up);
+  s.chunk = t.seq_length / (2 * int64_t{c.cp});
+  s.tokens = s.mbs * s.seq_local;
+  s.sp = c.sp;
+  s.local_tokens = c.sp ? s.tokens / c.tp : s.tokens;
+  s.hidden = m.hidden_size;
+  s.head_dim = m.head_dim();
+  s.heads = m.num_attention_heads / c.tp;
+  s.kv_heads = m.num_query_groups / c.tp;
+  s.q_cols = s.heads * s.head_dim;
+  s.kv_cols = s.kv_heads * s.head_dim;
+  s.qkv_cols = s.q_cols + 2 * s.kv_cols;
+  s.ul_heads = s.heads / c.up;
+  s.ul_kv_heads = s.kv_heads >= c.up ? s.kv_heads / c.up : 1;
+  s.ul_cols = (s.ul_heads + 2 * s.ul_kv_heads) * s.head_dim;
+  s.swiglu = m.activation == Activation::kSwiGLU;
+  s.ffn = m.ffn_hidden_size / c.tp;
+  s.fc1_cols = s.swiglu ? 2 * s.ffn : s.ffn;
+  s.vocab = m.vocab_size;
+  s.vocab_shard = m.vocab_size / c.tp;
+  s.vocab_start = tp_rank * s.vocab_shard;
+  s.rmsnorm = m.norm == NormKind::kRMSNorm;
+  s.rope = m.position_embedding == PositionEmbedding::kRope;
+  s.learned_positions = !s.rope;
+  s.max_positions = std::max<int64_t>(m.max_position_embeddings, t.seq_length);
+  s.tied = !m.untie_embeddings;
+  s.layers_per_chunk = m.num_layers / (int64_t{c.pp} * c.vpp);
+  if (m.is_moe()) {
+    s.experts = m.num_experts;
+    s.local_experts = m.num_experts / c.ep;
+    s.topk = m.moe_router_topk;
+    s.expert_ffn = m.moe_ffn_hidden_size / c.tp;
+    s.shared_ffn = m.moe_shared_expert_intermediate_size / c.tp;
+    s.first_dense = m.moe_first_dense_layers;
+  }
+  return s;
+}
+
+int64_t GlobalPosition(const Shapes& s, const Coordinates& at, int64_t s_local) {
+  const int64_t q = at.up * s.seq_local + s_local;  // position within the cp rank's two chunks
+  return q < s.chunk ? at.cp * s.chunk + q : (2 * s.cp - 1 - at.cp) * s.chunk + q - s.chunk;
+}
+
+std::string Unsupported(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& c) {
+  if (m.is_mla()) return "multi-head latent attention is not in the trial runner yet";
+  if (m.num_query_groups % c.tp != 0) {
+    return "the trial runner needs num_query_groups divisible by tp (no replicated kv heads)";
+  }
+  if (m.vocab_size % c.tp != 0) return "the trial runner needs vocab_size divisible by tp";
+  if (c.sp && (int64_t{c.mbs} * t.seq_length / (int64_t{c.cp} * c.up)) % c.tp != 0) {
+    return "sequence parallelism needs the micro-batch's tokens on a rank divisible by tp";
+  }
+  const int64_t seq_split = int64_t{c.cp} * c.up;
+  if (seq_split > 1 && t.seq_length % (2 * seq_split) != 0) {
+    return "context / Ulysses parallelism needs seq_length divisible by 2·cp·up";
+  }
+  const int64_t kv = m.num_query_groups / c.tp, heads = m.num_attention_heads / c.tp;
+  if (heads % c.up != 0) return "Ulysses needs the heads of a tp rank divisible by up";
+  if (kv % c.up != 0 && c.up % kv != 0) {
+    return "Ulysses needs the kv heads of a tp rank to divide up or be a multiple of it";
+  }
+  if (m.is_moe() || c.ep > 1) {
+    if (!m.is_moe()) return "ep > 1 needs a mixture-of-experts model";
+    if (m.num_experts % c.ep != 0 || (int64_t{c.dp} * c.cp) % c.ep != 0) {
+      return "ep must divide num_experts and dp·cp";
+    }
+    if (m.moe_router_topk < 1 || m.moe_router_topk > m.num_experts) {
+      return "moe_router_topk must be between 1 and num_experts";
+    }
+    if (m.moe_ffn_hidden_size % c.tp != 0 || m.moe_shared_expert_intermediate_size % c.tp != 0) {
+      return "tp must divide the experts' and the shared experts' widths";
+    }
+    // Each tp rank routes its own slice of the rows (experts are tp-sharded, etp = tp).
+    if ((int64_t{c.mbs} * t.seq_length / seq_split) % c.tp != 0) {
+      return "MoE with tp > 1 needs the micro-batch's tokens on a rank divisible by tp";
+    }
+  }
+  return {};
+}
+
+}  // namespace autopar::trial

@@ -1,0 +1,359 @@
+#include "src/trial/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "src/trial/linear.h"
+
+namespace autopar::trial {
+namespace {
+
+using backend::DType;
+using backend::OkStatus;
+using backend::Outcome;
+
+// Host floats into a compute-dtype tensor (bf16: round to nearest even).
+Status UploadCompute(Device& dev, Tensor dst, const std::vector<float>& v) {
+  if (dst.dtype == DType::kF32) return dev.Upload(dst.Slice(0, static_cast<int64_t>(v.size())), v);
+  if (dst.dtype != DType::kBF16) return Status(Outcome::kInvalid, "MoE: compute dtype f32 or bf16");
+  std::vector<uint16_t> raw(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &v[i], sizeof bits);
+    raw[i] = static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+  }
+  return dev.CopyFromHost(dst, raw.data(), raw.size() * sizeof(uint16_t));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(Device& device, const Shapes& s,
+                                                     ProcessGroups& g, double samples_per_step) {
+  std::unique_ptr<MoeLayer> m(new MoeLayer(device, s, g, samples_per_step));
+  const int64_t Tr = s.tokens / s.tp, E = s.experts, k = s.topk, h = s.hidden;
+  AUTOPAR_ASSIGN_OR_RETURN(m->compute_,
+                           device.Allocate(Tr * h + Tr * E + Tr * k, device.compute_dtype()));
+  AUTOPAR_ASSIGN_OR_RETURN(m->stats_,
+                           device.Allocate(Tr * E + Tr * k + 2 * s.mbs * E, DType::kF32));
+  AUTOPAR_ASSIGN_OR_RETURN(m->counts_, device.Allocate((2 + s.tp) * E, DType::kI32));
+  const Tensor c = m->compute_.tensor(), f = m->stats_.tensor(), n = m->counts_.tensor();
+  m->dx_ = c.Slice(0, Tr * h);
+  m->dlogits_ = c.Slice(Tr * h, Tr * E);
+  m->ones_ = c.Slice(Tr * h + Tr * E, Tr * k);
+  m->logits_ = f.Slice(0, Tr * E);
+  m->dgate_ = f.Slice(Tr * E, Tr * k);
+  m->sample_stats_ = f.Slice(Tr * E + Tr * k, 2 * s.mbs * E);
+  m->send_counts_ = n.Slice(0, E);
+  m->recv_counts_ = n.Slice(E, E);
+  m->all_counts_ = n.Slice(2 * E, s.tp * E);
+  AUTOPAR_RETURN_IF_ERROR(device.Fill(m->ones_, 1.0f));
+  return m;
+}
+
+double MoeLayer::TakeAuxLoss() {
+  const double sum = aux_sum_;
+  aux_sum_ = 0;
+  return sum;
+}
+
+std::vector<int64_t> MoeLayer::Elements(const std::vector<int64_t>& rows) const {
+  std::vector<int64_t> out(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * s_.hidden;
+  return out;
+}
+
+// Router logits, top-k gates and the samples' load statistics.
+Status MoeLayer::Route(const LayerWeights& w, MoeActs& a, Tensor x, bool count_aux) {
+  const int64_t Tr = s_.tokens / s_.tp, E = s_.experts, k = s_.topk, mbs = s_.mbs;
+  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(Tr, E, s_.hidden), x, w.router, logits_));
+  AUTOPAR_ASSIGN_OR_RETURN(const std::vector<float> logits, dev_.Download<float>(logits_));
+  a.choice.assign(Tr * k, 0);
+  a.gate.assign(Tr * k, 0.0f);
+  a.probs.assign(Tr * E, 0.0f);
+  std::vector<float> stats(2 * mbs * E, 0.0f);  // per sample: token counts, probability sums
+  const int64_t row0 = g_.at.tp * Tr;
+  std::vector<int32_t> order(E);
+  for (int64_t t = 0; t < Tr; ++t) {
+    const float* z = logits.data() + t * E;
+    const double z_max = *std::max_element(z, z + E);
+    double total = 0;
+    for (int64_t e = 0; e < E; ++e) total += std::exp(z[e] - z_max);
+    const int64_t b = (row0 + t) % mbs;
+    for (int64_t e = 0; e < E; ++e) {
+      a.probs[t * E + e] = static_cast<float>(std::exp(z[e] - z_max) / total);
+      stats[mbs * E + b * E + e] += a.probs[t * E + e];
+    }
+    // The k largest logits (ties to the lower expert), and a softmax over them.
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [z](int32_t i, int32_t j) { return z[i] > z[j] || (z[i] == z[j] && i < j); });
+    double top_total = 0;
+    for (int64_t j = 0; j < k; ++j) top_total += std::exp(z[order[j]] - z_max);
+    for (int64_t j = 0; j < k; ++j) {
+      a.choice[t * k + j] = order[j];
+      a.gate[t * k + j] = static_cast<float>(std::exp(z[order[j]] - z_max) / top_total);
+      stats[b * E + order[j]] += 1.0f;
+    }
+  }
+  // Sum the statistics over the ranks that hold pieces of the same samples.
+  AUTOPAR_RETURN_IF_ERROR(dev_.Upload(sample_stats_, stats));
+  AUTOPAR_RETURN_IF_ERROR(g_.seq.AllReduce(sample_stats_));
+  AUTOPAR_ASSIGN_OR_RETURN(stats, dev_.Download<float>(sample_stats_));
+  const double seq = static_cast<double>(s_.seq);
+  a.load.assign(mbs * E, 0.0f);
+  double aux = 0;
+  for (int64_t b = 0; b < mbs; ++b) {
+    for (int64_t e = 0; e < E; ++e) {
+      a.load[b * E + e] = static_cast<float>(stats[b * E + e] / seq);
+      aux += a.load[b * E + e] * (stats[mbs * E + b * E + e] / seq);
+    }
+  }
+  if (count_aux && g_.seq.rank() == 0) {
+    aux_sum_ += kAuxLossCoeff * static_cast<double>(E) / k * aux / samples_per_step_;
+  }
+  return OkStatus();
+}
+
+// Dispatch order (by expert, then token), the per-expert counts over the ep and tp groups, and
+// the index lists of every row gather.
+Status MoeLayer::Exchange(MoeActs& a) {
+  const int64_t Tr = s_.tokens / s_.tp, E = s_.experts, k = s_.topk, El = s_.local_experts;
+  const int64_t ep = E / El, tp = s_.tp;
+  std::vector<int32_t> count(E, 0);
+  for (int32_t e : a.choice) ++count[e];
+  std::vector<int64_t> first(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) first[e + 1] = first[e] + count[e];
+  std::vector<int32_t> dispatch(Tr * k), send_slot(Tr * k), slot(Tr * k);
+  std::vector<int64_t> fill(first.begin(), first.end() - 1);
+  for (int64_t t = 0; t < Tr; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t row = fill[a.choice[t * k + j]]++;
+      dispatch[row] = static_cast<int32_t>(t);
+      send_slot[row] = static_cast<int32_t>(t * k + j);
+      slot[t * k + j] = static_cast<int32_t>(row);
+    }
+  }
+  a.send_rows.assign(ep, 0);
+  for (int64_t e = 0; e < E; ++e) a.send_rows[e / El] += count[e];
+
+  // recv[q][s][e]: rows tp rank q receives from ep rank s for its local expert e.
+  std::vector<int32_t> recv(count);
+  if (ep > 1) {
+    AUTOPAR_RETURN_IF_ERROR(dev_.Upload(send_counts_, count));
+    AUTOPAR_RETURN_IF_ERROR(g_.ep.AllToAll(send_counts_, recv_counts_));
+    AUTOPAR_ASSIGN_OR_RETURN(recv, dev_.Download<int32_t>(recv_counts_));
+  }
+  std::vector<int32_t> all(recv);
+  if (tp > 1) {
+    AUTOPAR_RETURN_IF_ERROR(dev_.Upload(recv_counts_, recv));
+    AUTOPAR_RETURN_IF_ERROR(g_.tp.AllGather(recv_counts_, all_counts_));
+    AUTOPAR_ASSIGN_OR_RETURN(all, dev_.Download<int32_t>(all_counts_));
+  }
+  auto cnt = [&](int64_t q, int64_t src, int64_t e) {
+    return int64_t{all[(q * ep + src) * El + e]};
+  };
+  a.recv_rows.assign(ep, 0);
+  for (int64_t src = 0; src < ep; ++src) {
+    for (int64_t e = 0; e < El; ++e) a.recv_rows[src] += recv[src * El + e];
+  }
+  std::vector<int64_t> received(tp, 0);
+  for (int64_t q = 0; q < tp; ++q) {
+    for (int64_t i = 0; i < ep * El; ++i) received[q] += all[q * ep * El + i];
+  }
+  a.max_received = *std::max_element(received.begin(), received.end());
+  a.all_received = std::accumulate(received.begin(), received.end(), int64_t{0});
+  // Rows arrive as [tp rank q (padded to max_received)][ep rank s][local expert e]; the experts
+  // want them grouped by e.
+  std::vector<int32_t> sort, unsort(tp * a.max_received, static_cast<int32_t>(a.all_received));
+  a.expert_rows.assign(El, 0);
+  for (int64_t e = 0; e < El; ++e) {
+    for (int64_t q = 0; q < tp; ++q) {
+      int64_t at = q * a.max_received;
+      for (int64_t src = 0; src < ep; ++src) {
+        for (int64_t e2 = 0; e2 < El; ++e2) {
+          if (e2 == e) {
+            for (int64_t i = 0; i < cnt(q, src, e); ++i) {
+              unsort[at + i] = static_cast<int32_t>(sort.size());
+              sort.push_back(static_cast<int32_t>(at + i));
+            }
+            a.expert_rows[e] += cnt(q, src, e);
+          }
+          at += cnt(q, src, e2);
+        }
+      }
+    }
+  }
+  a.ids = IdLists();
+  a.dispatch = a.ids.Add(std::move(dispatch));
+  a.send_slot = a.ids.Add(std::move(send_slot));
+  a.slot = a.ids.Add(std::move(slot));
+  a.sort = a.ids.Add(std::move(sort));
+  a.unsort = a.ids.Add(std::move(unsort));
+  return a.ids.Upload(dev_);
+}
+
+StatusOr<Tensor> MoeLayer::Dispatch(MoeActs& a, Tensor send, Tensor other) {
+  Tensor cur = send;
+  if (s_.experts / s_.local_experts > 1) {
+    AUTOPAR_RETURN_IF_ERROR(
+        g_.ep.AllToAllV(cur, Elements(a.send_rows), other, Elements(a.recv_rows)));
+    std::swap(cur, other);
+  }
+  if (s_.tp > 1) {
+    const int64_t block = a.max_received * s_.hidden;
+    AUTOPAR_RETURN_IF_ERROR(g_.tp.AllGather(cur.Slice(0, block), other.Slice(0, s_.tp * block)));
+    std::swap(cur, other);
+  }
+  return cur;
+}
+
+StatusOr<Tensor> MoeLayer::Combine(MoeActs& a, Tensor unsorted, Tensor other) {
+  Tensor cur = unsorted;
+  if (s_.tp > 1) {
+    const int64_t block = a.max_received * s_.hidden;
+    AUTOPAR_RETURN_IF_ERROR(
+        g_.tp.ReduceScatter(cur.Slice(0, s_.tp * block), other.Slice(0, block)));
+    std::swap(cur, other);
+  }
+  if (s_.experts / s_.local_experts > 1) {
+    AUTOPAR_RETURN_IF_ERROR(
+        g_.ep.AllToAllV(cur, Elements(a.recv_rows), other, Elements(a.send_rows)));
+    std::swap(cur, other);
+  }
+  return cur;
+}
+
+Status MoeLayer::ExpertsForward(const LayerWeights& w, MoeActs& a, Tensor out) {
+  const int64_t h = s_.hidden, f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
+  int64_t row = 0;
+  for (int64_t e = 0; e < s_.local_experts; ++e) {
+    const int64_t n = a.expert_rows[e];
+    if (n == 0) continue;
+    const Tensor x = a.ex_in.Slice(row * h, n * h), h1 = a.h1.Slice(row * fc1, n * fc1);
+    const Tensor a1 = a.a1.Slice(row * f, n * f);
+    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(n, fc1, h), x, w.experts[e].fc1, h1));
+    AUTOPAR_RETURN_IF_ERROR(s_.swiglu ? dev_.SwiGluForward(n, f, h1, a1)
+                                      : dev_.GeluForward(h1, a1));
+    AUTOPAR_RETURN_IF_ERROR(
+        dev_.Gemm(Linear(n, h, f), a1, w.experts[e].fc2, out.Slice(row * h, n * h)));
+    row += n;
+  }
+  return OkStatus();
+}
+
+Status MoeLayer::ExpertsBackward(const LayerWeights& w, MoeActs& a, Tensor dy, Tensor da1,
+                                 Tensor dh1, Tensor dx) {
+  const int64_t h = s_.hidden, f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
+  int64_t row = 0;
+  for (int64_t e = 0; e < s_.local_experts; ++e) {
+    const int64_t n = a.expert_rows[e];
+    if (n == 0) continue;
+    const ExpertWeights& ew = w.experts[e];
+    const Tensor dy_e = dy.Slice(row * h, n * h), x = a.ex_in.Slice(row * h, n * h);
+    const Tensor h1 = a.h1.Slice(row * fc1, n * fc1), a1 = a.a1.Slice(row * f, n * f);
+    const Tensor da1_e = da1.Slice(row * f, n * f), dh1_e = dh1.Slice(row * fc1, n * fc1);
+    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearWeightGrad(n, h, f), dy_e, a1, ew.d_fc2));
+    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearInputGrad(n, h, f), dy_e, ew.fc2, da1_e));
+    AUTOPAR_RETURN_IF_ERROR(s_.swiglu ? dev_.SwiGluBackward(n, f, da1_e, h1, dh1_e)
+                                      : dev_.GeluBackward(da1_e, h1, dh1_e));
+    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearWeightGrad(n, fc1, h), dh1_e, x, ew.d_fc1));
+    AUTOPAR_RETURN_IF_ERROR(
+        dev_.Gemm(LinearInputGrad(n, fc1, h), dh1_e, ew.fc1, dx.Slice(row * h, n * h)));
+    row += n;
+  }
+  return OkStatus();
+}
+
+Status MoeLayer::Forward(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out, bool count_aux) {
+  AUTOPAR_RETURN_IF_ERROR(Route(w, a, x, count_aux));
+  AUTOPAR_RETURN_IF_ERROR(Exchange(a));
+  const int64_t Tr = s_.tokens / s_.tp, k = s_.topk, h = s_.hidden, R = a.all_received;
+  const int64_t f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
+  const int64_t rows = std::max(Tr * k, s_.tp * a.max_received);
+  a.compute.Reset();
+  AUTOPAR_ASSIGN_OR_RETURN(
+      a.compute, dev_.Allocate(R * (h + fc1 + f) + Tr * k * (h + 1), dev_.compute_dtype()));
+  const Tensor c = a.compute.tensor();
+  a.ex_in = c.Slice(0, R * h);
+  a.h1 = c.Slice(R * h, R * fc1);
+  a.a1 = c.Slice(R * (h + fc1), R * f);
+  a.combined = c.Slice(R * (h + fc1 + f), Tr * k * h);
+  a.gates = c.Slice(R * (h + fc1 + f) + Tr * k * h, Tr * k);
+  AUTOPAR_ASSIGN_OR_RETURN(Buffer work, dev_.Allocate(2 * rows * h, dev_.compute_dtype()));
+  const Tensor bx = work.tensor().Slice(0, rows * h), by = work.tensor().Slice(rows * h, rows * h);
+
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, x, h, a.ids[a.dispatch], bx));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor arrived, Dispatch(a, bx, by));
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, arrived, h, a.ids[a.sort], a.ex_in));
+  AUTOPAR_RETURN_IF_ERROR(ExpertsForward(w, a, bx));
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, bx, h, a.ids[a.unsort], by));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor back, Combine(a, by, bx));
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, back, h, a.ids[a.slot], a.combined));
+  AUTOPAR_RETURN_IF_ERROR(UploadCompute(dev_, a.gates, a.gate));
+  // out[t] += Σ_j gate[t, j] · combined[t, j].
+  return dev_.Gemm(Batched(Tr, 1, h, k, false, 1.0f), a.gates, a.combined, out);
+}
+
+Status MoeLayer::BackwardExperts(const LayerWeights& w, MoeActs& a, Tensor dy) {
+  const int64_t Tr = s_.tokens / s_.tp, E = s_.experts, k = s_.topk, h = s_.hidden;
+  const int64_t R = a.all_received, f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
+  const int64_t rows = std::max(Tr * k, s_.tp * a.max_received);
+  AUTOPAR_ASSIGN_OR_RETURN(Buffer work,
+                           dev_.Allocate(2 * rows * h + R * (f + fc1 + h), dev_.compute_dtype()));
+  const Tensor wt = work.tensor();
+  const Tensor bx = wt.Slice(0, rows * h), by = wt.Slice(rows * h, rows * h);
+  const Tensor da1 = wt.Slice(2 * rows * h, R * f), dh1 = wt.Slice(2 * rows * h + R * f, R * fc1);
+  const Tensor d_ex_in = wt.Slice(2 * rows * h + R * (f + fc1), R * h);
+
+  // Gates: dgate[t, j] = dy[t] · combined[t, j]; each (token, slot) row gets gate · dy[t].
+  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Batched(Tr, 1, k, h, true), dy, a.combined, dgate_));
+  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Batched(Tr, k, h, 1, false), a.gates, dy, bx));
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, bx, h, a.ids[a.send_slot], by));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor arrived, Dispatch(a, by, bx));
+  const Tensor d_ex_out = arrived.data == bx.data ? by : bx;
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, arrived, h, a.ids[a.sort], d_ex_out));
+  AUTOPAR_RETURN_IF_ERROR(ExpertsBackward(w, a, d_ex_out, da1, dh1, d_ex_in));
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, d_ex_in, h, a.ids[a.unsort], bx));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor back, Combine(a, bx, by));
+  const Tensor per_slot = back.data == bx.data ? by : bx;
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, back, h, a.ids[a.slot], per_slot));
+  // The k slots of a token sum into its input gradient.
+  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Batched(Tr, 1, h, k, false), ones_, per_slot, dx_));
+
+  // Router logits: through the top-k softmax of the gates and the load-balancing loss's full
+  // softmax (whose f_e are counts, constants of the gradient).
+  AUTOPAR_ASSIGN_OR_RETURN(const std::vector<float> dgate, dev_.Download<float>(dgate_));
+  const double aux_scale = kAuxLossCoeff * static_cast<double>(E) /
+                           (k * static_cast<double>(s_.seq)) / samples_per_step_;
+  const int64_t row0 = g_.at.tp * Tr;
+  a.dlogits.assign(Tr * E, 0.0f);
+  for (int64_t t = 0; t < Tr; ++t) {
+    const float* p = a.probs.data() + t * E;
+    const float* load = a.load.data() + ((row0 + t) % s_.mbs) * E;
+    float* dl = a.dlogits.data() + t * E;
+    double dot = 0;
+    for (int64_t e = 0; e < E; ++e) dot += p[e] * aux_scale * load[e];
+    for (int64_t e = 0; e < E; ++e) dl[e] = static_cast<float>(p[e] * (aux_scale * load[e] - dot));
+    double gated = 0;
+    for (int64_t j = 0; j < k; ++j) gated += a.gate[t * k + j] * dgate[t * k + j];
+    for (int64_t j = 0; j < k; ++j) {
+      dl[a.choice[t * k + j]] += static_cast<float>(a.gate[t * k + j] * (dgate[t * k + j] - gated));
+    }
+  }
+  return OkStatus();
+}
+
+Status MoeLayer::BackwardRouter(const LayerWeights& w, MoeActs& a, Tensor x, Tensor dx) {
+  const int64_t Tr = s_.tokens / s_.tp, E = s_.experts, h = s_.hidden;
+  AUTOPAR_RETURN_IF_ERROR(UploadCompute(dev_, dlogits_, a.dlogits));
+  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearWeightGrad(Tr, E, h), dlogits_, x, w.d_router));
+  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearInputGrad(Tr, E, h, 1.0f), dlogits_, w.router, dx));
+  AUTOPAR_RETURN_IF_ERROR(dev_.Add(dx, dx_, dx));
+  a.compute.Reset();
+  a.ids = IdLists();
+  return OkStatus();
+}
+
+}  // namespace autopar::trial

@@ -1,0 +1,93 @@
+// A mixture-of-experts layer's routed part with expert parallelism (Megatron-core's all-to-all
+// token dispatcher, dropless).
+//
+// Each tp rank routes its own slice of the tensor-parallel region's rows (under SP, its local
+// rows): a replicated router gives top-k softmax gates (softmax over the k largest logits,
+// Megatron's default) and a Switch-style load-balancing loss per sample, α·E/k·Σ_e f_e·P_e with
+// f_e the share of the sample's tokens routed to e and P_e its mean router probability, whose
+// statistics are summed over the ranks holding the sample. Dispatch sorts the rows by expert, sends
+// per-expert counts over the ep group (an equal-split all-to-all), then the rows (all-to-all-v);
+// with tp > 1 the tp ranks all-gather what they received, since every expert is tp-sharded
+// (etp = tp: fc1 column-, fc2 row-parallel); the rows are sorted by local expert and each expert
+// runs its GEMMs. Combine is the mirror image: unsort, reduce-scatter over tp (the partial sums of
+// the row-parallel fc2), all-to-all-v back, and the gate-weighted sum of each token's k outputs.
+//
+// Token counts vary per expert, so the exchange is variable-size (Collectives::AllToAllV), and
+// everything whose size depends on the routing is allocated per micro-batch: results are exact
+// (no capacity, no dropped tokens) and independent of the layout. The tp all-gather and
+// reduce-scatter pad each rank's block to the largest count in the tp group.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "src/trial/rows.h"
+#include "src/trial/shard.h"
+
+namespace autopar::trial {
+
+// The routing and activations of one MoE layer for one micro-batch, kept for its backward.
+struct MoeActs {
+  Buffer compute;          // saved activations (sizes depend on the routing)
+  Tensor ex_in, h1, a1;    // the local experts' rows [R_all, h], fc1 out, activation
+  Tensor combined, gates;  // experts' outputs per (token, slot) [Tr·k, h]; gates [Tr·k]
+  IdLists ids;             // row gathers of dispatch and combine
+  size_t dispatch = 0, send_slot = 0, slot = 0, sort = 0, unsort = 0;
+  std::vector<int32_t> choice;                 // [Tr·k] expert of each (token, slot)
+  std::vector<float> gate, probs;              // [Tr·k] gates, [Tr·E] router probabilities
+  std::vector<float> load;                     // [mbs·E] f_e of each sample
+  std::vector<int64_t> send_rows, recv_rows;   // rows sent to / received from each ep rank
+  std::vector<int64_t> expert_rows;            // rows of each local expert (over the tp group)
+  int64_t max_received = 0, all_received = 0;  // over the tp group
+  std::vector<float> dlogits;                  // [Tr·E], from BackwardExperts for BackwardRouter
+};
+
+class MoeLayer {
+ public:
+  // The load-balancing loss coefficient (Megatron's --moe-aux-loss-coeff; 1e-2 as in Switch).
+  static constexpr double kAuxLossCoeff = 1e-2;
+
+  static StatusOr<std::unique_ptr<MoeLayer>> Create(Device& device, const Shapes& s,
+                                                    ProcessGroups& g, double samples_per_step);
+
+  // Routes this tp rank's rows x [Tr, h] and adds the gate-weighted expert outputs into out
+  // [Tr, h]. Adds the layer's load-balancing loss of the samples to the running sum when
+  // `count_aux` (not on a full-recompute rerun), on one rank per sample.
+  Status Forward(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out, bool count_aux);
+  // From dy [Tr, h], the gradient at `out`: the experts' weight gradients, the gradient reaching x
+  // through the experts (kept for BackwardRouter) and the router logits' gradient.
+  Status BackwardExperts(const LayerWeights& w, MoeActs& a, Tensor dy);
+  // The router's weight gradient and dx [Tr, h] += the gradient through the router and the
+  // experts. Frees `a`.
+  Status BackwardRouter(const LayerWeights& w, MoeActs& a, Tensor x, Tensor dx);
+  // The load-balancing loss added since the last call (already divided by the step's samples).
+  double TakeAuxLoss();
+
+ private:
+  MoeLayer(Device& d, const Shapes& s, ProcessGroups& g, double samples)
+      : dev_(d), s_(s), g_(g), samples_per_step_(samples) {}
+  Status Route(const LayerWeights& w, MoeActs& a, Tensor x, bool count_aux);
+  Status Exchange(MoeActs& a);
+  // Per-peer row counts as element counts of [rows, hidden].
+  std::vector<int64_t> Elements(const std::vector<int64_t>& rows) const;
+  // Rows in dispatch order through the ep all-to-all and the tp all-gather (Dispatch), or
+  // unsorted expert outputs through the tp reduce-scatter and the all-to-all back (Combine).
+  // The two buffers alternate as source and destination; the result is in the returned one.
+  StatusOr<Tensor> Dispatch(MoeActs& a, Tensor send, Tensor other);
+  StatusOr<Tensor> Combine(MoeActs& a, Tensor unsorted, Tensor other);
+  Status ExpertsForward(const LayerWeights& w, MoeActs& a, Tensor out);
+  Status ExpertsBackward(const LayerWeights& w, MoeActs& a, Tensor dy, Tensor da1, Tensor dh1,
+                         Tensor dx);
+
+  Device& dev_;
+  const Shapes s_;
+  ProcessGroups& g_;
+  const double samples_per_step_;
+  Buffer compute_, stats_, counts_;
+  Tensor dx_, dlogits_, ones_;                     // compute: [Tr, h], [Tr, E], [Tr·k]
+  Tensor logits_, dgate_, sample_stats_;           // f32: [Tr, E], [Tr·k], [2·mbs·E]
+  Tensor send_counts_, recv_counts_, all_counts_;  // i32: [E], [E], [tp·E]
+  double aux_sum_ = 0;
+};
+
+}  // namespace autopar::trial

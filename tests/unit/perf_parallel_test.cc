@@ -1,0 +1,114 @@
+// The cost model's context-parallel, Ulysses and expert-parallel terms: what each layout holds in
+// memory and sends, as the trial runner does it.
+#include <gtest/gtest.h>
+
+#include "autopar/perf/cost_model.h"
+#include "autopar/spec/parse.h"
+#include "space_test_util.h"
+
+namespace autopar {
+namespace {
+
+using testing::SmallCluster;
+using testing::SmallTrain;
+
+ParallelConfig Spec(const std::string& text, int64_t world) {
+  return Complete(ParseSpec(text), world);
+}
+
+// Long sequences: CP and Ulysses split the same attention work; what differs is communication.
+struct LongSequence : ::testing::Test {
+  ModelSpec model = ModelPreset("llama3-8b");  // 32 heads, 8 kv heads
+  ClusterSpec cluster = SmallCluster(8, 8);
+  CostModel cm{model, SmallTrain(64, 131072), cluster, PerfConstants{}};
+  TimeBreakdown T(const std::string& spec) { return cm.Time(Spec(spec, 64)); }
+  MemoryBreakdown M(const std::string& spec) { return cm.Memory(Spec(spec, 64)); }
+};
+
+TEST_F(LongSequence, CpAndUlyssesSplitTheAttentionAlike) {
+  const double cp = T("tp=2,cp=8,dp=4").features[kAttention];
+  EXPECT_NEAR(T("tp=2,cp=4,up=2,dp=4").features[kAttention], cp, 1e-9 * cp);
+  EXPECT_NEAR(T("tp=2,up=8,dp=4").features[kAttention], cp, 1e-9 * cp);
+}
+
+TEST_F(LongSequence, EachSplitPaysItsOwnCommunication) {
+  const TimeBreakdown cp = T("tp=2,cp=8,dp=4"), up = T("tp=2,up=8,dp=4");
+  EXPECT_EQ(cp.features[kUlyssesComm], 0);
+  EXPECT_EQ(up.features[kCpComm], 0);
+  EXPECT_GT(up.features[kUlyssesComm], 0);
+  // The ring hides its K/V transfers behind 128k-token attention; the dK/dV blocks' last hop
+  // home is all that shows.
+  EXPECT_GT(cp.features[kCpComm], 0);
+  EXPECT_LT(cp.features[kCpComm], 0.05 * cp.features[kAttention]);
+}
+
+TEST_F(LongSequence, UlyssesSendsQkvAndTheOutputBothWays) {
+  // tp = 4 leaves 2 of the 8 kv heads per tp rank, fewer than up = 4: each up rank receives the
+  // one kv head its query heads read, so 4 kv heads' worth travel instead of 2.
+  const ParallelConfig c = Spec("tp=4,up=4,dp=4", 64);
+  const double tokens = 131072.0 / 4, d = 128, heads = 32.0 / 4, kv = 4;
+  const double qkv = 2 * tokens * d * (heads + 2 * kv), o = 2 * tokens * d * heads;
+  const double per_layer = cm.AllToAllTime(qkv, 4, 4) + cm.AllToAllTime(o, 4, 4);
+  const double microbatches = 64.0 / 4;
+  EXPECT_NEAR(cm.Time(c).features[kUlyssesComm], microbatches * model.num_layers * 2 * per_layer,
+              1e-9 * per_layer);
+}
+
+TEST_F(LongSequence, ShortSequencesExposeTheRing) {
+  const CostModel short_cm(model, SmallTrain(64, 8192), cluster, PerfConstants{});
+  const TimeBreakdown t = short_cm.Time(Spec("tp=8,cp=8,dp=1", 64));
+  // 8k tokens over a ring of 8 nodes: each step's attention is too short to hide a K/V block.
+  EXPECT_GT(t.features[kCpComm], 0.1 * t.features[kAttention]);
+}
+
+TEST_F(LongSequence, UlyssesKeepsTheHeadShardedOutputToo) {
+  // Same tokens per rank and kv heads per up rank: Ulysses keeps one more [tokens, heads/tp·d]
+  // tensor per layer (the attention output before the all-to-all back), unless selective
+  // recompute reruns the attention.
+  const double per_token = 2.0 * model.hidden_size / 2;  // bf16 · heads/tp · d with tp = 2
+  const double tokens = 131072.0 / 8;
+  const double layers = model.num_layers;
+  const double cp = M("tp=2,cp=8,dp=4").activations, up = M("tp=2,cp=2,up=4,dp=4").activations;
+  EXPECT_GT(up, cp + 0.99 * layers * per_token * tokens);
+  const double cp_sel = M("tp=2,cp=8,dp=4,recompute=selective").activations;
+  const double up_sel = M("tp=2,cp=2,up=4,dp=4,recompute=selective").activations;
+  EXPECT_LT(up_sel - cp_sel, up - cp);
+}
+
+TEST(Memory, DistributedOptimizerShardsOverEveryReplica) {
+  // Dense parameters are replicated over up·cp·dp ranks; experts over up·cp·dp / ep.
+  const ModelSpec m = ModelPreset("mixtral-8x7b");
+  const CostModel cm(m, SmallTrain(64, 32768), SmallCluster(4, 8), PerfConstants{});
+  const ParamCounts p = CountParams(m);
+  const double dense = (p.embedding + p.output_layer + p.final_norm +
+                        m.num_layers * static_cast<double>(p.moe_layer_non_expert())) /
+                       2;
+  const double experts = m.num_layers * static_cast<double>(p.expert_per_layer) / (2 * 4);
+  const MemoryBreakdown mem = cm.Memory(Spec("tp=2,cp=2,up=2,dp=4,ep=4,dist_opt=on", 32));
+  EXPECT_NEAR(mem.optimizer, 12 * (dense / 16 + experts / 4), 1e-6 * mem.optimizer);
+  EXPECT_NEAR(mem.weights, 2 * (dense + experts), 1e-6 * mem.weights);
+}
+
+TEST(Time, ExpertParallelDispatchAndCombine) {
+  const ModelSpec m = ModelPreset("mixtral-8x7b");
+  const CostModel cm(m, SmallTrain(256, 4096), SmallCluster(4, 8), PerfConstants{});
+  auto ep_comm = [&](const CostModel& model, const std::string& spec) {
+    return model.Time(Spec(spec, 32)).features[kEpComm];
+  };
+  EXPECT_EQ(ep_comm(cm, "tp=1,dp=32,ep=1"), 0);  // experts local, nothing to send
+  const double ep8 = ep_comm(cm, "tp=1,dp=32,ep=8");
+  EXPECT_GT(ep8, 0);
+  // The same all-to-alls across nodes (two GPUs per node) are slower than inside one.
+  const CostModel spread(m, SmallTrain(256, 4096), SmallCluster(16, 2), PerfConstants{});
+  EXPECT_GT(ep_comm(spread, "tp=1,dp=32,ep=8"), 2 * ep8);
+  // With tp the experts are tp-sharded: what arrives is all-gathered (and the results
+  // reduce-scattered) over tp, even without expert parallelism.
+  EXPECT_GT(ep_comm(cm, "tp=2,dp=16,ep=1,sp=on"), 0);
+  // Experts are split over ep: fewer expert parameters per rank.
+  const MemoryBreakdown ep1 = cm.Memory(Spec("tp=1,dp=32,ep=1", 32));
+  const MemoryBreakdown ep8m = cm.Memory(Spec("tp=1,dp=32,ep=8", 32));
+  EXPECT_LT(ep8m.weights, 0.3 * ep1.weights);
+}
+
+}  // namespace
+}  // namespace autopar
