@@ -71,6 +71,16 @@ std::string TpReason(const ModelSpec& m, const ClusterSpec& cl, bool across_node
   return {};
 }
 
+// Ulysses scatters heads: a tp rank's kv heads and up must divide one another (kv heads are
+// replicated when up exceeds them).
+std::string UlyssesKvReason(const ModelSpec& m, int64_t tp, int64_t up) {
+  if (up == 1 || m.is_mla() || m.num_query_groups % tp != 0) return {};
+  const int64_t kv = m.num_query_groups / tp;
+  if (kv % up == 0 || up % kv == 0) return {};
+  return "up=" + Str(up) + " and the " + Str(kv) + " key/value heads per tp rank must divide "
+         "one another";
+}
+
 std::string SeqSplitReason(const TrainSpec& t, const char* name, int64_t v) {
   if (v > 1 && t.seq_length % (2 * v) != 0) {
     return std::string(name) + "=" + Str(v) + ": seq_length=" + Str(t.seq_length) +
@@ -192,12 +202,20 @@ std::string SearchSpace::Check(const ParallelConfig& c) const {
     }
   }
   if (c.sp && c.tp == 1) return "sp=on needs tp > 1";
+  if (model_.is_moe() && c.tp > 1 && !c.sp) {
+    return "mixture-of-experts layers with tp > 1 need sp=on (Megatron-core refuses them without)";
+  }
+  if (std::string r = UlyssesKvReason(model_, c.tp, c.up); !r.empty()) return r;
   if (c.recompute_layers != 0 &&
       (c.recompute != Recompute::kFull || c.recompute_layers >= layers_per_stage)) {
     return "recompute_layers needs recompute=full and fewer than the " + Str(layers_per_stage) +
            " layers per stage (0 recomputes every layer)";
   }
   return {};
+}
+
+bool SearchSpace::UlyssesKvFits(int32_t tp, int32_t up) const {
+  return UlyssesKvReason(model_, tp, up).empty();
 }
 
 int64_t SearchSpace::Count() const {

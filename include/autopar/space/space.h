@@ -68,6 +68,7 @@ class SearchSpace {
   std::vector<int32_t> MbsValues(int64_t batch_per_replica) const;
   std::vector<int32_t> RecomputeLayerValues(int32_t layers_per_stage) const;
   void ValidateOptions() const;
+  bool UlyssesKvFits(int32_t tp, int32_t up) const;
 
   ModelSpec model_;
   TrainSpec train_;
@@ -105,6 +106,7 @@ void SearchSpace::ForEach(Fn&& fn) const {
       c.up = up;
       if (world % (int64_t{tp} * up) != 0) continue;
       if (model_.num_attention_heads % (int64_t{tp} * up) != 0) continue;
+      if (!UlyssesKvFits(tp, up)) continue;
       for (int32_t cp : cp_values) {
         c.cp = cp;
         const int64_t seq_split = int64_t{cp} * up;
@@ -131,6 +133,8 @@ void SearchSpace::ForEach(Fn&& fn) const {
                 c.vpp = vpp;
                 for (bool sp : sp_values) {
                   if (sp && tp == 1) continue;
+                  // Megatron-core runs MoE layers under tensor parallelism only with SP.
+                  if (!sp && tp > 1 && model_.is_moe()) continue;
                   c.sp = sp;
                   for (Recompute r : recompute_values) {
                     c.recompute = r;
