@@ -63,7 +63,7 @@ void PrintTrial(std::ostream& out, Format format, const ParallelConfig& c, const
     j.Key("peak_memory_gib").BeginArray();
     for (double g : m.peak_memory_gib) j.Number(g);
     j.EndArray();
-    j.Field("tokens_per_s", m.tokens_per_s).Field("loss", m.loss);
+    j.Field("tokens_per_s", m.tokens_per_s).Field("loss", m.loss).Field("aux_loss", m.aux_loss);
     j.Field("microbatches_run", int64_t{m.microbatches_run});
     j.Field("microbatches_total", int64_t{m.microbatches_total});
     j.Field("predicted_step_time_s", predicted.time.step_time_s);
@@ -89,8 +89,10 @@ void PrintTrial(std::ostream& out, Format format, const ParallelConfig& c, const
     std::snprintf(line, sizeof line, " %.6f", t);
     out << line;
   }
-  std::snprintf(line, sizeof line, "\n  tokens/s       %.0f\n  loss           %.6f\n",
-                m.tokens_per_s, m.loss);
+  std::snprintf(line, sizeof line, "\n  tokens/s       %.0f\n  loss           %.6f%s\n",
+                m.tokens_per_s, m.loss,
+                m.aux_loss != 0 ? (" (+ MoE load-balancing " + std::to_string(m.aux_loss) + ")").c_str()
+                                : "");
   out << line;
   std::snprintf(line, sizeof line, "  peak memory    %.3f MiB on the most loaded rank (model %.3f MiB):",
                 peak * 1024, predicted.peak_memory_gib * 1024);
