@@ -4,10 +4,7 @@
 # number of recomputed layers, distributed optimizer), and a 1,048,576-GPU plan. Prints the median
 # wall time of 5 runs of the whole process, and the planner's own ranking time.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/scripts/setup.sh"
-"$root/scripts/build.sh" >/dev/null
-bin=${AUTOPAR_BIN:-${AUTOPAR_BUILD_DIR:-$root/build}/autopar-tune}
+source "$(dirname "$0")/autopar_bin.sh"
 
 python3 - "$bin" <<'PY'
 import statistics, subprocess, sys, time, json

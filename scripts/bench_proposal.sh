@@ -6,12 +6,7 @@
 # maximum proposal time from its result.json, with the stop rules' check for comparison.
 # Target: under 50 ms per proposal.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-if [[ -z ${AUTOPAR_BIN:-} ]]; then
-  "$root/scripts/setup.sh"
-  "$root/scripts/build.sh" >/dev/null
-fi
-bin=${AUTOPAR_BIN:-${AUTOPAR_BUILD_DIR:-$root/build}/autopar-tune}
+source "$(dirname "$0")/autopar_bin.sh"
 base=/tmp
 if [[ -d /dev/shm ]]; then base=/dev/shm; fi
 work=$(mktemp -d "$base/autopar-bench-proposal.XXXXXX")

@@ -6,11 +6,6 @@
 # Extra arguments go to the helper (--seeds N, --only NAME, --cpu-table FILE, --jobs N).
 # Exit status 1 when Thompson misses its target on a table of 500 or more configurations.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-if [[ -z ${AUTOPAR_BIN:-} ]]; then
-  "$root/scripts/setup.sh"
-  "$root/scripts/build.sh" >/dev/null
-fi
-bin=${AUTOPAR_BIN:-${AUTOPAR_BUILD_DIR:-$root/build}/autopar-tune}
+source "$(dirname "$0")/autopar_bin.sh"
 exec python3 "$root/scripts/bench_search.py" --bin "$bin" \
   --cpu-table "$root/tests/data/replay/cpu_tiny_4ranks.csv" "$@"

@@ -9,12 +9,7 @@
 #      5 rounds, median), since one measurement on a shared 2-core machine is noisy.
 # Prints trials used, and the recommended configuration's time relative to the best.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-if [[ -z ${AUTOPAR_BIN:-} ]]; then
-  "$root/scripts/setup.sh"
-  "$root/scripts/build.sh" >/dev/null
-fi
-bin=${AUTOPAR_BIN:-${AUTOPAR_BUILD_DIR:-$root/build}/autopar-tune}
+source "$(dirname "$0")/autopar_bin.sh"
 work=${AUTOPAR_WORK:-$(mktemp -d)}
 mkdir -p "$work"
 flags=(--nnodes 2 --nproc-per-node 2 --model tiny --global-batch-size 16)

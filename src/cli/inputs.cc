@@ -247,7 +247,11 @@ std::vector<std::string> WithCpuBackendDefaults(const std::vector<std::string>& 
 }
 
 void ApplyCpuBackend(const std::string& backend, Inputs& in) {
-  if (backend == "cpu") in.train.precision = Precision::kFP32;
+  if (backend != "cpu") return;
+  in.train.precision = Precision::kFP32;
+  // The CPU backend's budget counts the trial's own tensors, whatever --gpu describes.
+  in.constants.mem.runtime_overhead_gib = 0;
+  in.constants.mem.fragmentation = 0;
 }
 
 Inputs ReadInputs(Args& args) {

@@ -75,6 +75,9 @@ int Main(const std::vector<std::string>& argv, std::ostream& out, std::ostream& 
   } catch (const InputError& e) {
     err << "autopar-tune " << command << ": " << e.what() << "\n";
     return kExitBadInput;
+  } catch (const std::runtime_error& e) {  // the environment failed us (MPI, files)
+    err << "autopar-tune " << command << ": " << e.what() << "\n";
+    return kExitFailure;
   }
 }
 

@@ -10,13 +10,12 @@
 #include <cstdlib>
 #include <memory>
 
-#include "autopar/cli/mpi_session.h"
+#include "src/cli/rank_worker.h"
 #include "autopar/cli/tune.h"
 #include "autopar/common/status.h"
 #include "autopar/coord/convert.h"
 #include "autopar/coord/protocol.h"
 #include "autopar/coord/study.h"
-#include "autopar/trial/backend_factory.h"
 #include "autopar/trial/probe.h"
 #include "autopar/trial/trial.h"
 
@@ -113,8 +112,7 @@ class TrialRankRunner : public coord::RankRunner {
  public:
   TrialRankRunner(const TuneContext& context, backend::Group world,
                   std::unique_ptr<backend::Backend> backend)
-      : in_(context.inputs), world_(std::move(world)), backend_(std::move(backend)),
-        name_(context.backend) {}
+      : in_(context.inputs), world_(std::move(world)), backend_(std::move(backend)) {}
 
   pb::HostFacts Facts() override {
     pb::HostFacts f;
@@ -197,7 +195,6 @@ class TrialRankRunner : public coord::RankRunner {
   const Inputs& in_;
   backend::Group world_;
   std::unique_ptr<backend::Backend> backend_;
-  std::string name_;
 };
 
 // Rank 0's TrialBackend: owns the channel and its runner, forwards to the protocol.
@@ -219,19 +216,14 @@ class CoordinatorBackend : public coord::TrialBackend {
 };
 
 std::unique_ptr<coord::TrialBackend> MakeMpiBackend(const TuneContext& context) {
-  EnsureMpi();
-  auto world = backend::Group::World();
-  if (!world.ok()) throw coord::ChannelError(world.status().ToString());
-  const int rank = world->rank();
   const Inputs& in = context.inputs;
-  auto device = trial::MakeBackend(context.backend,
-                                   static_cast<size_t>(in.cluster.gpu.memory_gib * kGiB),
-                                   rank % static_cast<int>(in.cluster.gpus_per_node));
-  if (!device.ok()) throw InputError("--backend", device.status().message());
-  auto trials = world->Duplicate();  // the trials' own communicator
+  RankWorker worker = StartRankWorker(context.backend, in.cluster);
+  const int rank = worker.world.rank();
+  auto trials = worker.world.Duplicate();  // the trials' own communicator
   if (!trials.ok()) throw coord::ChannelError(trials.status().ToString());
-  auto channel = std::make_unique<MpiChannel>(std::move(*world));
-  auto runner = std::make_unique<TrialRankRunner>(context, std::move(*trials), std::move(*device));
+  auto channel = std::make_unique<MpiChannel>(std::move(worker.world));
+  auto runner =
+      std::make_unique<TrialRankRunner>(context, std::move(*trials), std::move(worker.backend));
   const uint64_t fingerprint = coord::Fingerprint(context.study);
   if (rank != 0) {
     coord::RunWorkerLoop(*channel, *runner, fingerprint);

@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <stdexcept>
 
 #include "autopar/cli/inputs.h"
 #include "autopar/cli/json.h"
 #include "autopar/cli/mpi_session.h"
+#include "src/cli/rank_worker.h"
 #include "autopar/common/status.h"
 #include "autopar/perf/cost_model.h"
 #include "autopar/trial/backend_factory.h"
@@ -106,6 +108,23 @@ void PrintTrial(std::ostream& out, Format format, const ParallelConfig& c, const
 
 }  // namespace
 
+RankWorker StartRankWorker(const std::string& name, const ClusterSpec& cluster) {
+  EnsureMpi();
+  const int world_size = MpiWorldSize();
+  if (world_size != cluster.world_size()) {
+    throw InputError("--nnodes", "--nnodes × --nproc-per-node = " +
+                                     std::to_string(cluster.world_size()) +
+                                     " but mpirun started " + std::to_string(world_size) +
+                                     " ranks");
+  }
+  auto world = backend::Group::World();
+  if (!world.ok()) throw std::runtime_error(world.status().ToString());
+  auto device = trial::MakeBackend(name, static_cast<size_t>(cluster.gpu.memory_gib * kGiB),
+                                   world->rank() % static_cast<int>(cluster.gpus_per_node));
+  if (!device.ok()) throw InputError("--backend", device.status().message());
+  return {std::move(*world), std::move(*device)};
+}
+
 int RunTrialCommand(const std::vector<std::string>& argv_in, std::ostream& out,
                     std::ostream& err) {
   Args args(WithCpuBackendDefaults(argv_in));
@@ -114,30 +133,13 @@ int RunTrialCommand(const std::vector<std::string>& argv_in, std::ostream& out,
   Inputs in = ReadInputs(args);
   ApplyCpuBackend(flags.backend, in);
   if (!spec) throw InputError("--config", "required: a SPEC such as tp=2,pp=2,mbs=1");
-  EnsureMpi();
-  const int world_size = MpiWorldSize();
-  if (world_size != in.cluster.world_size()) {
-    throw InputError("--nnodes", "--nnodes × --nproc-per-node = " +
-                                     std::to_string(in.cluster.world_size()) +
-                                     " but mpirun started " + std::to_string(world_size) +
-                                     " ranks");
-  }
-  const ParallelConfig c = Complete(ParseSpec(*spec), world_size);
-  const int rank = MpiWorldRank();
-  auto world = backend::Group::World();
-  if (!world.ok()) {
-    err << "autopar-tune trial: " << world.status().ToString() << "\n";
-    return kExitFailure;
-  }
-  const auto budget = static_cast<size_t>(in.cluster.gpu.memory_gib * kGiB);
-  auto be = trial::MakeBackend(flags.backend, budget, rank % static_cast<int>(in.cluster.gpus_per_node));
-  if (!be.ok()) throw InputError("--backend", be.status().message());
+  RankWorker worker = StartRankWorker(flags.backend, in.cluster);
+  const ParallelConfig c = Complete(ParseSpec(*spec), worker.world.size());
+  const int rank = worker.world.rank();
   const trial::TrialMeasurement m =
-      trial::RunTrial(**be, *world, in.model, in.train, c, flags.options);
+      trial::RunTrial(*worker.backend, worker.world, in.model, in.train, c, flags.options);
   if (rank == 0) {
-    PerfConstants k = in.constants;
-    if (flags.backend == "cpu") k.mem = {0, 0};  // the budget counts the trial's tensors only
-    const CostModel model(in.model, in.train, in.cluster, k);
+    const CostModel model(in.model, in.train, in.cluster, in.constants);
     PrintTrial(out, in.format, c, in, flags.backend, m, model.Evaluate(c));
   }
   return m.outcome == backend::Outcome::kOk ? kExitOk : kExitFailure;
@@ -150,25 +152,14 @@ int RunProbeCommand(const std::vector<std::string>& argv_in, std::ostream& out,
   const int64_t repetitions = args.Int("--repetitions", 5);
   Inputs in = ReadInputs(args);
   ApplyCpuBackend(flags.backend, in);
-  EnsureMpi();
-  const int world_size = MpiWorldSize(), rank = MpiWorldRank();
-  if (world_size != in.cluster.world_size()) {
-    throw InputError("--nnodes", "--nnodes × --nproc-per-node = " +
-                                     std::to_string(in.cluster.world_size()) +
-                                     " but mpirun started " + std::to_string(world_size) +
-                                     " ranks");
-  }
-  auto world = backend::Group::World();
-  auto be = world.ok() ? trial::MakeBackend(flags.backend,
-                                            static_cast<size_t>(in.cluster.gpu.memory_gib * kGiB),
-                                            rank % static_cast<int>(in.cluster.gpus_per_node))
-                       : decltype(trial::MakeBackend("", 0, 0))(world.status());
-  if (!be.ok()) throw InputError("--backend", be.status().message());
+  RankWorker worker = StartRankWorker(flags.backend, in.cluster);
+  const int rank = worker.world.rank();
   const CostModel cost(in.model, in.train, in.cluster, in.constants);
   trial::ProbeOptions options;
   options.repetitions = static_cast<int>(repetitions);
   options.tp_values = in.space.tp;
-  auto samples = trial::RunProbe(**be, *world, in.model, in.train, in.cluster, cost, options);
+  auto samples =
+      trial::RunProbe(*worker.backend, worker.world, in.model, in.train, in.cluster, cost, options);
   if (!samples.ok()) {
     err << "autopar-tune probe: " << samples.status().ToString() << "\n";
     return kExitFailure;

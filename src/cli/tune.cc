@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "autopar/cli/report.h"
@@ -285,13 +286,18 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
       err << "autopar-tune tune: no status endpoint: " << e.what() << "\n";
     }
   }
-  coord::StatusSnapshot base;
-  base.study = flags.study;
-  base.model = in.model.name;
-  base.searcher = searcher->name();
-  StatusObserver observer(progress, board, *candidates, flags.tuner, base);
+  // Only a running endpoint needs the board kept current (a pass over the candidates per trial).
+  std::optional<StatusObserver> status;
+  if (server) {
+    coord::StatusSnapshot base;
+    base.study = flags.study;
+    base.model = in.model.name;
+    base.searcher = searcher->name();
+    status.emplace(progress, board, *candidates, flags.tuner, base);
+  }
+  coord::TunerObserver* observer = status ? static_cast<coord::TunerObserver*>(&*status) : &progress;
   coord::Tuner tuner(*candidates, *searcher, settings, flags.tuner, *journal.journal, *backend,
-                     &observer);
+                     observer);
   tuner.Replay(journal.records);
   if (!journal.records.empty() && !flags.quiet) {
     err << "autopar-tune tune: resumed '" << flags.study << "' after " << tuner.trials().size()

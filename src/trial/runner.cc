@@ -109,12 +109,10 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
 
   std::vector<double> pipeline_s, tail_s, loss_sums, aux_sums;
   std::pair<double, double> fingerprint{0, 0};
-  int tp_rank = 0;
   // Everything that allocates lives in this scope, so it is all freed before the agreement.
   Status status = [&]() -> Status {
     AUTOPAR_ASSIGN_OR_RETURN(ProcessGroups groups,
                              ProcessGroups::Create(backend, world, c, deadline));
-    tp_rank = groups.at.tp;
     const Shapes shapes = Shapes::Of(model, train, c, groups.at.tp);
     const std::vector<PipelineOp> ops =
         PipelineSchedule(c.pp, c.vpp, groups.at.pp, run_microbatches);
@@ -169,7 +167,6 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
     }
     return OkStatus();
   }();
-  (void)tp_rank;
 
   // ---- every rank agrees on the outcome and the figures ----
   const Deadline grace = std::max(deadline, std::chrono::steady_clock::now()) +

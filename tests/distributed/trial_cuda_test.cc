@@ -9,6 +9,7 @@
 #include "autopar/spec/parse.h"
 #include "autopar/trial/trial.h"
 #include "mpi_env.h"
+#include "trial_setup.h"
 
 #if defined(AUTOPAR_HAVE_CUDA) && AUTOPAR_HAVE_CUDA
 #include "autopar/backend/cuda_backend.h"
@@ -32,25 +33,8 @@ bool HaveGpu() { return false; }
 std::unique_ptr<backend::Backend> Gpu() { return nullptr; }
 #endif
 
-TrainSpec Bf16Train() {
-  TrainSpec t;
-  t.global_batch_size = 8;
-  t.seq_length = 64;
-  t.precision = Precision::kBF16;
-  return t;
-}
-
-TrialOptions Options() {
-  TrialOptions o;
-  o.warmup_iterations = 0;
-  o.timed_iterations = 2;
-  o.max_microbatches = -1;
-  o.fingerprint = true;
-  o.learning_rate = 1e-2f;
-  o.adam_eps = 1.0f;
-  o.timeout_s = 120;
-  return o;
-}
+TrainSpec Bf16Train() { return testing::SmallTrain(Precision::kBF16); }
+using testing::NumericOptions;
 
 class CudaEquivalence : public ::testing::TestWithParam<const char*> {};
 
@@ -63,10 +47,10 @@ TEST_P(CudaEquivalence, LossAndUpdatedWeightsMatchOneGpu) {
   ASSERT_TRUE(self.ok());
   ParallelConfig one;
   one.dp = 1;
-  const TrialMeasurement ref = RunTrial(*gpu, *self, model, Bf16Train(), one, Options());
+  const TrialMeasurement ref = RunTrial(*gpu, *self, model, Bf16Train(), one, NumericOptions());
   ASSERT_EQ(ref.outcome, Outcome::kOk) << ref.message;
   const ParallelConfig c = Complete(ParseSpec(GetParam()), World().size());
-  const TrialMeasurement got = RunTrial(*gpu, World(), model, Bf16Train(), c, Options());
+  const TrialMeasurement got = RunTrial(*gpu, World(), model, Bf16Train(), c, NumericOptions());
   ASSERT_EQ(got.outcome, Outcome::kOk) << got.message;
   // bf16 activations and reductions in another order: a few parts in a thousand.
   EXPECT_NEAR(got.loss, ref.loss, 1e-2 * std::abs(ref.loss));

@@ -9,6 +9,7 @@
 #include "autopar/trial/trial.h"
 #include "kernels/init.h"
 #include "mpi_env.h"
+#include "trial_setup.h"
 #include "src/trial/moe.h"
 
 namespace autopar::trial {
@@ -18,25 +19,9 @@ using backend::Outcome;
 using backend::testing::TestBackend;
 using backend::testing::World;
 
-TrainSpec Train() {
-  TrainSpec t;
-  t.global_batch_size = 8;
-  t.seq_length = 64;
-  t.precision = Precision::kFP32;
-  return t;
-}
+using testing::NumericOptions;
 
-TrialOptions NumericOptions() {
-  TrialOptions o;
-  o.warmup_iterations = 0;
-  o.timed_iterations = 2;  // the second step reads Adam's moments of the first
-  o.max_microbatches = -1;
-  o.fingerprint = true;
-  o.learning_rate = 1e-2f;
-  o.adam_eps = 1.0f;
-  o.timeout_s = 120;
-  return o;
-}
+TrainSpec Train() { return testing::SmallTrain(Precision::kFP32); }
 
 // The single-rank reference: every rank runs it alone on a group of its own.
 TrialMeasurement Reference(const ModelSpec& model) {
@@ -56,6 +41,15 @@ struct Case {
   const char* spec;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " " << c.spec; }
+
+// A test name from the case: "tiny_tp_2_dp_2".
+std::string CaseName(const ::testing::TestParamInfo<Case>& param) {
+  std::string name = std::string(param.param.model) + "_" + param.param.spec;
+  for (char& ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return name;
+}
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
 
@@ -108,13 +102,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-moe", "pp=2,dp=2,ep=2"}, Case{"tiny-moe", "dp=4,ep=4,dist_opt=on"},
                       Case{"tiny-moe", "dp=4,ep=2,mbs=2,recompute=full"},
                       Case{"tiny-moe", "tp=2,pp=2,sp=on,recompute=selective"}),
-    [](const ::testing::TestParamInfo<Case>& param) {
-      std::string name = std::string(param.param.model) + "_" + param.param.spec;
-      for (char& ch : name) {
-        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-      }
-      return name;
-    });
+    CaseName);
 
 }  // namespace
 }  // namespace autopar::trial
@@ -216,13 +204,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-moe", "dp=4,ep=2"}, Case{"tiny-moe", "dp=4,ep=4"},
                       Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"},
                       Case{"tiny-moe", "dp=4,ep=4,dist_opt=on"}),
-    [](const ::testing::TestParamInfo<Case>& param) {
-      std::string name = std::string(param.param.model) + "_" + param.param.spec;
-      for (char& ch : name) {
-        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-      }
-      return name;
-    });
+    CaseName);
 
 INSTANTIATE_TEST_SUITE_P(
     Trial, MemoryLongSequence,
@@ -231,13 +213,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny", "cp=2,up=2,recompute=selective"},
                       Case{"tiny", "tp=2,up=2,recompute=full"}, Case{"tiny-moe", "dp=4,ep=4"},
                       Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"}, Case{"tiny-moe", "cp=2,dp=2,ep=2"}),
-    [](const ::testing::TestParamInfo<Case>& param) {
-      std::string name = std::string(param.param.model) + "_" + param.param.spec;
-      for (char& ch : name) {
-        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-      }
-      return name;
-    });
+    CaseName);
 
 }  // namespace
 }  // namespace autopar::trial

@@ -68,7 +68,7 @@ Format ParseFormat(const std::string& text);
 // The CPU backend's device is a host core: unless --gpu or --cluster says otherwise, commands
 // that will run on it plan with the `cpu` preset...
 std::vector<std::string> WithCpuBackendDefaults(const std::vector<std::string>& argv);
-// ...and predict fp32 training.
+// ...and predict fp32 training with nothing but the trial's tensors in the budget.
 void ApplyCpuBackend(const std::string& backend, Inputs& in);
 
 // Whole-file read with a checked error (InputError naming `flag`).

@@ -1,0 +1,25 @@
+// What every rank of an MPI command (trial, probe, tune --backend cpu|cuda) starts from: MPI, the
+// world group, and the trial backend of its GPU. Internal to src/cli; needs the trial runner.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "autopar/backend/backend.h"
+#include "autopar/backend/group.h"
+#include "autopar/spec/cluster.h"
+
+namespace autopar::cli {
+
+struct RankWorker {
+  backend::Group world;
+  std::unique_ptr<backend::Backend> backend;
+};
+
+// Initialises MPI, checks that mpirun started --nnodes × --nproc-per-node ranks (InputError
+// naming --nnodes otherwise), and starts `backend` with the GPU's memory as the rank's budget on
+// the GPU of the rank's place in its node (InputError naming --backend when it cannot start).
+// Throws std::runtime_error when MPI cannot give the world group.
+RankWorker StartRankWorker(const std::string& backend, const ClusterSpec& cluster);
+
+}  // namespace autopar::cli
