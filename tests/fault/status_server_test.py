@@ -24,6 +24,9 @@ def exchange(port, payload, timeout=5):
             if not data:
                 break
             chunks.append(data)
+    if not chunks:
+        # Accepted, then closed unanswered: the server is shutting down with the search.
+        raise ConnectionError("closed without a response")
     return b"".join(chunks)
 
 
