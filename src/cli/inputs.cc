@@ -1,5 +1,8 @@
 #include "autopar/cli/inputs.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -11,6 +14,16 @@
 
 namespace autopar::cli {
 namespace {
+
+// The cores this process may run on: the CPU backend's ranks share them.
+int64_t HostCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) {
+    throw std::runtime_error(std::string("sched_getaffinity: ") + std::strerror(errno));
+  }
+  return std::max(1, CPU_COUNT(&set));
+}
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -246,12 +259,26 @@ std::vector<std::string> WithCpuBackendDefaults(const std::vector<std::string>& 
   return out;
 }
 
+void ShareHostCores(int64_t host_cores, ClusterSpec& cluster) {
+  const double share = std::min(
+      1.0, static_cast<double>(host_cores) / static_cast<double>(cluster.world_size()));
+  GpuSpec& g = cluster.gpu;
+  g.peak_flops_fp32 *= share;
+  g.peak_flops_bf16 *= share;
+  g.peak_flops_fp16 *= share;
+  g.hbm_bandwidth *= share;
+}
+
 void ApplyCpuBackend(const std::string& backend, Inputs& in) {
   if (backend != "cpu") return;
   in.train.precision = Precision::kFP32;
   // The CPU backend's budget counts the trial's own tensors, whatever --gpu describes.
   in.constants.mem.runtime_overhead_gib = 0;
   in.constants.mem.fragmentation = 0;
+  if (!in.host_cores && in.cluster.gpu.name == "cpu") {
+    in.host_cores = HostCores();
+    ShareHostCores(*in.host_cores, in.cluster);
+  }
 }
 
 Inputs ReadInputs(Args& args) {
@@ -263,6 +290,7 @@ Inputs ReadInputs(Args& args) {
   const auto nnodes = args.Value("--nnodes");
   const auto nproc = args.Value("--nproc-per-node");
   const auto memory = args.Value("--device-memory-gib");
+  const auto host_cores = args.Value("--host-cores");
   std::vector<std::string> pasted;
   if (const auto text = args.Value("--megatron-args")) pasted = SplitCommandLine(*text);
   if (const auto file = args.Value("--megatron-args-file")) {
@@ -339,9 +367,20 @@ Inputs ReadInputs(Args& args) {
   if (nnodes) in.cluster.nnodes = ToInt("--nnodes", *nnodes, 1);
   if (nproc) in.cluster.gpus_per_node = ToInt("--nproc-per-node", *nproc, 1);
   if (memory) in.cluster.gpu.memory_gib = ToDouble("--device-memory-gib", *memory);
+  // The `cpu` device is the CPU backend's rank, which trains in fp32 whatever a script asks: a
+  // plan for it, or a replay of its measurements, must count 4-byte activations too.
+  if (in.cluster.gpu.name == "cpu") in.train.precision = Precision::kFP32;
   Validate(in.model);
   Validate(in.train);
   Validate(in.cluster);
+  if (host_cores) {
+    if (in.cluster.gpu.name != "cpu") {
+      throw InputError("--host-cores", "only for --gpu cpu (the CPU backend's device), not '" +
+                                           in.cluster.gpu.name + "'");
+    }
+    in.host_cores = ToInt("--host-cores", *host_cores, 1);
+    ShareHostCores(*in.host_cores, in.cluster);
+  }
 
   // ---- the software stack the estimate assumes ----
   in.constants = DefaultConstants(in.cluster.gpu.name);

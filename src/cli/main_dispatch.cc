@@ -32,6 +32,8 @@ inputs:
   --megatron-args "TEXT" | --megatron-args-file FILE   a pasted Megatron-LM argument list
   --global-batch-size N --seq-length N [--bf16|--fp16|--fp8-format hybrid]
   --nnodes N --nproc-per-node N --gpu NAME|FILE.yaml --cluster FILE.yaml --device-memory-gib X
+  --host-cores N   cores the ranks of a --gpu cpu job share (default with --backend cpu: this
+                   host's; the CPU backend runs every rank on one host)
 space:
   --tp/--pp/--dp/--cp/--up/--ep/--vpp/--mbs LIST   --recompute none,selective,full
   --fix KEY=VALUE,...   --tp-across-nodes   --sweep-recompute-layers   --max-mbs N

@@ -6,7 +6,6 @@
 namespace autopar {
 namespace {
 
-constexpr double kBf16Bytes = 2;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 }  // namespace
@@ -23,6 +22,7 @@ CostModel::CostModel(const ModelSpec& model, const TrainSpec& train, const Clust
     : model_(model), train_(train), cluster_(cluster), constants_(constants) {
   params_ = CountParams(model_);
   peak_flops_ = cluster_.gpu.PeakFlops(train_.precision);
+  element_bytes_ = train_.precision == Precision::kFP32 ? 4 : 2;
   model_flops_per_step_ = ModelFlopsPerStep(model_, train_.global_batch_size, train_.seq_length);
 }
 
@@ -112,7 +112,7 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
   // master copy with Adam's moments (Megatron's 18 bytes per parameter); fp32 training (the CPU
   // backend) has 4-byte everything and the weights are their own master copy.
   const bool fp32 = train_.precision == Precision::kFP32;
-  const double elem = fp32 ? 4 : kBf16Bytes;
+  const double elem = element_bytes_;
   const double weight_bytes = elem;
   const double optimizer_bytes = fp32 ? 8 : 12;
   const StackOptions& stack = constants_.stack;

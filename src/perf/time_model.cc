@@ -8,7 +8,6 @@
 namespace autopar {
 namespace {
 
-constexpr double kBf16Bytes = 2;
 constexpr double kAdamBytesPerParam = 4 + 12 + 12 + 2 + 4;  // see Memory(): grad, m, v, master
 
 // Forward-pass component times of one transformer layer for one micro-batch on one rank.
@@ -87,9 +86,10 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
       f[kAttention] = 0.5 * attn_flops / (peak_flops_ * e.attention);
     } else {
       f[kAttention] = attn_flops / (peak_flops_ * e.attention_unfused);
-      // Scale-mask-softmax and dropout over the score matrix, bf16 in and out (+ a byte mask).
+      // Scale-mask-softmax and dropout over the score matrix, each one read and one write of an
+      // element (+ a byte mask for dropout).
       const double score_elems = c.mbs * heads * (s / c.cp) * s;
-      softmax = score_elems * (stack.dropout ? 9 : 4) / hbm;
+      softmax = score_elems * (stack.dropout ? 4 * element_bytes_ + 1 : 2 * element_bytes_) / hbm;
       f[kMemoryBound] += softmax;
     }
     // Elementwise traffic: norms, residuals, RoPE, bias and dropout on hidden-sized tensors
@@ -104,20 +104,20 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
                                    m.moe_shared_expert_intermediate_size
                              : m.ffn_hidden_size;
     const double act_passes = m.activation == Activation::kSwiGLU ? 3 : 2;
-    f[kMemoryBound] += kBf16Bytes * (hidden_passes * tokens * h / (c.sp ? t : 1) +
+    f[kMemoryBound] += element_bytes_ * (hidden_passes * tokens * h / (c.sp ? t : 1) +
                                      act_passes * tokens * width / t) / hbm;
-    if (moe) f[kMemoryBound] += kBf16Bytes * 4 * tokens * m.moe_router_topk * h / t / hbm;
+    if (moe) f[kMemoryBound] += element_bytes_ * 4 * tokens * m.moe_router_topk * h / t / hbm;
 
     // Tensor parallel: two all-reduces of the layer's activations (or AG + RS with SP).
-    const double act_bytes = kBf16Bytes * tokens * h;
+    const double act_bytes = element_bytes_ * tokens * h;
     f[kTpComm] = c.sp ? 4 * AllGatherTime(act_bytes, c.tp, tp_stride)
                       : 2 * AllReduceTime(act_bytes, c.tp, tp_stride);
     // Ulysses (as the trial runs it): one all-to-all of q, k and v into head shards (kv heads
     // replicated when a tp rank has fewer than up), one of the output back; backward mirrors
     // them. The buffers are packed and unpacked by row gathers.
     if (c.up > 1) {
-      const double qkv_bytes = kBf16Bytes * tokens * (tp_heads * qk_dim + ul_kv * (qk_dim + v_dim));
-      const double o_bytes = kBf16Bytes * tokens * tp_heads * v_dim;
+      const double qkv_bytes = element_bytes_ * tokens * (tp_heads * qk_dim + ul_kv * (qk_dim + v_dim));
+      const double o_bytes = element_bytes_ * tokens * tp_heads * v_dim;
       f[kUlyssesComm] =
           AllToAllTime(qkv_bytes, c.up, up_stride) + AllToAllTime(o_bytes, c.up, up_stride);
       f[kMemoryBound] += 2 * (qkv_bytes + o_bytes) / hbm;
@@ -128,7 +128,7 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     // more hop home after the last step, which nothing hides.
     double cp_bwd = 0;
     if (c.cp > 1) {
-      const double kv_block = kBf16Bytes * tokens * ul_kv * (qk_dim + v_dim);
+      const double kv_block = element_bytes_ * tokens * ul_kv * (qk_dim + v_dim);
       const bool crosses = CrossesNodes(c.cp, cp_stride);
       const double step = P2PTime(kv_block, crosses), both = P2PTime(2 * kv_block, crosses);
       const double attention_step = f[kAttention] / c.cp;
@@ -137,14 +137,14 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
       cp_bwd = (c.cp - 1) * std::max(0.0, both - backward_step) + step;
       // Merges: 2·cp − 1 partial results of half the rows each, read twice and written once.
       f[kMemoryBound] +=
-          (2.0 * c.cp - 2) * 3 * kBf16Bytes * tokens * tp_heads * v_dim / 2 / hbm;
+          (2.0 * c.cp - 2) * 3 * element_bytes_ * tokens * tp_heads * v_dim / 2 / hbm;
     }
     // Expert parallel (the trial's dropless dispatcher): each tp rank routes its 1/tp of the rows;
     // dispatch is an all-to-all over ep of their k copies, then (experts being tp-sharded) a tp
     // all-gather of what arrived; combine is a tp reduce-scatter and the all-to-all back. The
     // per-expert counts travel first (a small all-to-all and a host round trip).
     if (moe) {
-      const double routed = kBf16Bytes * tokens * m.moe_router_topk * h;
+      const double routed = element_bytes_ * tokens * m.moe_router_topk * h;
       f[kEpComm] = 2 * AllToAllTime(routed / t, c.ep, cp_stride) +
                    2 * AllGatherTime(routed, c.tp, tp_stride) +
                    (c.ep > 1 ? AllToAllTime(0, c.ep, cp_stride) : 0);
@@ -198,8 +198,8 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   stage_fwd[kMemoryBound] += ce_fwd;
   stage_bwd[kMemoryBound] += ce_fwd;
   if (c.sp) {
-    stage_fwd[kTpComm] += AllGatherTime(kBf16Bytes * tokens * h, c.tp, tp_stride);
-    stage_bwd[kTpComm] += AllGatherTime(kBf16Bytes * tokens * h, c.tp, tp_stride);
+    stage_fwd[kTpComm] += AllGatherTime(element_bytes_ * tokens * h, c.tp, tp_stride);
+    stage_bwd[kTpComm] += AllGatherTime(element_bytes_ * tokens * h, c.tp, tp_stride);
   }
 
   TimeBreakdown out;
@@ -221,7 +221,7 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
 
   // Pipeline p2p: every micro-batch crosses each virtual stage boundary forward and backward.
   if (c.pp > 1) {
-    const double bytes = kBf16Bytes * tokens * h / t;  // scatter-gather / SP shard by tp
+    const double bytes = element_bytes_ * tokens * h / t;  // scatter-gather / SP shard by tp
     const double p2p = P2PTime(bytes, CrossesNodes(c.pp, pp_stride));
     out.features[kPpComm] = 2 * p2p * (microbatches * c.vpp + (c.pp - 1));
   }
@@ -233,15 +233,15 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
       (dense_layers * static_cast<double>(params_.dense_layer()) +
        moe_layers * static_cast<double>(params_.moe_layer_non_expert()) + params_.embedding) / t;
   const double expert_params = moe_layers * static_cast<double>(params_.expert_per_layer) / (t * c.ep);
-  const double grad_bytes = stack.grad_reduce_in_fp32 ? 4 : 2;
+  const double grad_bytes = stack.grad_reduce_in_fp32 ? 4 : element_bytes_;
   const int64_t dp_group = int64_t{c.dp} * c.cp * c.up;
   const int64_t edp_group = dp_group / c.ep;
   double grad_time, gather_time = 0;
   if (c.dist_opt) {
     grad_time = AllGatherTime(grad_bytes * dense_params, dp_group, up_stride) +
                 AllGatherTime(grad_bytes * expert_params, edp_group, up_stride * c.ep);
-    gather_time = AllGatherTime(kBf16Bytes * dense_params, dp_group, up_stride) +
-                  AllGatherTime(kBf16Bytes * expert_params, edp_group, up_stride * c.ep);
+    gather_time = AllGatherTime(element_bytes_ * dense_params, dp_group, up_stride) +
+                  AllGatherTime(element_bytes_ * expert_params, edp_group, up_stride * c.ep);
   } else {
     grad_time = AllReduceTime(grad_bytes * dense_params, dp_group, up_stride) +
                 AllReduceTime(grad_bytes * expert_params, edp_group, up_stride * c.ep);

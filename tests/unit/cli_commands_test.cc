@@ -109,6 +109,44 @@ TEST(Cli, BadInputNamesTheFlagAndExitsTwo) {
                  "--model");
 }
 
+// The first ranked line's step time of `predict --config SPEC` for the tiny model on 4 cpu ranks.
+double TinyCpuStepTime(std::vector<std::string> extra) {
+  std::vector<std::string> argv = {"predict", "--model", "tiny", "--gpu", "cpu", "--nnodes", "2",
+                                   "--nproc-per-node", "2", "--global-batch-size", "16",
+                                   "--config", "tp=1,pp=2,mbs=1", "--format", "csv"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  const Result r = RunCli(argv);
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  std::istringstream lines(r.out);
+  std::string header, row;
+  std::getline(lines, header);
+  std::getline(lines, row);
+  // rank,tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,step_time_s,...
+  std::istringstream fields(row);
+  std::string field;
+  for (int i = 0; i < 14; ++i) std::getline(fields, field, ',');
+  return std::stod(field);
+}
+
+TEST(Cli, TheCpuDeviceTrainsInFp32OnItsShareOfTheHostCores) {
+  const Result r = RunCli({"predict", "--model", "tiny", "--gpu", "cpu", "--nnodes", "2",
+                           "--nproc-per-node", "2", "--global-batch-size", "16", "--bf16",
+                           "--config", "tp=2"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("(fp32)"), std::string::npos) << r.out;
+  // Four ranks on two cores: each computes at half a core, so the step takes twice as long
+  // (nothing in it is communication-bound enough to matter less than that: pp p2p only).
+  const double own_core = TinyCpuStepTime({});
+  const double shared = TinyCpuStepTime({"--host-cores", "2"});
+  EXPECT_GT(shared / own_core, 1.8);
+  EXPECT_LE(shared / own_core, 2.0 + 1e-9);
+  EXPECT_DOUBLE_EQ(TinyCpuStepTime({"--host-cores", "8"}), own_core);  // never more than a core
+  ExpectBadInput(Cmd("plan", Llama7bOn(1, {"--host-cores", "4"})), "--host-cores");
+  ExpectBadInput({"plan", "--model", "tiny", "--gpu", "cpu", "--nnodes", "1", "--nproc-per-node",
+                  "4", "--global-batch-size", "16", "--host-cores", "0"},
+                 "--host-cores");
+}
+
 TEST(Cli, MalformedFilesAreBadInput) {
   const std::string yaml = TempFile("bad_model.yaml", "num_layers: [1, 2\nhidden_size: 4\n");
   ExpectBadInput({"plan", "--model", yaml, "--global-batch-size", "8"}, "YAML");

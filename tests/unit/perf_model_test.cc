@@ -157,6 +157,26 @@ TEST(Time, StepTimeIsTheSumOfFeaturesAndRecomputeCosts) {
   EXPECT_NEAR(full.features[kGemm] / none.features[kGemm], 4.0 / 3, 0.02);
 }
 
+TEST(Time, Fp32MovesTwiceTheBytes) {
+  // The CPU backend trains in fp32: elementwise traffic and activation collectives carry 4-byte
+  // elements, so with equal peaks only the byte-bound components change, by 2× (the fp32
+  // cross-entropy of the last stage excepted).
+  const ClusterSpec cluster = SmallCluster(1, 8);
+  TrainSpec bf16 = SmallTrain(64, 4096), fp32 = bf16;
+  fp32.precision = Precision::kFP32;
+  ClusterSpec same_peak = cluster;
+  same_peak.gpu.peak_flops_fp32 = same_peak.gpu.peak_flops_bf16;
+  const CostModel half(ModelPreset("llama2-7b"), bf16, same_peak, PerfConstants{});
+  const CostModel full(ModelPreset("llama2-7b"), fp32, same_peak, PerfConstants{});
+  const ParallelConfig c = Complete(ParseSpec("tp=2,pp=2,sp=on"), 8);
+  const TimeBreakdown a = half.Time(c), b = full.Time(c);
+  EXPECT_DOUBLE_EQ(b.features[kGemm], a.features[kGemm]);
+  EXPECT_GT(b.features[kMemoryBound], 1.9 * a.features[kMemoryBound]);
+  EXPECT_LE(b.features[kMemoryBound], 2 * a.features[kMemoryBound]);
+  EXPECT_GT(b.features[kTpComm], 1.9 * a.features[kTpComm]);
+  EXPECT_GT(b.features[kPpComm], 1.9 * a.features[kPpComm]);
+}
+
 TEST(Rank, KeepsTheFastestThatFitInOrder) {
   const ModelSpec m = ModelPreset("llama2-7b");
   const ClusterSpec cluster = SmallCluster(1, 8);

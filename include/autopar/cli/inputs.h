@@ -57,6 +57,8 @@ struct Inputs {
   // Parallel flags pasted from a Megatron-LM script (`--tensor-model-parallel-size 8`, ...):
   // pins in the space, and the configuration `predict` evaluates when no --config is given.
   std::optional<ParallelConfig> megatron_config;
+  // --host-cores: the cores the ranks of a `cpu`-device job share (they all run on one host).
+  std::optional<int64_t> host_cores;
 };
 
 // Reads the inputs every planning command takes, consuming every flag: the subcommand reads its
@@ -68,8 +70,13 @@ Format ParseFormat(const std::string& text);
 // The CPU backend's device is a host core: unless --gpu or --cluster says otherwise, commands
 // that will run on it plan with the `cpu` preset...
 std::vector<std::string> WithCpuBackendDefaults(const std::vector<std::string>& argv);
-// ...and predict fp32 training with nothing but the trial's tensors in the budget.
+// ...and predict fp32 training with nothing but the trial's tensors in the budget, on the share
+// of this host's cores each rank gets (unless --host-cores said how many).
 void ApplyCpuBackend(const std::string& backend, Inputs& in);
+
+// The `cpu` device is one core per rank; when `host_cores` cores carry all the job's ranks, each
+// rank computes and streams memory at host_cores / ranks of that (never more than one core).
+void ShareHostCores(int64_t host_cores, ClusterSpec& cluster);
 
 // Whole-file read with a checked error (InputError naming `flag`).
 std::string ReadTextFile(const std::string& flag, const std::string& path);

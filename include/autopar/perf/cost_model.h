@@ -101,6 +101,8 @@ class CostModel {
   PerfConstants constants_;
   ParamCounts params_;
   double peak_flops_ = 0;
+  // Bytes of a weight or activation element: 2 under mixed precision, 4 in fp32 training.
+  double element_bytes_ = 2;
   double model_flops_per_step_ = 0;
 };
 
