@@ -15,6 +15,7 @@ commands:
   tune       (the default) the online search: --study DIR [--resume] [--seed N] [--budget 8h]
              [--max-trials N] [--trial-timeout 600] [--backend cpu|cuda|replay]
              [--replay-table FILE.csv] [--searcher thompson|random|grid|analytic] [--quiet]
+             [--max-p-oom 0.5]: never propose a configuration at least this likely to OOM
              writes DIR/result.json, trials.csv, best.args
   make-replay-table   a synthetic replay table of the space: --output FILE.csv [--truth-seed N]
   plan       rank the feasible space with the analytic model (no trials); --top K, --breakdown

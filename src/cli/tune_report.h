@@ -22,7 +22,7 @@ struct TuneFlags {
   std::string backend;
   std::optional<std::string> replay_table;
   std::string searcher;
-  double max_p_oom = 0.05;
+  double max_p_oom = 0.5;
   int64_t top = 10;
   bool quiet = false;
   // The live status endpoint (rank 0): --status-addr, --status-port (0 picks a free port;

@@ -243,7 +243,8 @@ pb::TrialResult ReplayBackend::Run(const pb::TrialRequest& request) {
 
 ReplayTable MakeSyntheticTable(const search::CandidateSet& candidates, const SyntheticTruth& t) {
   search::Rng rng(t.seed, 0, search::Purpose::kSynthetic);
-  double theta[search::kNumCoefficients] = {};
+  // The truth has no level effects: every component scaled by its own factor.
+  std::vector<double> theta(static_cast<size_t>(candidates.num_coefficients()), 0.0);
   for (int k = 0; k < kNumFeatures; ++k) {
     theta[k] = search::IsCommunication(k)
                    ? t.comm_low * std::exp(rng.Uniform() * std::log(t.comm_high / t.comm_low))
@@ -266,7 +267,7 @@ ReplayTable MakeSyntheticTable(const search::CandidateSet& candidates, const Syn
       row.status = search::Outcome::kOom;
     } else {
       row.status = search::Outcome::kOk;
-      row.step_time_s = candidates.PredictOne(i, theta) * time_noise;
+      row.step_time_s = candidates.PredictOne(i, theta.data()) * time_noise;
     }
     rows.push_back(row);
   }

@@ -1,6 +1,8 @@
 #include "autopar/search/candidates.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <map>
 #include <stdexcept>
 
 #include "autopar/search/rng.h"
@@ -9,6 +11,44 @@ namespace autopar::search {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The knobs whose levels get an effect: a key that orders the values and the value's text.
+struct Knob {
+  const char* name;
+  int64_t (*key)(const ParallelConfig&);
+};
+constexpr Knob kKnobs[] = {
+    {"tp", [](const ParallelConfig& c) -> int64_t { return c.tp; }},
+    {"pp", [](const ParallelConfig& c) -> int64_t { return c.pp; }},
+    {"dp", [](const ParallelConfig& c) -> int64_t { return c.dp; }},
+    {"cp", [](const ParallelConfig& c) -> int64_t { return c.cp; }},
+    {"up", [](const ParallelConfig& c) -> int64_t { return c.up; }},
+    {"ep", [](const ParallelConfig& c) -> int64_t { return c.ep; }},
+    {"vpp", [](const ParallelConfig& c) -> int64_t { return c.vpp; }},
+    {"mbs", [](const ParallelConfig& c) -> int64_t { return c.mbs; }},
+    {"sp", [](const ParallelConfig& c) -> int64_t { return c.sp; }},
+    {"recompute",
+     [](const ParallelConfig& c) -> int64_t {
+       return static_cast<int64_t>(c.recompute) * (int64_t{1} << 32) + c.recompute_layers;
+     }},
+    {"dist_opt", [](const ParallelConfig& c) -> int64_t { return c.dist_opt; }},
+};
+
+std::string LevelName(const char* knob, const ParallelConfig& c) {
+  const std::string k = knob;
+  std::string value;
+  if (k == "sp" || k == "dist_opt") {
+    value = (k == "sp" ? c.sp : c.dist_opt) ? "on" : "off";
+  } else if (k == "recompute") {
+    value = ToString(c.recompute);
+    if (c.recompute_layers != 0) value += "/" + std::to_string(c.recompute_layers);
+  } else {
+    for (const Knob& q : kKnobs) {
+      if (k == q.name) value = std::to_string(q.key(c));
+    }
+  }
+  return k + "=" + value;
+}
 
 }  // namespace
 
@@ -38,6 +78,35 @@ CandidateSet::CandidateSet(std::vector<ParallelConfig> configs, const CostModel&
   }
   h.Add(capacity_gib_);
   fingerprint_ = h.value();
+
+  // Level effects for the knobs that vary: their values in ascending order.
+  std::vector<const Knob*> varying;
+  std::vector<std::map<int64_t, int>> levels;  // per varying knob: value key → coefficient
+  for (const Knob& q : kKnobs) {
+    std::map<int64_t, int> values;
+    for (const ParallelConfig& c : configs_) values.emplace(q.key(c), 0);
+    if (values.size() < 2) continue;
+    for (auto& [key, coefficient] : values) {
+      coefficient = kNumCoefficients + static_cast<int>(level_names_.size());
+      const auto it = std::find_if(configs_.begin(), configs_.end(),
+                                   [&](const ParallelConfig& c) { return q.key(c) == key; });
+      level_names_.push_back(LevelName(q.name, *it));
+    }
+    varying.push_back(&q);
+    levels.push_back(std::move(values));
+  }
+  if (kNumCoefficients + level_names_.size() > UINT16_MAX) {
+    throw std::invalid_argument("candidate set with " + std::to_string(level_names_.size()) +
+                                " knob values: too many for the level effects");
+  }
+  varying_knobs_ = static_cast<int>(levels.size());
+  level_coefficient_.reserve(n * levels.size());
+  for (size_t i = 0; i < n; ++i) {
+    for (int q = 0; q < varying_knobs_; ++q) {
+      level_coefficient_.push_back(
+          static_cast<uint16_t>(levels[q].at(varying[q]->key(configs_[i]))));
+    }
+  }
   if (n > 0) {
     std::vector<double> sorted = nominal_time_s_;
     std::nth_element(sorted.begin(), sorted.begin() + n / 2, sorted.end());
@@ -57,10 +126,25 @@ std::optional<int64_t> CandidateSet::Find(const ParallelConfig& c) const {
   return it->second;
 }
 
+void CandidateSet::Row(int64_t i, double* row) const {
+  std::fill(row, row + num_coefficients(), 0.0);
+  for (int k = 0; k < kNumFeatures; ++k) row[k] = columns_[k][i];
+  row[kIntercept] = 1;
+  for (int q = 0; q < varying_knobs_; ++q) row[level_coefficient(i, q)] = nominal_time_s_[i];
+}
+
 void CandidateSet::Predict(const double* theta, std::vector<double>* out) const {
   const size_t n = configs_.size();
-  out->assign(n, theta[kIntercept]);
+  out->assign(n, 0.0);
   double* t = out->data();
+  // The level effects first, as one relative factor per candidate...
+  const uint16_t* level = level_coefficient_.data();
+  for (size_t i = 0; i < n; ++i, level += varying_knobs_) {
+    double relative = 0;
+    for (int q = 0; q < varying_knobs_; ++q) relative += theta[level[q]];
+    t[i] = theta[kIntercept] + relative * nominal_time_s_[i];
+  }
+  // ...then the feature columns.
   for (int k = 0; k < kNumFeatures; ++k) {
     const double w = theta[k];
     const double* x = columns_[k].data();
@@ -71,6 +155,9 @@ void CandidateSet::Predict(const double* theta, std::vector<double>* out) const 
 double CandidateSet::PredictOne(int64_t i, const double* theta) const {
   double t = theta[kIntercept];
   for (int k = 0; k < kNumFeatures; ++k) t += theta[k] * columns_[k][i];
+  for (int q = 0; q < varying_knobs_; ++q) {
+    t += theta[level_coefficient(i, q)] * nominal_time_s_[i];
+  }
   return t;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -87,32 +88,99 @@ void TimePrior::Tighten(int feature, const std::vector<double>& ratios) {
   sd[feature] = 1 / std::sqrt(w_prior + w_probe);
 }
 
-TimePosterior::TimePosterior(const TimePrior& prior)
-    : regression_(std::vector<double>(prior.mean.begin(), prior.mean.end()),
-                  DiagonalPrecision(prior.sd.data(), kNumCoefficients, prior.noise_sd),
-                  prior.noise_a0, PriorB(prior.noise_sd, prior.noise_a0)) {}
+TimePosterior::TimePosterior(const TimePrior& prior, const CandidateSet& candidates)
+    : dim_(candidates.num_coefficients()), scales_(prior.level_scales) {
+  if (scales_.empty()) throw std::invalid_argument("TimePrior: no level scales");
+  const int levels = candidates.num_levels();
+  const double per_level = 1 / std::sqrt(std::max(candidates.varying_knobs(), 1));
+  for (double scale : scales_) {
+    if (!(scale >= 0) || !std::isfinite(scale)) {
+      throw std::invalid_argument("TimePrior: level scale " + std::to_string(scale));
+    }
+    // τ = 0: no level coefficients (and no candidate set has level effects without levels).
+    const int d = kNumCoefficients + (scale > 0 ? levels : 0);
+    std::vector<double> mean(prior.mean.begin(), prior.mean.end());
+    std::vector<double> sd(prior.sd.begin(), prior.sd.end());
+    mean.resize(d, 0.0);
+    sd.resize(d, scale * per_level);
+    models_.emplace_back(std::move(mean), DiagonalPrecision(sd.data(), d, prior.noise_sd),
+                         prior.noise_a0, PriorB(prior.noise_sd, prior.noise_a0));
+  }
+  Refresh();
+}
 
 void TimePosterior::Observe(const CandidateSet& candidates, int64_t i, double measured_s) {
   CheckPositive("measured step time", measured_s);
   const double nominal = candidates.nominal_time_s(i);
   CheckPositive("analytic step time", nominal);
-  double u[kNumCoefficients];
-  for (int k = 0; k < kNumFeatures; ++k) u[k] = candidates.feature(i, k) / nominal;
-  u[kIntercept] = 1 / nominal;
-  regression_.Add(u, measured_s / nominal);
+  if (candidates.num_coefficients() != dim_) {
+    throw std::invalid_argument("candidate set with " +
+                                std::to_string(candidates.num_coefficients()) +
+                                " coefficients for a posterior over " + std::to_string(dim_));
+  }
+  std::vector<double> u(static_cast<size_t>(dim_));
+  candidates.Row(i, u.data());
+  for (double& v : u) v /= nominal;
+  // A model without level coefficients takes the leading part of the row.
+  for (NigRegression& m : models_) m.Add(u.data(), measured_s / nominal);
+  Refresh();
+}
+
+void TimePosterior::Refresh() {
+  // Weights ∝ evidence (equal priors), normalised in the log domain.
+  weights_.resize(models_.size());
+  double top = -std::numeric_limits<double>::infinity();
+  for (size_t m = 0; m < models_.size(); ++m) {
+    weights_[m] = models_[m].LogEvidence();
+    top = std::max(top, weights_[m]);
+  }
+  double total = 0;
+  for (double& w : weights_) total += (w = std::exp(w - top));
+  for (double& w : weights_) w /= total;
+  mean_.assign(dim_, 0.0);
+  for (size_t m = 0; m < models_.size(); ++m) {
+    const std::vector<double>& mu = models_[m].mean();
+    for (size_t k = 0; k < mu.size(); ++k) mean_[k] += weights_[m] * mu[k];
+  }
 }
 
 double TimePosterior::Draw(Rng& rng, double* theta) const {
-  const double sigma2 = regression_.Draw(rng, theta);
+  double u = rng.Uniform();
+  size_t pick = 0;
+  while (pick + 1 < models_.size() && u >= weights_[pick]) u -= weights_[pick++];
+  const NigRegression& m = models_[pick];
+  std::fill(theta + m.dim(), theta + dim_, 0.0);
+  const double sigma2 = m.Draw(rng, theta);
   for (int k = 0; k < kNumFeatures; ++k) theta[k] = std::max(theta[k], kMinTheta);
   return std::sqrt(sigma2);
 }
 
-double TimePosterior::PredictMean(const CandidateSet& candidates, int64_t i) const {
-  return candidates.PredictOne(i, regression_.mean().data());
+double TimePosterior::MarginalSd(int k) const {
+  // Law of total variance over the mixture; a model without θ_k holds it at 0.
+  double second = 0;
+  for (size_t m = 0; m < models_.size(); ++m) {
+    if (k >= models_[m].dim()) continue;
+    const double sd = models_[m].MarginalSd(k), mu = models_[m].mean()[k];
+    second += weights_[m] * (sd * sd + mu * mu);
+  }
+  return std::sqrt(std::max(second - mean_[k] * mean_[k], 0.0));
 }
 
-double TimePosterior::noise_sd() const { return std::sqrt(regression_.ExpectedNoiseVariance()); }
+double TimePosterior::PredictMean(const CandidateSet& candidates, int64_t i) const {
+  return candidates.PredictOne(i, mean_.data());
+}
+
+double TimePosterior::noise_sd() const {
+  double variance = 0;
+  for (size_t m = 0; m < models_.size(); ++m) {
+    variance += weights_[m] * models_[m].ExpectedNoiseVariance();
+  }
+  return std::sqrt(variance);
+}
+
+void TimePosterior::AddToDigest(Hasher* h) const {
+  for (const NigRegression& m : models_) m.AddToDigest(h);
+}
 
 MemoryPosterior::MemoryPosterior(const MemoryPrior& prior)
     : regression_(
@@ -142,6 +210,12 @@ bool MemoryPosterior::ObserveOom(double nominal_gib, double capacity_gib) {
   const double imputed = tail > 1e-12 ? mu + s * NormalPdf(a) / tail : capacity_gib / nominal_gib;
   regression_.Add(u, std::max(imputed, capacity_gib / nominal_gib));
   return true;
+}
+
+MemoryPosterior::Sample MemoryPosterior::Draw(Rng& rng) const {
+  double ab[2];
+  const double sigma2 = regression_.Draw(rng, ab);
+  return {ab[0], ab[1], std::sqrt(sigma2)};
 }
 
 double MemoryPosterior::PredictMean(double nominal_gib) const {

@@ -12,6 +12,13 @@ namespace {
 
 constexpr int kSmallDim = 16;
 
+// log|A| = 2·Σ log L_ii for A = L·Lᵀ.
+double LogDetFromCholesky(const std::vector<double>& l, int d) {
+  double s = 0;
+  for (int i = 0; i < d; ++i) s += std::log(l[static_cast<size_t>(i) * d + i]);
+  return 2 * s;
+}
+
 }  // namespace
 
 NigRegression::NigRegression(std::vector<double> prior_mean, std::vector<double> prior_precision,
@@ -29,7 +36,8 @@ NigRegression::NigRegression(std::vector<double> prior_mean, std::vector<double>
   }
   gram_.assign(prior_precision_.size(), 0.0);
   cross_.assign(d_, 0.0);
-  Refresh();
+  Refresh();  // with no rows yet chol_ factors Λ₀ itself
+  prior_log_det_ = LogDetFromCholesky(chol_, d_);
 }
 
 void NigRegression::Add(const double* u, double z) {
@@ -120,6 +128,12 @@ double NigRegression::MarginalSd(int k) const {
   double q = 0;
   for (double x : e) q += x * x;
   return std::sqrt(ExpectedNoiseVariance() * q);
+}
+
+double NigRegression::LogEvidence() const {
+  const double a_n = a();
+  return 0.5 * (prior_log_det_ - LogDetFromCholesky(chol_, d_)) + a0_ * std::log(b0_) -
+         a_n * std::log(b_) + std::lgamma(a_n) - std::lgamma(a0_);
 }
 
 void NigRegression::AddToDigest(Hasher* h) const {

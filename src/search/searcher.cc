@@ -1,6 +1,7 @@
 #include "autopar/search/searcher.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "autopar/common/status.h"
@@ -14,7 +15,8 @@ int64_t EligibleArgmin(const SearchState& state, const std::vector<double>& t) {
   double best_t = 0;
   const int64_t n = static_cast<int64_t>(t.size());
   for (int64_t i = 0; i < n; ++i) {
-    if (eligible[i] && (best < 0 || t[i] < best_t)) {
+    if (eligible[i] && t[i] < std::numeric_limits<double>::infinity() &&
+        (best < 0 || t[i] < best_t)) {
       best = i;
       best_t = t[i];
     }
@@ -26,13 +28,26 @@ std::optional<int64_t> ThompsonSearcher::Propose(const SearchState& state, uint6
                                                  int64_t trial_index) const {
   if (state.eligible_count() == 0) return std::nullopt;
   Rng rng(seed, trial_index, Purpose::kProposal);
-  double theta[kNumCoefficients];
-  state.time().Draw(rng, theta);
+  std::vector<double> theta(static_cast<size_t>(state.time().dim()));
+  state.time().Draw(rng, theta.data());
   std::vector<double> t;
-  state.candidates().Predict(theta, &t);
-  const int64_t best = EligibleArgmin(state, t);
-  if (best < 0) return std::nullopt;
-  return best;
+  const CandidateSet& cs = state.candidates();
+  cs.Predict(theta.data(), &t);
+  // The fastest candidate of this world that also fits in it: the memory model is drawn too, and
+  // a candidate whose drawn peak exceeds the capacity drops out of this draw (a candidate is thus
+  // proposed with the probability that it is the fastest one that fits). Every rejection costs a
+  // pass over the candidates; after kMaxRejections the draw keeps the fastest left.
+  constexpr int kMaxRejections = 64;
+  const MemoryPosterior::Sample memory = state.memory().Draw(rng);
+  for (int rejected = 0;; ++rejected) {
+    const int64_t best = EligibleArgmin(state, t);
+    if (best < 0) return std::nullopt;
+    if (rejected == kMaxRejections ||
+        memory.Fits(cs.nominal_memory_gib(best), cs.capacity_gib(), rng.Normal())) {
+      return best;
+    }
+    t[best] = std::numeric_limits<double>::infinity();
+  }
 }
 
 std::optional<int64_t> GridSearcher::Propose(const SearchState& state, uint64_t /*seed*/,

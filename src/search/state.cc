@@ -69,7 +69,7 @@ bool NeedsAtLeastAsMuchMemory(const ParallelConfig& a, const ParallelConfig& b) 
 SearchState::SearchState(const CandidateSet& candidates, SearchSettings settings)
     : candidates_(candidates),
       settings_(std::move(settings)),
-      time_(settings_.time_prior),
+      time_(settings_.time_prior, candidates),
       memory_(settings_.memory_prior) {
   if (!(settings_.max_p_oom > 0 && settings_.max_p_oom < 1)) {
     throw std::invalid_argument("max_p_oom must be in (0, 1)");
@@ -166,7 +166,7 @@ void SearchState::Observe(const Observation& o) {
 
 uint64_t SearchState::Digest() const {
   Hasher h;
-  time_.regression().AddToDigest(&h);
+  time_.AddToDigest(&h);
   memory_.regression().AddToDigest(&h);
   h.Add(static_cast<uint64_t>(history_.size()));
   h.Add(static_cast<uint64_t>(eligible_count_));

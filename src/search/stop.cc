@@ -51,11 +51,11 @@ StopCheck EvaluateDraws(const SearchState& state, const StopSettings& settings, 
   const int draws = settings.draws;
   // Draws laid out coefficient-major (theta[k * draws + j]) so the inner loops run over draws.
   Rng rng(seed, trials_done, Purpose::kStopCheck);
-  std::vector<double> theta(static_cast<size_t>(kNumCoefficients) * draws), sigma(draws);
+  const int d = state.time().dim();
+  std::vector<double> theta(static_cast<size_t>(d) * draws), sigma(draws), one(d);
   for (int j = 0; j < draws; ++j) {
-    double one[kNumCoefficients];
-    sigma[j] = state.time().Draw(rng, one);
-    for (int k = 0; k < kNumCoefficients; ++k) theta[k * draws + j] = one[k];
+    sigma[j] = state.time().Draw(rng, one.data());
+    for (int k = 0; k < d; ++k) theta[static_cast<size_t>(k) * draws + j] = one[k];
   }
   // log Π_i P(y_i ≥ τ) per draw for τ = best (converged) and τ = (1 − ε)·best (improvement).
   const double thresholds[2] = {best, (1 - settings.epsilon) * best};
@@ -66,18 +66,25 @@ StopCheck EvaluateDraws(const SearchState& state, const StopSettings& settings, 
     if (!state.eligible(i)) continue;
     std::copy(theta.begin() + kIntercept * draws, theta.begin() + (kIntercept + 1) * draws,
               t.begin());
-    for (int k = 0; k < kNumFeatures; ++k) {
-      const double x = cs.feature(i, k);
-      if (x == 0) continue;
+    const double scale = cs.nominal_time_s(i);
+    // It can only beat τ if it fits.
+    const double p_fit = 1 - state.POom(i);
+    auto add = [&](int k, double x) {
       const double* th = theta.data() + static_cast<size_t>(k) * draws;
       for (int j = 0; j < draws; ++j) t[j] += x * th[j];
+    };
+    for (int k = 0; k < kNumFeatures; ++k) {
+      if (cs.feature(i, k) != 0) add(k, cs.feature(i, k));
     }
-    const double scale = cs.nominal_time_s(i);
+    for (int q = 0; q < cs.varying_knobs(); ++q) add(cs.level_coefficient(i, q), scale);
     for (int r = 0; r < 2; ++r) {
       for (int j = 0; j < draws; ++j) {
-        // P(y_i < τ) = Φ(z); below z = -8 it is under 1e-15 and the candidate cannot matter.
+        // P(i fits and y_i < τ) = p_fit·Φ(z); below z = -8 it is under 1e-15 and the candidate
+        // cannot matter. 1 − p_fit·Φ(z) as (1 − p_fit) + p_fit·Φ(−z) keeps the small tail exact.
         const double z = (thresholds[r] - t[j]) / (scale * sigma[j]);
-        if (z > -8) log_none[r][j] += std::log(std::max(NormalCdf(-z), 1e-300));
+        if (z > -8) {
+          log_none[r][j] += std::log(std::max((1 - p_fit) + p_fit * NormalCdf(-z), 1e-300));
+        }
       }
     }
   }

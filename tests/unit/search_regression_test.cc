@@ -99,6 +99,30 @@ TEST(NigRegression, NonFiniteObservationsAreRejectedLoudly) {
   EXPECT_EQ(r.count(), 0);  // nothing half-applied
 }
 
+// The evidence in closed form equals the joint density of the data written out directly: z ~
+// multivariate Student-t with 2a₀ degrees of freedom, location Uμ₀ and scale (b₀/a₀)(I + UΛ₀⁻¹Uᵀ).
+// Two rows of one coefficient keep the 2×2 algebra explicit; −n/2·log 2π is left out by both.
+TEST(NigRegression, EvidenceIsTheMarginalDensityOfTheData) {
+  const double mu0 = 0.5, lambda0 = 4, a0 = 3, b0 = 0.7;
+  NigRegression r({mu0}, {lambda0}, a0, b0);
+  EXPECT_NEAR(r.LogEvidence(), 0, 1e-12);  // no data: density 1
+  const double u[2] = {1.0, 2.0}, z[2] = {0.9, 0.4};
+  for (int i = 0; i < 2; ++i) r.Add(&u[i], z[i]);
+  const double s = b0 / a0, nu = 2 * a0;
+  const double c11 = s * (1 + u[0] * u[0] / lambda0), c12 = s * u[0] * u[1] / lambda0,
+               c22 = s * (1 + u[1] * u[1] / lambda0);
+  const double det = c11 * c22 - c12 * c12;
+  const double d1 = z[0] - u[0] * mu0, d2 = z[1] - u[1] * mu0;
+  const double quad = (c22 * d1 * d1 - 2 * c12 * d1 * d2 + c11 * d2 * d2) / det;
+  const double p = 2;
+  const double expected = std::lgamma((nu + p) / 2) - std::lgamma(nu / 2) -
+                          p / 2 * std::log(nu) + p / 2 * std::log(2.0) - 0.5 * std::log(det) -
+                          (nu + p) / 2 * std::log1p(quad / nu);
+  // The t density has −p/2·log(νπ); the evidence leaves out −p/2·log(2π): add back p/2·log 2
+  // (done above) and compare.
+  EXPECT_NEAR(r.LogEvidence(), expected, 1e-10);
+}
+
 TEST(Distributions, StudentTMatchesTables) {
   // Values from standard t tables.
   EXPECT_NEAR(StudentTCdf(2.015, 5), 0.95, 5e-4);
@@ -109,6 +133,20 @@ TEST(Distributions, StudentTMatchesTables) {
   EXPECT_NEAR(StudentTQuantile(0.05, 4), -2.132, 1e-3);
   for (double p : {0.01, 0.3, 0.5, 0.9, 0.999}) {
     EXPECT_NEAR(StudentTCdf(StudentTQuantile(p, 4.5), 4.5), p, 1e-9);
+  }
+}
+
+// A memory draw is a draw from the Student-t predictive: over many draws a candidate fits with
+// the probability 1 − POom says.
+TEST(MemoryPosterior, DrawsFitWithTheProbabilityPOomGives) {
+  MemoryPosterior m(MemoryPrior{});
+  for (double nominal : {20.0, 30.0, 40.0, 60.0}) m.ObservePeak(nominal, 1.04 * nominal + 0.3);
+  Rng rng(3, 0, Purpose::kProposal);
+  for (double nominal : {70.0, 75.0, 78.0}) {
+    const int n = 40000;
+    int fits = 0;
+    for (int i = 0; i < n; ++i) fits += m.Draw(rng).Fits(nominal, 80, rng.Normal());
+    EXPECT_NEAR(static_cast<double>(fits) / n, 1 - m.POom(nominal, 80), 0.01) << nominal;
   }
 }
 

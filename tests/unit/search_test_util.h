@@ -43,15 +43,14 @@ struct SyntheticTruth {
   std::vector<double> step_time_s;
   SyntheticTruth(const search::CandidateSet& cs, uint64_t seed, double noise = 0.03) {
     search::Rng rng(seed, 0, search::Purpose::kSynthetic);
-    double theta[search::kNumCoefficients];
+    std::vector<double> theta(static_cast<size_t>(cs.num_coefficients()), 0.0);
     for (int k = 0; k < kNumFeatures; ++k) {
       theta[k] = search::IsCommunication(k)
                      ? std::exp(std::log(0.5) + rng.Uniform() * std::log(4.0))
                      : 0.8 + 0.4 * rng.Uniform();
     }
-    theta[search::kIntercept] = 0;
     for (int64_t i = 0; i < cs.size(); ++i) {
-      step_time_s.push_back(cs.PredictOne(i, theta) * std::exp(noise * rng.Normal()));
+      step_time_s.push_back(cs.PredictOne(i, theta.data()) * std::exp(noise * rng.Normal()));
     }
   }
 };

@@ -75,6 +75,105 @@ TEST(Thompson, LearnsAMisSpecifiedModelAndFindsTheOptimum) {
   EXPECT_LT(state.time().noise_sd(), 0.05);
 }
 
+TEST(CandidateSet, LevelEffectsAreOneRelativeCoefficientPerKnobValue) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  ASSERT_GT(cs.varying_knobs(), 3);
+  int64_t tp_values = 0;
+  for (int l = 0; l < cs.num_levels(); ++l) tp_values += cs.level_name(l).rfind("tp=", 0) == 0;
+  EXPECT_GE(tp_values, 2);
+  EXPECT_EQ(cs.level_name(0), "tp=1");
+  EXPECT_EQ(cs.num_coefficients(), kNumCoefficients + cs.num_levels());
+  // θ = 1 on the features, θ₀ = 0.1 s, δ_l = 0.01·(l + 1): every path gives the same prediction,
+  // the analytic one times 1 + Σ of the candidate's δ, plus θ₀.
+  std::vector<double> theta(static_cast<size_t>(cs.num_coefficients()), 1.0);
+  theta[kIntercept] = 0.1;
+  for (int l = 0; l < cs.num_levels(); ++l) theta[kNumCoefficients + l] = 0.01 * (l + 1);
+  std::vector<double> all, row(theta.size());
+  cs.Predict(theta.data(), &all);
+  for (int64_t i = 0; i < cs.size(); i += 7) {
+    double relative = 0;
+    for (int q = 0; q < cs.varying_knobs(); ++q) {
+      const int k = cs.level_coefficient(i, q);
+      ASSERT_GE(k, kNumCoefficients);
+      relative += theta[k];
+    }
+    const double expected = cs.nominal_time_s(i) * (1 + relative) + 0.1;
+    EXPECT_NEAR(all[i], expected, 1e-9 * expected);
+    EXPECT_NEAR(cs.PredictOne(i, theta.data()), expected, 1e-9 * expected);
+    cs.Row(i, row.data());
+    double dot = 0;
+    for (size_t k = 0; k < row.size(); ++k) dot += row[k] * theta[k];
+    EXPECT_NEAR(dot, expected, 1e-9 * expected);
+  }
+}
+
+// Measured times with and without a knob effect the components cannot express: the evidence
+// moves the weight to a level scale above 0 only when the data need one, and then the posterior
+// finds the effect.
+TEST(TimePosterior, TheEvidenceDecidesWhetherLevelEffectsAreNeeded) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  const SyntheticTruth truth(cs, 17, /*noise=*/0.01);
+  int tp2 = -1, tp1 = -1;
+  for (int l = 0; l < cs.num_levels(); ++l) {
+    if (cs.level_name(l) == "tp=2") tp2 = kNumCoefficients + l;
+    if (cs.level_name(l) == "tp=1") tp1 = kNumCoefficients + l;
+  }
+  ASSERT_GE(tp2, 0);
+  ASSERT_GE(tp1, 0);
+  const TimePrior prior = SearchSettings::Default(cs).time_prior;
+  ASSERT_EQ(prior.level_scales.front(), 0.0);
+  TimePosterior plain(prior, cs), shifted(prior, cs);
+  Rng pick(5, 0, Purpose::kRandomSearch);
+  for (int n = 0; n < 40; ++n) {
+    const int64_t i = static_cast<int64_t>(pick.Below(static_cast<uint64_t>(cs.size())));
+    plain.Observe(cs, i, truth.step_time_s[i]);
+    const bool on_tp2 = cs.config(i).tp == 2;
+    shifted.Observe(cs, i, truth.step_time_s[i] * (on_tp2 ? 1.15 : 1.0));
+  }
+  EXPECT_GT(plain.weights().front(), 0.5);
+  EXPECT_LT(shifted.weights().front(), 0.01);
+  EXPECT_GT(shifted.mean()[tp2] - shifted.mean()[tp1], 0.08);
+  // A draw always has every coefficient: zeros for the level effects under τ = 0.
+  std::vector<double> theta(static_cast<size_t>(plain.dim()), -1.0);
+  Rng rng(1, 0, Purpose::kProposal);
+  plain.Draw(rng, theta.data());
+  for (double v : theta) EXPECT_NE(v, -1.0);
+}
+
+// A candidate that may not fit is proposed only in the draws where it does. The same seeds with
+// the capacity set just above the analytic optimum's predicted peak draw the same θ (the time
+// posterior does not see the capacity): wherever the roomy state proposes the optimum, the tight
+// one must turn it down about P(OOM) of the time. Above max_p_oom it is not eligible at all.
+TEST(Thompson, ProposesARiskyCandidateOnlyInTheDrawsWhereItFits) {
+  Llama7bCase c;
+  const AnalyticSearcher analytic(*c.candidates);
+  const SearchState roomy(*c.candidates, SearchSettings::Default(*c.candidates));
+  const int64_t fastest = *analytic.Propose(roomy, 0, 0);
+  const CandidateSet cs(c.candidates->configs(), *c.cost,
+                        c.candidates->nominal_memory_gib(fastest) / 0.97);
+  const SearchState tight(cs, SearchSettings::Default(cs));
+  const double p_oom = tight.POom(fastest);
+  ASSERT_GT(p_oom, 0.1);
+  ASSERT_LT(p_oom, tight.settings().max_p_oom);
+  ThompsonSearcher ts;
+  int roomy_picks = 0, turned_down = 0;
+  for (int seed = 0; seed < 300; ++seed) {
+    if (ts.Propose(roomy, seed, 0) != fastest) continue;
+    ++roomy_picks;
+    turned_down += ts.Propose(tight, seed, 0) != fastest;
+  }
+  ASSERT_GT(roomy_picks, 30);
+  const double share = static_cast<double>(turned_down) / roomy_picks;
+  EXPECT_GT(share, p_oom / 3) << "P(OOM) " << p_oom;
+  EXPECT_LT(share, std::min(1.0, 3 * p_oom)) << "P(OOM) " << p_oom;
+  SearchSettings careful = SearchSettings::Default(cs);
+  careful.max_p_oom = 0.05;
+  const SearchState strict(cs, careful);
+  EXPECT_FALSE(strict.eligible(fastest));
+}
+
 TEST(Baselines, GridRandomAnalyticOrders) {
   Llama7bCase c;
   const CandidateSet& cs = *c.candidates;

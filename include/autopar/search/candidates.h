@@ -1,11 +1,22 @@
 // CandidateSet: the configurations the online search may propose, with the analytic model's
 // feature matrix precomputed once (DESIGN §4).
 //
-// The step time of candidate i under coefficients θ is t_i(θ) = Σ_k θ_k·x_ik + θ₀, with x_ik the
-// component times of CostModel::Time (seconds, θ = 1 gives the analytic prediction) and θ₀ a
-// constant per-step overhead in seconds. A proposal evaluates every candidate, so the matrix is
-// stored feature-major: one contiguous column per coefficient makes X·θ a handful of vectorised
-// axpy passes (about 1 ms for 100,000 candidates).
+// The step time of candidate i under coefficients θ is
+//
+//   t_i(θ) = Σ_k θ_k·x_ik + θ₀ + ŷ_i · Σ_q δ_{q, c_i(q)}
+//
+// with x_ik the component times of CostModel::Time (seconds, θ = 1 gives the analytic prediction
+// ŷ_i = Σ_k x_ik), θ₀ a constant per-step overhead in seconds, and δ the level effects: for each
+// knob q that takes more than one value in the set (tp, pp, ..., recompute, dist_opt), one relative
+// correction per value, the model discrepancy (Kennedy & O'Hagan 2001) that the component scales
+// cannot express. Recompute costing more than its extra forward, an interleaved schedule filling
+// bubbles with other ranks' work on shared cores, a micro-batch size the kernels like: each is a
+// relative effect shared by every configuration with that value, which the posterior learns from
+// a few of them and carries to the rest. θ = 1, θ₀ = 0, δ = 0 is the analytic model.
+//
+// A proposal evaluates every candidate, so the matrix is stored feature-major: one contiguous
+// column per feature makes X·θ a handful of vectorised axpy passes, plus one gather per knob for
+// the level effects (about 2 ms for 100,000 candidates).
 #pragma once
 
 #include <cstdint>
@@ -20,7 +31,8 @@
 
 namespace autopar::search {
 
-// Coefficient layout: θ_k for Feature k in [0, kNumFeatures), then the intercept θ₀.
+// Coefficient layout: θ_k for Feature k in [0, kNumFeatures), then the intercept θ₀, then the
+// candidate set's level effects δ (CandidateSet::num_coefficients() in all).
 inline constexpr int kIntercept = kNumFeatures;
 inline constexpr int kNumCoefficients = kNumFeatures + 1;
 
@@ -50,7 +62,23 @@ class CandidateSet {
   // with another build of the analytic model (or another space) has a different fingerprint.
   uint64_t fingerprint() const { return fingerprint_; }
 
-  // out[i] = t_i(θ) for every candidate; θ has kNumCoefficients entries.
+  // Level effects: one coefficient per value of every knob that varies over the set, in knob
+  // order (tp, pp, dp, cp, up, ep, vpp, mbs, sp, recompute, dist_opt) and ascending value.
+  int num_levels() const { return static_cast<int>(level_names_.size()); }
+  int num_coefficients() const { return kNumCoefficients + num_levels(); }
+  // "tp=2", "recompute=full/2", ... for level l.
+  const std::string& level_name(int l) const { return level_names_[l]; }
+  // The knobs that vary, and the coefficient index (≥ kNumCoefficients) of candidate i's value of
+  // knob q < varying_knobs().
+  int varying_knobs() const { return varying_knobs_; }
+  int level_coefficient(int64_t i, int q) const {
+    return level_coefficient_[static_cast<size_t>(i) * varying_knobs_ + q];
+  }
+
+  // The regression row of candidate i: x_ik, 1 for θ₀, ŷ_i for each of its levels, 0 elsewhere
+  // (num_coefficients() values), so that t_i(θ) = rowᵀθ.
+  void Row(int64_t i, double* row) const;
+  // out[i] = t_i(θ) for every candidate; θ has num_coefficients() entries.
   void Predict(const double* theta, std::vector<double>* out) const;
   // t_i(θ) for one candidate.
   double PredictOne(int64_t i, const double* theta) const;
@@ -58,6 +86,9 @@ class CandidateSet {
  private:
   std::vector<ParallelConfig> configs_;
   std::vector<double> columns_[kNumFeatures];
+  std::vector<std::string> level_names_;
+  int varying_knobs_ = 0;
+  std::vector<uint16_t> level_coefficient_;  // candidate-major, varying_knobs_ per candidate
   std::vector<double> nominal_time_s_, nominal_memory_gib_;
   std::unordered_map<std::string, int64_t> index_;
   double capacity_gib_ = 0;

@@ -15,6 +15,9 @@
 //   memory scale α, offset β (GiB) prior sd   0.1, 2    the model's overhead term is a guess
 //   relative memory noise σ₀, strength a₀     3%, 2     allocator behaviour varies little
 //   an OOM is a surprise (not imputed) below  1e-3      P(OOM) predicted before it happened
+//   level effects δ: prior sd of their sum    0.05      a configuration's knob values move its
+//     for one configuration (each δ: / √knobs)          step by a few percent beyond what the
+//                                                       components say
 //   smallest θ_k a draw may take              0.05      no component of a step takes no time
 // clang-format on
 #pragma once
@@ -35,6 +38,11 @@ bool IsCommunication(int feature);
 struct TimePrior {
   std::array<double, kNumCoefficients> mean{};
   std::array<double, kNumCoefficients> sd{};
+  // How far the level effects may move a configuration: the prior sd of its summed effects (each
+  // δ, mean 0, gets scale/√q for the q knobs that vary, so the discrepancy allowed does not grow
+  // with them). The scale is not known in advance: the posterior weighs these hypotheses by their
+  // evidence, 0 being "the components explain everything" (equal prior weights).
+  std::vector<double> level_scales = {0, 0.05, 0.1, 0.2};
   double noise_sd = 0.05;  // expected relative noise of a measured step time
   double noise_a0 = 2.0;   // its strength (Inverse-Gamma shape)
 
@@ -49,31 +57,50 @@ struct TimePrior {
   void Tighten(int feature, const std::vector<double>& ratios);
 };
 
-// Posterior over θ given measured step times.
+// Posterior over θ (features, intercept and the candidate set's level effects) given measured
+// step times.
 //
 // Noise is proportional to the step time, so each row is divided by the analytic prediction ŷ_c:
 // the regression is y/ŷ = (x/ŷ)ᵀθ + ε with ε ~ N(0, σ²), i.e. weighted least squares with weights
 // 1/ŷ² (ŷ rather than y so the weights do not depend on the noise they correct for).
+//
+// The level-effect scale τ is a discrete hyperparameter: one Normal–Inverse-Gamma regression per
+// value of TimePrior::level_scales (τ = 0 has no level coefficients at all), each fed every row,
+// weighted by prior × evidence (NigRegression::LogEvidence). A draw first picks a regression by
+// its weight, then θ from it: Thompson sampling over the whole hierarchical posterior. Data with
+// no level structure pull the weight to τ = 0 and the search to the components' model alone.
 class TimePosterior {
  public:
-  explicit TimePosterior(const TimePrior& prior);
+  // Over the coefficients of `candidates`: kNumCoefficients from `prior`, then its level effects.
+  // Throws std::invalid_argument on no or negative level scales.
+  TimePosterior(const TimePrior& prior, const CandidateSet& candidates);
 
   // Throws std::invalid_argument when the measurement is not finite and positive.
   void Observe(const CandidateSet& candidates, int64_t i, double measured_s);
 
-  // One draw of θ (kNumCoefficients values; feature coefficients floored at 0.05). Returns the
-  // draw's relative noise σ: a step time is then N(t(θ), (σ·ŷ)²).
+  // One draw of θ (dim() values, level effects 0 under τ = 0; feature coefficients floored at
+  // 0.05). Returns the draw's relative noise σ: a step time is then N(t(θ), (σ·ŷ)²).
   double Draw(Rng& rng, double* theta) const;
-  const std::vector<double>& mean() const { return regression_.mean(); }
-  double MarginalSd(int k) const { return regression_.MarginalSd(k); }
+  int dim() const { return dim_; }
+  // The posterior mean and marginal sd of θ over the mixture.
+  const std::vector<double>& mean() const { return mean_; }
+  double MarginalSd(int k) const;
   // Posterior mean step time of candidate i (seconds).
   double PredictMean(const CandidateSet& candidates, int64_t i) const;
   // E[σ]: the relative noise the data show.
   double noise_sd() const;
-  const NigRegression& regression() const { return regression_; }
+  // The level scales and their posterior weights (summing to 1).
+  const std::vector<double>& level_scales() const { return scales_; }
+  const std::vector<double>& weights() const { return weights_; }
+  void AddToDigest(Hasher* h) const;
 
  private:
-  NigRegression regression_;
+  void Refresh();
+
+  int dim_ = 0;
+  std::vector<double> scales_;
+  std::vector<NigRegression> models_;
+  std::vector<double> weights_, mean_;
 };
 
 // Prior of the memory correction: peak = α·m̂ + β with m̂ the analytic peak (GiB).
@@ -102,6 +129,15 @@ class MemoryPosterior {
   bool ObserveOom(double nominal_gib, double capacity_gib);
 
   double PredictMean(double nominal_gib) const;  // E[peak], GiB
+  // One draw of the peak model: (α, β) and σ from the posterior. A candidate's peak in that world
+  // is then m̂·(α + β/m̂ + σ·ε) with its own ε ~ N(0, 1): a draw from the Student-t predictive.
+  struct Sample {
+    double scale, offset_gib, sigma;
+    bool Fits(double nominal_gib, double capacity_gib, double epsilon) const {
+      return scale + offset_gib / nominal_gib + sigma * epsilon <= capacity_gib / nominal_gib;
+    }
+  };
+  Sample Draw(Rng& rng) const;
   // P(peak > capacity) under the Student-t predictive.
   double POom(double nominal_gib, double capacity_gib) const;
   // P(OOM) < max_p ⟺ Margin(m̂, cap) > StudentTQuantile(1 − max_p, dof): the quantile is

@@ -49,6 +49,10 @@ class NigRegression {
   double dof() const { return 2 * a(); }
   // Marginal posterior standard deviation of θ_k: sqrt(b/(a − 1) · (Λ_n⁻¹)_kk).
   double MarginalSd(int k) const;
+  // log p(z₁…z_n), the evidence of the data under this prior (Murphy 2012, eq. 7.127 with the
+  // constant −n/2·log 2π left out, the same for every model of the same rows):
+  //   ½ log|Λ₀| − ½ log|Λ_n| + a₀ log b₀ − a_n log b_n + log Γ(a_n) − log Γ(a₀).
+  double LogEvidence() const;
 
   // The sufficient statistics, for digests and tests.
   const std::vector<double>& gram() const { return gram_; }    // Σ u uᵀ
@@ -62,6 +66,7 @@ class NigRegression {
   int d_;
   std::vector<double> prior_mean_, prior_precision_;
   double a0_, b0_;
+  double prior_log_det_ = 0;  // log|Λ₀|
   std::vector<double> gram_, cross_;
   double sum_sq_ = 0;
   int64_t n_ = 0;

@@ -74,7 +74,8 @@ class AnalyticSearcher : public Searcher {
 // By name: thompson, random, grid, analytic. Throws InputError("--searcher", allowed values).
 std::unique_ptr<Searcher> MakeSearcher(const std::string& name, const CandidateSet& candidates);
 
-// argmin over eligible candidates of t (ties: lowest index); -1 when none is eligible.
+// argmin over eligible candidates of t (ties: lowest index; +inf excludes a candidate); -1 when
+// none is left.
 int64_t EligibleArgmin(const SearchState& state, const std::vector<double>& t);
 
 }  // namespace autopar::search

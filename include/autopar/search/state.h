@@ -52,7 +52,9 @@ struct Observation {
 struct SearchSettings {
   TimePrior time_prior;
   MemoryPrior memory_prior;
-  double max_p_oom = 0.05;  // candidates at or above this predicted P(OOM) are not proposed
+  // Candidates at or above this predicted P(OOM) are never proposed. Below it, Thompson sampling
+  // weighs the risk itself (it draws the memory model too); the baselines take them as they come.
+  double max_p_oom = 0.5;
   int max_failures = 2;     // failures after which a configuration is never proposed again
 
   // Defaults for a candidate set: the time prior's θ₀ scale follows its median step time.
