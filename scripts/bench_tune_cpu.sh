@@ -5,8 +5,9 @@
 #      or a fresh one with --remeasure).
 #   2. The online search: mpirun -np 4 autopar-tune ... --backend cpu (Thompson sampling, default
 #      stop rules, capped at 60 trials).
-#   3. Its recommendation and the table's best, re-measured head to head (`trial`, alternating,
-#      5 rounds, median), since one measurement on a shared 2-core machine is noisy.
+#   3. Its recommendation and the table's best, re-measured head to head (`trial` timed for at
+#      least 1 s, alternating, 7 rounds, median), since one measurement on a shared 2-core
+#      machine is noisy.
 # Prints trials used, and the recommended configuration's time relative to the best.
 set -euo pipefail
 source "$(dirname "$0")/autopar_bin.sh"
@@ -37,17 +38,20 @@ chosen = result["best"]["config"]
 trials = result["trials"]
 def measure(config):
     out = subprocess.run(mpi.split() + [binary, "trial", *flags.split(), "--config", config,
-                         "--warmup", "2", "--iters", "5", "--format", "json"],
+                         "--warmup", "2", "--iters", "5", "--min-timed-seconds", "1",
+                         "--format", "json"],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout)["step_time_s"]
+rounds = 7
 a, b = [], []
-for _ in range(5):
+for _ in range(rounds):
     a.append(measure(chosen))
     b.append(measure(spec(best)))
 ta, tb = statistics.median(a), statistics.median(b)
 print(f"exhaustive table: {len(rows)} configurations, best {spec(best)} "
       f"{float(best['step_time_s']):.4f} s")
 print(f"online search: {trials} trials, stop {result['stop_reason']}, recommends {chosen}")
-print(f"head to head (median of 5): recommended {ta:.4f} s, table best {tb:.4f} s, "
+print(f"head to head (median of {rounds}, each a trial timed for >= 1 s): "
+      f"recommended {ta:.4f} s, table best {tb:.4f} s, "
       f"ratio {ta / tb:.3f} ({100 * (ta / tb - 1):+.1f}%)")
 PY

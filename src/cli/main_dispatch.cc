@@ -16,6 +16,8 @@ commands:
              [--max-trials N] [--trial-timeout 600] [--backend cpu|cuda|replay]
              [--replay-table FILE.csv] [--searcher thompson|random|grid|analytic] [--quiet]
              [--max-p-oom 0.5]: never propose a configuration at least this likely to OOM
+             [--warmup-iterations 2] [--timed-iterations 5] [--min-timed-seconds 0.5]: a trial
+             times at least that many iterations, more (up to 100) until they add up to 0.5 s
              writes DIR/result.json, trials.csv, best.args
   make-replay-table   a synthetic replay table of the space: --output FILE.csv [--truth-seed N]
   plan       rank the feasible space with the analytic model (no trials); --top K, --breakdown
@@ -23,7 +25,8 @@ commands:
              sp=on,recompute=selective,dist_opt=on; omitted keys take defaults)
   trial      under mpirun: one timed trial of --config SPEC's real training step
              [--backend cpu|cuda] [--trial-timeout S] [--warmup N] [--iters N]
-             [--max-microbatches N|-1] [--seed N]; exit 1 when its outcome is not ok
+             [--min-timed-seconds S] [--max-microbatches N|-1] [--seed N]; exit 1 when its
+             outcome is not ok
   probe      under mpirun: GEMM, attention and collective micro-benchmarks vs the model
   report     --study DIR [--top K] [--plot]: summary and trial table of a finished, running or
              interrupted study; --plot writes PNGs into DIR/plots (scripts/plot_study.py)

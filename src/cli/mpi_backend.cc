@@ -158,6 +158,7 @@ class TrialRankRunner : public coord::RankRunner {
     options.timeout_s = request.deadline_s() > 0 ? request.deadline_s() : 600;
     options.warmup_iterations = request.warmup_iterations();
     options.timed_iterations = std::max(1, request.timed_iterations());
+    options.min_timed_s = std::max(0.0, request.min_timed_s());
     if (const char* stall = std::getenv("AUTOPAR_TEST_STALL_RANK")) {
       options.stall_rank = std::atoi(stall);
     }

@@ -4,6 +4,7 @@
 #include "autopar/cli/trial_cmd.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -39,6 +40,10 @@ WorkerFlags ReadWorkerFlags(Args& args) {
   f.options.timeout_s = args.Double("--trial-timeout", 600);
   f.options.warmup_iterations = static_cast<int>(args.Int("--warmup", 1, 0));
   f.options.timed_iterations = static_cast<int>(args.Int("--iters", 3, 1));
+  f.options.min_timed_s = args.Double("--min-timed-seconds", 0);
+  if (!(f.options.min_timed_s >= 0) || !std::isfinite(f.options.min_timed_s)) {
+    throw InputError("--min-timed-seconds", "must be a non-negative number of seconds");
+  }
   f.options.max_microbatches = static_cast<int>(args.Int("--max-microbatches", 0, -1));
   f.options.seed = static_cast<uint64_t>(args.Int("--seed", 1234, 0));
   // Test hook of the fault tests: this world rank stalls.

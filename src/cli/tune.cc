@@ -94,6 +94,10 @@ TuneFlags ReadTuneFlags(Args& args) {
       ParseDuration("--trial-timeout", args.Value("--trial-timeout").value_or("600"));
   t.warmup_iterations = static_cast<int>(args.Int("--warmup-iterations", 2, 0));
   t.timed_iterations = static_cast<int>(args.Int("--timed-iterations", 5, 1));
+  t.min_timed_s = args.Double("--min-timed-seconds", t.min_timed_s);
+  if (!(t.min_timed_s >= 0) || !std::isfinite(t.min_timed_s)) {
+    throw InputError("--min-timed-seconds", "must be a non-negative number of seconds");
+  }
   t.stop.budget_s = ParseDuration("--budget", args.Value("--budget").value_or("8h"));
   t.stop.max_trials = args.Int("--max-trials", 0, 0);
   t.stop.draws = static_cast<int>(args.Int("--stop-draws", 200));

@@ -205,6 +205,7 @@ TuneSummary Tuner::Run() {
       request.set_deadline_s(options_.trial_timeout_s);
       request.set_warmup_iterations(options_.warmup_iterations);
       request.set_timed_iterations(options_.timed_iterations);
+      request.set_min_timed_s(options_.min_timed_s);
       if (observer_) observer_->OnTrialStarted(in_flight_->started, *state_);
       result = backend_.Run(request);
       result.set_trial_index(request.trial_index());

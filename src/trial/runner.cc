@@ -135,7 +135,8 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
     }
     StageProgram& program = **program_or;
 
-    const int iterations = options.warmup_iterations + options.timed_iterations;
+    int iterations = options.warmup_iterations + options.timed_iterations;
+    bool extended = false;
     for (int it = 0; it < iterations; ++it) {
       if (options.stall_rank == world.rank()) {
         // Test hook: a worker that stops making progress (a hung kernel, a lost peer).
@@ -161,6 +162,20 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
       tail_s.push_back(timer.Seconds() - pipeline);
       loss_sums.push_back(groups.at.tp == 0 ? loss : 0.0);
       aux_sums.push_back(program.TakeAuxLoss());  // counted on one rank per sample already
+      if (it + 1 == iterations && !extended && options.min_timed_s > 0) {
+        extended = true;
+        std::vector<double> timed = {0};
+        for (size_t i = options.warmup_iterations; i < pipeline_s.size(); ++i) {
+          timed[0] += pipeline_s[i] + tail_s[i];
+        }
+        AUTOPAR_RETURN_IF_ERROR(HostAllReduce(timed, MPI_MAX, world.comm(), deadline));
+        if (timed[0] < options.min_timed_s && timed[0] > 0) {
+          const double per_iteration = timed[0] / options.timed_iterations;
+          const int more = static_cast<int>(
+              std::ceil((options.min_timed_s - timed[0]) / per_iteration));
+          iterations += std::max(0, std::min(more, kMaxTimedIterations - options.timed_iterations));
+        }
+      }
     }
     if (options.fingerprint) {
       AUTOPAR_ASSIGN_OR_RETURN(fingerprint, shard.Fingerprint(dev, groups.at, options.seed));

@@ -181,6 +181,28 @@ TEST(TrialOutcome, OomIsAValueAndTheNextTrialSucceeds) {
   EXPECT_GT(ok.step_time_s, 0);
 }
 
+// A short step is timed more often, until the timed iterations add up to min_timed_s, and every
+// rank agrees on the count (the per-iteration maxima would not line up otherwise).
+TEST(TrialTiming, ShortStepsAreTimedUntilTheMinimumTime) {
+  const ParallelConfig c = Complete(ParseSpec("tp=2,pp=2"), World().size());
+  TrialOptions o;
+  o.warmup_iterations = 1;
+  o.timed_iterations = 2;
+  const TrialMeasurement few = RunTrial(TestBackend(), World(), ModelPreset("tiny"), Train(), c, o);
+  ASSERT_EQ(few.outcome, Outcome::kOk) << few.message;
+  EXPECT_EQ(few.iteration_times_s.size(), 2u);
+  o.min_timed_s = 0.2;
+  const TrialMeasurement more =
+      RunTrial(TestBackend(), World(), ModelPreset("tiny"), Train(), c, o);
+  ASSERT_EQ(more.outcome, Outcome::kOk) << more.message;
+  EXPECT_GT(more.iteration_times_s.size(), 2u);
+  EXPECT_LE(more.iteration_times_s.size(), static_cast<size_t>(kMaxTimedIterations));
+  int counts[2] = {static_cast<int>(more.iteration_times_s.size()), 0};
+  counts[1] = -counts[0];
+  ASSERT_EQ(MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT, MPI_MAX, World().comm()), MPI_SUCCESS);
+  EXPECT_EQ(counts[0], -counts[1]);  // max = min over ranks
+}
+
 // Configurations the runner cannot express are `invalid` with the reason, on every rank.
 TEST(TrialOutcome, UnsupportedIsInvalid) {
   const ParallelConfig c = Complete(ParseSpec("cp=2,dp=2"), World().size());

@@ -32,6 +32,7 @@ struct TunerOptions {
   double trial_timeout_s = 600;  // the workers' watchdog limit per trial
   int warmup_iterations = 2;
   int timed_iterations = 5;
+  double min_timed_s = 0.5;  // see trial::TrialOptions::min_timed_s
 };
 
 // One finished trial, as the observer and the outputs see it.

@@ -30,9 +30,15 @@
 
 namespace autopar::trial {
 
+inline constexpr int kMaxTimedIterations = 100;
+
 struct TrialOptions {
   int warmup_iterations = 1;  // run and discarded
   int timed_iterations = 3;
+  // More timed iterations, up to kMaxTimedIterations in all, until they add up to this many
+  // seconds (the slowest rank's wall time): a 30 ms step timed 5 times is mostly scheduler
+  // noise, a 10 s one is not. The count is agreed by all ranks after the first timed_iterations.
+  double min_timed_s = 0;
   // Micro-batches run per iteration: 0 picks the steady-state minimum (TrialMicrobatches) and
   // extrapolates; -1 runs the job's full count (what numerical checks need).
   int max_microbatches = 0;
