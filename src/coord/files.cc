@@ -74,6 +74,15 @@ void MakeDirectory(const std::string& path) {
     SyncDirectory(ParentDirectory(path));
     return;
   }
+  if (errno == ENOENT) {  // a missing parent: make it first (runs/llama70b on a fresh checkout)
+    const std::string parent = ParentDirectory(path);
+    if (parent == path || parent == "." || parent == "/") throw IoError("mkdir", path, errno);
+    MakeDirectory(parent);
+    if (::mkdir(path.c_str(), 0755) == 0) {
+      SyncDirectory(parent);
+      return;
+    }
+  }
   if (errno != EEXIST) throw IoError("mkdir", path, errno);
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) throw IoError("stat", path, errno);

@@ -126,6 +126,13 @@ TEST(Files, ErrorsNameThePath) {
   WriteFileAtomic(dir + "/a.txt", "one");
   WriteFileAtomic(dir + "/a.txt", "two");
   EXPECT_EQ(ReadFile(dir + "/a.txt"), "two");
+  // --study runs/llama70b on a fresh checkout: the missing parents are made too.
+  MakeDirectory(dir + "/runs/deeper/study");
+  struct stat st;
+  ASSERT_EQ(::stat((dir + "/runs/deeper/study").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  MakeDirectory(dir + "/runs/deeper/study");  // exists: fine
+  EXPECT_THROW(MakeDirectory(dir + "/a.txt/study"), IoError);  // a file in the way
 }
 
 TEST(StudyDir, ASecondCoordinatorIsLockedOut) {

@@ -36,7 +36,7 @@ uint32_t Crc32c(const void* data, size_t n, uint32_t crc = 0);
 // Whole-file read. Throws IoError.
 std::string ReadFile(const std::string& path);
 bool FileExists(const std::string& path);
-// mkdir -p for one level (the parent must exist). Throws IoError unless it exists afterwards.
+// mkdir -p: makes the missing parents too. Throws IoError unless it exists afterwards.
 void MakeDirectory(const std::string& path);
 // Writes `path` atomically: a temporary file in the same directory, fsync, rename over `path`,
 // fsync of the directory. A reader sees the old or the new contents, never a mix.
