@@ -131,6 +131,14 @@ std::string ResultJson(const TuneReport& r) {
     coefficient(cs.level_name(l), search::kNumCoefficients + l);
   }
   j.EndObject();
+  // How much the data ask of the level effects: the posterior weight of each scale.
+  j.Key("level_scale_weights").BeginObject();
+  for (size_t m = 0; m < s.time().level_scales().size(); ++m) {
+    std::ostringstream scale;
+    scale << s.time().level_scales()[m];
+    j.Field(scale.str(), s.time().weights()[m]);
+  }
+  j.EndObject();
   j.Field("relative_noise_sd", s.time().noise_sd());
   j.Field("memory_scale", s.memory().scale()).Field("memory_offset_gib", s.memory().offset_gib());
   j.EndObject();
