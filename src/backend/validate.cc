@@ -101,4 +101,42 @@ StatusOr<RopeDesc> ResolveRope(const RopeDesc& desc) {
   return d;
 }
 
+bool Overlaps(const Tensor& a, const Tensor& b) {
+  const char* pa = static_cast<const char*>(a.data);
+  const char* pb = static_cast<const char*>(b.data);
+  return a.numel > 0 && b.numel > 0 && pa < pb + b.bytes() && pb < pa + a.bytes();
+}
+
+Status CheckView(const char* op, const Tensor& t, std::int64_t max_count) {
+  AUTOPAR_CHECK_ARG(t.valid(), std::string(op) + ": invalid view");
+  AUTOPAR_CHECK_ARG(t.numel <= max_count, std::string(op) + ": more than " +
+                                              std::to_string(max_count) + " elements");
+  return OkStatus();
+}
+
+Status CheckPair(const char* op, const Tensor& send, const Tensor& recv, std::int64_t num,
+                 std::int64_t den, std::int64_t max_count) {
+  AUTOPAR_RETURN_IF_ERROR(CheckView(op, send, max_count));
+  AUTOPAR_RETURN_IF_ERROR(CheckView(op, recv, max_count));
+  AUTOPAR_CHECK_ARG(send.dtype == recv.dtype, std::string(op) + ": send and recv dtypes differ");
+  AUTOPAR_CHECK_ARG(send.numel * num == recv.numel * den,
+                    std::string(op) + ": send has " + std::to_string(send.numel) +
+                        " elements, recv " + std::to_string(recv.numel));
+  return OkStatus();
+}
+
+StatusOr<HashFill> ResolveHashFill(const HashFill& fill, std::int64_t numel) {
+  HashFill f = fill;
+  if (fill.rows == 0) {
+    f.rows = 1;
+    f.cols = f.global_cols = numel;
+  }
+  AUTOPAR_CHECK_ARG(f.rows > 0 && f.cols >= 0 && f.rows * f.cols <= numel,
+                    "FillHash: rows * cols exceeds the view");
+  AUTOPAR_CHECK_ARG(
+      f.row_offset >= 0 && f.col_offset >= 0 && f.col_offset + f.cols <= f.global_cols,
+      "FillHash: the block lies outside the global matrix");
+  return f;
+}
+
 }  // namespace autopar::backend

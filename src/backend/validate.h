@@ -24,6 +24,20 @@ struct ArgSpec {
 // kInvalid unless every view is valid, of its dtype, and holds at least min_numel elements.
 Status CheckArgs(const char* op, std::initializer_list<ArgSpec> args);
 
+// True when two non-empty views share a byte.
+bool Overlaps(const Tensor& a, const Tensor& b);
+
+// Collectives: kInvalid unless the view is valid and holds at most `max_count` elements (the
+// largest count the library's calls take).
+Status CheckView(const char* op, const Tensor& t, std::int64_t max_count);
+// ... both views pass CheckView, share a dtype, and recv holds num/den times send's elements.
+Status CheckPair(const char* op, const Tensor& send, const Tensor& recv, std::int64_t num,
+                 std::int64_t den, std::int64_t max_count);
+
+// A HashFill with the block resolved against a view of `numel` elements (rows = 0: the whole view
+// as one row) and checked to lie inside both the view and the global matrix.
+StatusOr<HashFill> ResolveHashFill(const HashFill& fill, std::int64_t numel);
+
 // kInvalid unless all dimensions are positive.
 Status CheckPositive(const char* op, std::initializer_list<std::int64_t> dims);
 

@@ -72,20 +72,13 @@ Status CpuDevice::Fill(Tensor x, float value) {
 
 Status CpuDevice::FillHash(Tensor x, const HashFill& fill) {
   AUTOPAR_RETURN_IF_ERROR(CheckArgs("FillHash", {{"x", x, DType::kF32, 0}}));
-  const std::int64_t rows = fill.rows == 0 ? 1 : fill.rows;
-  const std::int64_t cols = fill.rows == 0 ? x.numel : fill.cols;
-  const std::int64_t global_cols = fill.rows == 0 ? x.numel : fill.global_cols;
-  AUTOPAR_CHECK_ARG(rows > 0 && cols >= 0 && rows * cols <= x.numel,
-                    "FillHash: rows * cols exceeds the view");
-  AUTOPAR_CHECK_ARG(
-      fill.row_offset >= 0 && fill.col_offset >= 0 && fill.col_offset + cols <= global_cols,
-      "FillHash: the block lies outside the global matrix");
+  AUTOPAR_ASSIGN_OR_RETURN(const HashFill f, ResolveHashFill(fill, x.numel));
   float* out = x.as<float>();
-  for (std::int64_t r = 0; r < rows; ++r) {
+  for (std::int64_t r = 0; r < f.rows; ++r) {
     const std::uint64_t base =
-        static_cast<std::uint64_t>((fill.row_offset + r) * global_cols + fill.col_offset);
-    for (std::int64_t c = 0; c < cols; ++c) {
-      out[r * cols + c] = fill.scale * kernels::ref::HashUniform(fill.seed, base + c);
+        static_cast<std::uint64_t>((f.row_offset + r) * f.global_cols + f.col_offset);
+    for (std::int64_t c = 0; c < f.cols; ++c) {
+      out[r * f.cols + c] = f.scale * kernels::ref::HashUniform(f.seed, base + c);
     }
   }
   return OkStatus();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "autopar/backend/mpi_check.h"
+#include "src/backend/validate.h"
 
 namespace autopar::backend {
 namespace {
@@ -41,34 +42,14 @@ MPI_Op MpiOp(ReduceOp op) {
   return MPI_SUM;
 }
 
-Status CheckView(const char* op, const Tensor& t) {
-  AUTOPAR_CHECK_ARG(t.valid(), std::string(op) + ": invalid view");
-  AUTOPAR_CHECK_ARG(t.numel <= INT_MAX, std::string(op) + ": more than INT_MAX elements");
-  return OkStatus();
-}
+// MPI's element counts are ints.
+constexpr std::int64_t kMaxCount = INT_MAX;
 
 // MPI has no 16-bit float arithmetic; reductions run on f32 and i32 only.
 Status CheckReducible(const char* op, const Tensor& t) {
   AUTOPAR_CHECK_ARG(t.dtype == DType::kF32 || t.dtype == DType::kI32,
                     std::string(op) + ": cannot reduce " + DTypeName(t.dtype) + " over MPI");
   return OkStatus();
-}
-
-Status CheckPair(const char* op, const Tensor& send, const Tensor& recv,
-                 std::int64_t recv_per_send_num, std::int64_t recv_per_send_den) {
-  AUTOPAR_RETURN_IF_ERROR(CheckView(op, send));
-  AUTOPAR_RETURN_IF_ERROR(CheckView(op, recv));
-  AUTOPAR_CHECK_ARG(send.dtype == recv.dtype, std::string(op) + ": send and recv dtypes differ");
-  AUTOPAR_CHECK_ARG(send.numel * recv_per_send_num == recv.numel * recv_per_send_den,
-                    std::string(op) + ": send has " + std::to_string(send.numel) +
-                        " elements, recv " + std::to_string(recv.numel));
-  return OkStatus();
-}
-
-bool Overlaps(const Tensor& a, const Tensor& b) {
-  const char* pa = static_cast<const char*>(a.data);
-  const char* pb = static_cast<const char*>(b.data);
-  return a.numel > 0 && b.numel > 0 && pa < pb + b.bytes() && pb < pa + a.bytes();
 }
 
 class MpiRequest final : public Request {
@@ -138,7 +119,7 @@ class MpiCollectives final : public Collectives {
   int size() const override { return group_.size(); }
 
   Status AllReduce(Tensor send, Tensor recv, ReduceOp op) override {
-    AUTOPAR_RETURN_IF_ERROR(CheckPair("AllReduce", send, recv, 1, 1));
+    AUTOPAR_RETURN_IF_ERROR(CheckPair("AllReduce", send, recv, 1, 1, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckReducible("AllReduce", send));
     AUTOPAR_CHECK_MPI(MPI_Allreduce(SendOrInPlace(send, recv), recv.data, Count(recv),
                                     MpiType(recv.dtype), MpiOp(op), comm()));
@@ -146,7 +127,7 @@ class MpiCollectives final : public Collectives {
   }
 
   Status AllGather(Tensor send, Tensor recv) override {
-    AUTOPAR_RETURN_IF_ERROR(CheckPair("AllGather", send, recv, size(), 1));
+    AUTOPAR_RETURN_IF_ERROR(CheckPair("AllGather", send, recv, size(), 1, kMaxCount));
     AUTOPAR_CHECK_MPI(MPI_Allgather(GatherSend(send, recv), Count(send), MpiType(send.dtype),
                                     recv.data, Count(send), MpiType(recv.dtype), comm()));
     return OkStatus();
@@ -166,7 +147,7 @@ class MpiCollectives final : public Collectives {
   }
 
   Status AllToAll(Tensor send, Tensor recv) override {
-    AUTOPAR_RETURN_IF_ERROR(CheckPair("AllToAll", send, recv, 1, 1));
+    AUTOPAR_RETURN_IF_ERROR(CheckPair("AllToAll", send, recv, 1, 1, kMaxCount));
     AUTOPAR_CHECK_ARG(send.numel % size() == 0, "AllToAll: numel is not a multiple of size");
     const int block = static_cast<int>(send.numel / size());
     AUTOPAR_CHECK_MPI(MPI_Alltoall(SendOrInPlace(send, recv), block, MpiType(send.dtype), recv.data,
@@ -186,7 +167,7 @@ class MpiCollectives final : public Collectives {
   }
 
   Status Broadcast(Tensor buf, int root) override {
-    AUTOPAR_RETURN_IF_ERROR(CheckView("Broadcast", buf));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("Broadcast", buf, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("Broadcast", root));
     AUTOPAR_CHECK_MPI(MPI_Bcast(buf.data, Count(buf), MpiType(buf.dtype), root, comm()));
     return OkStatus();
@@ -198,14 +179,14 @@ class MpiCollectives final : public Collectives {
   }
 
   Status Send(Tensor buf, int peer, int tag) override {
-    AUTOPAR_RETURN_IF_ERROR(CheckView("Send", buf));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("Send", buf, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("Send", peer));
     AUTOPAR_CHECK_MPI(MPI_Send(buf.data, Count(buf), MpiType(buf.dtype), peer, tag, comm()));
     return OkStatus();
   }
 
   Status Recv(Tensor buf, int peer, int tag) override {
-    AUTOPAR_RETURN_IF_ERROR(CheckView("Recv", buf));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("Recv", buf, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("Recv", peer));
     MPI_Status status;
     AUTOPAR_CHECK_MPI(
@@ -214,8 +195,8 @@ class MpiCollectives final : public Collectives {
   }
 
   Status SendRecv(Tensor send, int dst, Tensor recv, int src, int tag) override {
-    AUTOPAR_RETURN_IF_ERROR(CheckView("SendRecv", send));
-    AUTOPAR_RETURN_IF_ERROR(CheckView("SendRecv", recv));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("SendRecv", send, kMaxCount));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("SendRecv", recv, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("SendRecv", dst));
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("SendRecv", src));
     AUTOPAR_CHECK_ARG(!Overlaps(send, recv), "SendRecv: send and recv overlap");
@@ -226,7 +207,7 @@ class MpiCollectives final : public Collectives {
   }
 
   StatusOr<std::unique_ptr<Request>> ISend(Tensor buf, int peer, int tag) override {
-    AUTOPAR_RETURN_IF_ERROR(CheckView("ISend", buf));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("ISend", buf, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("ISend", peer));
     MPI_Request request = MPI_REQUEST_NULL;
     AUTOPAR_CHECK_MPI(
@@ -235,7 +216,7 @@ class MpiCollectives final : public Collectives {
   }
 
   StatusOr<std::unique_ptr<Request>> IRecv(Tensor buf, int peer, int tag) override {
-    AUTOPAR_RETURN_IF_ERROR(CheckView("IRecv", buf));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("IRecv", buf, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("IRecv", peer));
     MPI_Request request = MPI_REQUEST_NULL;
     AUTOPAR_CHECK_MPI(
@@ -244,7 +225,7 @@ class MpiCollectives final : public Collectives {
   }
 
   StatusOr<std::unique_ptr<Request>> IAllReduce(Tensor send, Tensor recv, ReduceOp op) override {
-    AUTOPAR_RETURN_IF_ERROR(CheckPair("IAllReduce", send, recv, 1, 1));
+    AUTOPAR_RETURN_IF_ERROR(CheckPair("IAllReduce", send, recv, 1, 1, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckReducible("IAllReduce", send));
     MPI_Request request = MPI_REQUEST_NULL;
     AUTOPAR_CHECK_MPI(MPI_Iallreduce(SendOrInPlace(send, recv), recv.data, Count(recv),
@@ -253,7 +234,7 @@ class MpiCollectives final : public Collectives {
   }
 
   StatusOr<std::unique_ptr<Request>> IAllGather(Tensor send, Tensor recv) override {
-    AUTOPAR_RETURN_IF_ERROR(CheckPair("IAllGather", send, recv, size(), 1));
+    AUTOPAR_RETURN_IF_ERROR(CheckPair("IAllGather", send, recv, size(), 1, kMaxCount));
     MPI_Request request = MPI_REQUEST_NULL;
     AUTOPAR_CHECK_MPI(MPI_Iallgather(GatherSend(send, recv), Count(send), MpiType(send.dtype),
                                      recv.data, Count(send), MpiType(recv.dtype), comm(),
@@ -304,8 +285,8 @@ class MpiCollectives final : public Collectives {
                                              std::span<const std::int64_t> send_counts,
                                              const Tensor& recv,
                                              std::span<const std::int64_t> recv_counts) const {
-    AUTOPAR_RETURN_IF_ERROR(CheckView("AllToAllV", send));
-    AUTOPAR_RETURN_IF_ERROR(CheckView("AllToAllV", recv));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("AllToAllV", send, kMaxCount));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("AllToAllV", recv, kMaxCount));
     AUTOPAR_CHECK_ARG(send.dtype == recv.dtype, "AllToAllV: send and recv dtypes differ");
     const auto n = static_cast<std::size_t>(size());
     AUTOPAR_CHECK_ARG(send_counts.size() == n && recv_counts.size() == n,
@@ -355,7 +336,7 @@ class MpiCollectives final : public Collectives {
   }
 
   Status CheckReduceScatter(const Tensor& send, const Tensor& recv) const {
-    AUTOPAR_RETURN_IF_ERROR(CheckPair("ReduceScatter", send, recv, 1, size()));
+    AUTOPAR_RETURN_IF_ERROR(CheckPair("ReduceScatter", send, recv, 1, size(), kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckReducible("ReduceScatter", send));
     // In place only in the exact form InPlaceScatter accepts; any other aliasing is a bug.
     AUTOPAR_CHECK_ARG(InPlaceScatter(send, recv) || !Overlaps(send, recv),

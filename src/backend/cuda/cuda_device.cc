@@ -28,12 +28,6 @@ constexpr double kSpinSeconds = 1e-2;
 
 bool FitsInt(std::int64_t v) { return v >= 0 && v <= INT_MAX; }
 
-bool Overlaps(const Tensor& a, const Tensor& b) {
-  const char* pa = static_cast<const char*>(a.data);
-  const char* pb = static_cast<const char*>(b.data);
-  return a.numel > 0 && b.numel > 0 && pa < pb + b.bytes() && pb < pa + a.bytes();
-}
-
 // Destructors cannot return a status: report on stderr and carry on releasing.
 void Report(cudaError_t rc, const char* call) {
   if (rc != cudaSuccess) {
@@ -258,17 +252,10 @@ Status CudaDevice::Fill(Tensor x, float value) {
 Status CudaDevice::FillHash(Tensor x, const HashFill& fill) {
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("FillHash", "x", x));
   AUTOPAR_CHECK_ARG(x.valid(), "FillHash: invalid view");
-  const std::int64_t rows = fill.rows == 0 ? 1 : fill.rows;
-  const std::int64_t cols = fill.rows == 0 ? x.numel : fill.cols;
-  const std::int64_t global_cols = fill.rows == 0 ? x.numel : fill.global_cols;
-  AUTOPAR_CHECK_ARG(rows > 0 && cols >= 0 && rows * cols <= x.numel,
-                    "FillHash: rows * cols exceeds the view");
-  AUTOPAR_CHECK_ARG(
-      fill.row_offset >= 0 && fill.col_offset >= 0 && fill.col_offset + cols <= global_cols,
-      "FillHash: the block lies outside the global matrix");
+  AUTOPAR_ASSIGN_OR_RETURN(const HashFill f, ResolveHashFill(fill, x.numel));
   AUTOPAR_RETURN_IF_ERROR(Activate());
-  AUTOPAR_CHECK_CUDA(kc::FillHash(stream_, t, x.data, fill.seed, fill.scale, rows, cols,
-                                  global_cols, fill.row_offset, fill.col_offset));
+  AUTOPAR_CHECK_CUDA(kc::FillHash(stream_, t, x.data, f.seed, f.scale, f.rows, f.cols,
+                                  f.global_cols, f.row_offset, f.col_offset));
   return OkStatus();
 }
 

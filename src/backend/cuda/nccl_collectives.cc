@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "src/backend/cuda/nccl_comm.h"
+#include "src/backend/validate.h"
 
 namespace autopar::backend {
 namespace {
@@ -44,27 +45,8 @@ ncclRedOp_t NcclOp(ReduceOp op) {
   return ncclSum;
 }
 
-bool Overlaps(const Tensor& a, const Tensor& b) {
-  const char* pa = static_cast<const char*>(a.data);
-  const char* pb = static_cast<const char*>(b.data);
-  return a.numel > 0 && b.numel > 0 && pa < pb + b.bytes() && pb < pa + a.bytes();
-}
-
-Status CheckView(const char* op, const Tensor& t) {
-  AUTOPAR_CHECK_ARG(t.valid(), std::string(op) + ": invalid view");
-  return OkStatus();
-}
-
-Status CheckPair(const char* op, const Tensor& send, const Tensor& recv,
-                 std::int64_t recv_per_send_num, std::int64_t recv_per_send_den) {
-  AUTOPAR_RETURN_IF_ERROR(CheckView(op, send));
-  AUTOPAR_RETURN_IF_ERROR(CheckView(op, recv));
-  AUTOPAR_CHECK_ARG(send.dtype == recv.dtype, std::string(op) + ": send and recv dtypes differ");
-  AUTOPAR_CHECK_ARG(send.numel * recv_per_send_num == recv.numel * recv_per_send_den,
-                    std::string(op) + ": send has " + std::to_string(send.numel) +
-                        " elements, recv " + std::to_string(recv.numel));
-  return OkStatus();
-}
+// NCCL's element counts are size_t.
+constexpr std::int64_t kMaxCount = INT64_MAX;
 
 // NCCL reduces these in hardware; u8 is data movement only (as on the CPU backend).
 Status CheckReducible(const char* op, const Tensor& t) {
@@ -113,7 +95,7 @@ class NcclCollectives final : public Collectives {
   Status SendRecv(Tensor send, int dst, Tensor recv, int src, int tag) override;
 
   StatusOr<std::unique_ptr<Request>> ISend(Tensor buf, int peer, int /*tag*/) override {
-    AUTOPAR_RETURN_IF_ERROR(CheckView("ISend", buf));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("ISend", buf, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("ISend", peer));
     return comm_->Async([&](cudaStream_t s) {
       return AUTOPAR_NCCL_SETTLE(
@@ -122,7 +104,7 @@ class NcclCollectives final : public Collectives {
   }
 
   StatusOr<std::unique_ptr<Request>> IRecv(Tensor buf, int peer, int /*tag*/) override {
-    AUTOPAR_RETURN_IF_ERROR(CheckView("IRecv", buf));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("IRecv", buf, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("IRecv", peer));
     return comm_->Async([&](cudaStream_t s) {
       return AUTOPAR_NCCL_SETTLE(
@@ -213,8 +195,8 @@ class NcclCollectives final : public Collectives {
 
   Status CheckAllToAllV(const Tensor& send, std::span<const std::int64_t> send_counts,
                         const Tensor& recv, std::span<const std::int64_t> recv_counts) const {
-    AUTOPAR_RETURN_IF_ERROR(CheckView("AllToAllV", send));
-    AUTOPAR_RETURN_IF_ERROR(CheckView("AllToAllV", recv));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("AllToAllV", send, kMaxCount));
+    AUTOPAR_RETURN_IF_ERROR(CheckView("AllToAllV", recv, kMaxCount));
     AUTOPAR_CHECK_ARG(send.dtype == recv.dtype, "AllToAllV: send and recv dtypes differ");
     const auto n = static_cast<std::size_t>(size());
     AUTOPAR_CHECK_ARG(send_counts.size() == n && recv_counts.size() == n,
@@ -232,7 +214,7 @@ class NcclCollectives final : public Collectives {
   }
 
   Status CheckAllReduce(const Tensor& send, const Tensor& recv) const {
-    AUTOPAR_RETURN_IF_ERROR(CheckPair("AllReduce", send, recv, 1, 1));
+    AUTOPAR_RETURN_IF_ERROR(CheckPair("AllReduce", send, recv, 1, 1, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckReducible("AllReduce", send));
     AUTOPAR_CHECK_ARG(send.data == recv.data || !Overlaps(send, recv),
                       "AllReduce: send and recv overlap without being the same view");
@@ -241,7 +223,7 @@ class NcclCollectives final : public Collectives {
 
   // In place when send is this rank's block of recv, as NCCL and MPI define it.
   Status CheckAllGather(const Tensor& send, const Tensor& recv) const {
-    AUTOPAR_RETURN_IF_ERROR(CheckPair("AllGather", send, recv, size(), 1));
+    AUTOPAR_RETURN_IF_ERROR(CheckPair("AllGather", send, recv, size(), 1, kMaxCount));
     const Tensor mine = recv.Slice(send.numel * rank(), send.numel);
     AUTOPAR_CHECK_ARG(send.data == mine.data || !Overlaps(send, recv),
                       "AllGather: send overlaps recv other than as this rank's block");
@@ -250,7 +232,7 @@ class NcclCollectives final : public Collectives {
 
   // In place when recv is this rank's block of send: NCCL's own convention, so no extra work.
   Status CheckReduceScatter(const Tensor& send, const Tensor& recv) const {
-    AUTOPAR_RETURN_IF_ERROR(CheckPair("ReduceScatter", send, recv, 1, size()));
+    AUTOPAR_RETURN_IF_ERROR(CheckPair("ReduceScatter", send, recv, 1, size(), kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckReducible("ReduceScatter", send));
     const bool in_place =
         recv.numel > 0 && recv.data == send.Slice(recv.numel * rank(), recv.numel).data;
@@ -286,7 +268,7 @@ StatusOr<Tensor> NcclCollectives::Scratch(std::size_t bytes) {
 }
 
 Status NcclCollectives::AllToAll(Tensor send, Tensor recv) {
-  AUTOPAR_RETURN_IF_ERROR(CheckPair("AllToAll", send, recv, 1, 1));
+  AUTOPAR_RETURN_IF_ERROR(CheckPair("AllToAll", send, recv, 1, 1, kMaxCount));
   AUTOPAR_CHECK_ARG(send.numel % size() == 0, "AllToAll: numel is not a multiple of size");
   AUTOPAR_CHECK_ARG(send.data == recv.data || !Overlaps(send, recv),
                     "AllToAll: send and recv overlap without being the same view");
@@ -317,7 +299,7 @@ Status NcclCollectives::AllToAll(Tensor send, Tensor recv) {
 }
 
 Status NcclCollectives::Broadcast(Tensor buf, int root) {
-  AUTOPAR_RETURN_IF_ERROR(CheckView("Broadcast", buf));
+  AUTOPAR_RETURN_IF_ERROR(CheckView("Broadcast", buf, kMaxCount));
   AUTOPAR_RETURN_IF_ERROR(CheckPeer("Broadcast", root));
   return Run([&](cudaStream_t s) {
     return AUTOPAR_NCCL_SETTLE(*comm_, ncclBroadcast(buf.data, buf.data, Count(buf),
@@ -335,7 +317,7 @@ Status NcclCollectives::Barrier() {
 }
 
 Status NcclCollectives::Send(Tensor buf, int peer, int /*tag*/) {
-  AUTOPAR_RETURN_IF_ERROR(CheckView("Send", buf));
+  AUTOPAR_RETURN_IF_ERROR(CheckView("Send", buf, kMaxCount));
   AUTOPAR_RETURN_IF_ERROR(CheckPeer("Send", peer));
   return Run([&](cudaStream_t s) {
     return AUTOPAR_NCCL_SETTLE(
@@ -344,7 +326,7 @@ Status NcclCollectives::Send(Tensor buf, int peer, int /*tag*/) {
 }
 
 Status NcclCollectives::Recv(Tensor buf, int peer, int /*tag*/) {
-  AUTOPAR_RETURN_IF_ERROR(CheckView("Recv", buf));
+  AUTOPAR_RETURN_IF_ERROR(CheckView("Recv", buf, kMaxCount));
   AUTOPAR_RETURN_IF_ERROR(CheckPeer("Recv", peer));
   return Run([&](cudaStream_t s) {
     return AUTOPAR_NCCL_SETTLE(
@@ -353,8 +335,8 @@ Status NcclCollectives::Recv(Tensor buf, int peer, int /*tag*/) {
 }
 
 Status NcclCollectives::SendRecv(Tensor send, int dst, Tensor recv, int src, int /*tag*/) {
-  AUTOPAR_RETURN_IF_ERROR(CheckView("SendRecv", send));
-  AUTOPAR_RETURN_IF_ERROR(CheckView("SendRecv", recv));
+  AUTOPAR_RETURN_IF_ERROR(CheckView("SendRecv", send, kMaxCount));
+  AUTOPAR_RETURN_IF_ERROR(CheckView("SendRecv", recv, kMaxCount));
   AUTOPAR_RETURN_IF_ERROR(CheckPeer("SendRecv", dst));
   AUTOPAR_RETURN_IF_ERROR(CheckPeer("SendRecv", src));
   AUTOPAR_CHECK_ARG(!Overlaps(send, recv), "SendRecv: send and recv overlap");
