@@ -139,4 +139,21 @@ StatusOr<HashFill> ResolveHashFill(const HashFill& fill, std::int64_t numel) {
   return f;
 }
 
+Status CheckBatch(std::span<const P2POp> ops, int group_size, std::int64_t max_count) {
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& op = ops[i];
+    const char* name = op.kind == P2POp::kSend ? "IBatchSendRecv send" : "IBatchSendRecv recv";
+    AUTOPAR_RETURN_IF_ERROR(CheckView(name, op.buf, max_count));
+    AUTOPAR_CHECK_ARG(op.peer >= 0 && op.peer < group_size,
+                      std::string(name) + ": peer " + std::to_string(op.peer) +
+                          " not in group of " + std::to_string(group_size));
+    for (std::size_t j = 0; j < i; ++j) {
+      const bool writes = op.kind == P2POp::kRecv || ops[j].kind == P2POp::kRecv;
+      AUTOPAR_CHECK_ARG(!writes || !Overlaps(op.buf, ops[j].buf),
+                        "IBatchSendRecv: a received view overlaps another view of the batch");
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace autopar::backend

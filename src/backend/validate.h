@@ -8,6 +8,9 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include <span>
+
+#include "autopar/backend/collectives.h"
 #include "autopar/backend/ops.h"
 #include "autopar/backend/status.h"
 #include "autopar/backend/tensor.h"
@@ -33,6 +36,10 @@ Status CheckView(const char* op, const Tensor& t, std::int64_t max_count);
 // ... both views pass CheckView, share a dtype, and recv holds num/den times send's elements.
 Status CheckPair(const char* op, const Tensor& send, const Tensor& recv, std::int64_t num,
                  std::int64_t den, std::int64_t max_count);
+
+// A batch of sends and receives (IBatchSendRecv): every view passes CheckView, every peer is in
+// [0, group_size), and no received view overlaps another view of the batch.
+Status CheckBatch(std::span<const P2POp> ops, int group_size, std::int64_t max_count);
 
 // A HashFill with the block resolved against a view of `numel` elements (rows = 0: the whole view
 // as one row) and checked to lie inside both the view and the global matrix.

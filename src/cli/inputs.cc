@@ -281,6 +281,25 @@ void ApplyCpuBackend(const std::string& backend, Inputs& in) {
   }
 }
 
+std::string ReadP2PSemantics(Args& args, const std::string& backend) {
+  const auto value = args.Value("--p2p-semantics");
+  if (backend == "replay") {
+    if (value) throw InputError("--p2p-semantics", "not with --backend replay: it runs no trials");
+    return "mpi";
+  }
+  if (backend == "cuda") {
+    if (value && *value != "nccl") {
+      throw InputError("--p2p-semantics", "--backend cuda runs NCCL; allowed: nccl; got '" +
+                                              *value + "'");
+    }
+    return "nccl";
+  }
+  if (value && *value != "mpi" && *value != "nccl") {
+    throw InputError("--p2p-semantics", "allowed: mpi, nccl; got '" + *value + "'");
+  }
+  return value.value_or("mpi");
+}
+
 Inputs ReadInputs(Args& args) {
   Inputs in;
   // Our own flags first; whatever is left is Megatron-LM's (model and train flags).

@@ -218,7 +218,7 @@ class CoordinatorBackend : public coord::TrialBackend {
 
 std::unique_ptr<coord::TrialBackend> MakeMpiBackend(const TuneContext& context) {
   const Inputs& in = context.inputs;
-  RankWorker worker = StartRankWorker(context.backend, in.cluster);
+  RankWorker worker = StartRankWorker(context.backend, in.cluster, context.p2p_semantics);
   const int rank = worker.world.rank();
   auto trials = worker.world.Duplicate();  // the trials' own communicator
   if (!trials.ok()) throw coord::ChannelError(trials.status().ToString());

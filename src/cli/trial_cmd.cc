@@ -28,6 +28,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // Flags every MPI command takes besides the planning inputs.
 struct WorkerFlags {
   std::string backend = "cpu";
+  std::string p2p_semantics = "mpi";
   trial::TrialOptions options;
 };
 
@@ -37,6 +38,7 @@ WorkerFlags ReadWorkerFlags(Args& args) {
     if (*b != "cpu" && *b != "cuda") throw InputError("--backend", "allowed: cpu, cuda; got '" + *b + "'");
     f.backend = *b;
   }
+  f.p2p_semantics = ReadP2PSemantics(args, f.backend);
   f.options.timeout_s = args.Double("--trial-timeout", 600);
   f.options.warmup_iterations = static_cast<int>(args.Int("--warmup", 1, 0));
   f.options.timed_iterations = static_cast<int>(args.Int("--iters", 3, 1));
@@ -113,7 +115,8 @@ void PrintTrial(std::ostream& out, Format format, const ParallelConfig& c, const
 
 }  // namespace
 
-RankWorker StartRankWorker(const std::string& name, const ClusterSpec& cluster) {
+RankWorker StartRankWorker(const std::string& name, const ClusterSpec& cluster,
+                           const std::string& p2p_semantics) {
   EnsureMpi();
   const int world_size = MpiWorldSize();
   if (world_size != cluster.world_size()) {
@@ -124,8 +127,11 @@ RankWorker StartRankWorker(const std::string& name, const ClusterSpec& cluster) 
   }
   auto world = backend::Group::World();
   if (!world.ok()) throw std::runtime_error(world.status().ToString());
+  auto semantics = backend::ParseP2PSemantics(p2p_semantics);
+  if (!semantics.ok()) throw InputError("--p2p-semantics", semantics.status().message());
   auto device = trial::MakeBackend(name, static_cast<size_t>(cluster.gpu.memory_gib * kGiB),
-                                   world->rank() % static_cast<int>(cluster.gpus_per_node));
+                                   world->rank() % static_cast<int>(cluster.gpus_per_node),
+                                   *semantics);
   if (!device.ok()) throw InputError("--backend", device.status().message());
   return {std::move(*world), std::move(*device)};
 }
@@ -138,7 +144,7 @@ int RunTrialCommand(const std::vector<std::string>& argv_in, std::ostream& out,
   Inputs in = ReadInputs(args);
   ApplyCpuBackend(flags.backend, in);
   if (!spec) throw InputError("--config", "required: a SPEC such as tp=2,pp=2,mbs=1");
-  RankWorker worker = StartRankWorker(flags.backend, in.cluster);
+  RankWorker worker = StartRankWorker(flags.backend, in.cluster, flags.p2p_semantics);
   const ParallelConfig c = Complete(ParseSpec(*spec), worker.world.size());
   const int rank = worker.world.rank();
   const trial::TrialMeasurement m =
@@ -157,7 +163,7 @@ int RunProbeCommand(const std::vector<std::string>& argv_in, std::ostream& out,
   const int64_t repetitions = args.Int("--repetitions", 5);
   Inputs in = ReadInputs(args);
   ApplyCpuBackend(flags.backend, in);
-  RankWorker worker = StartRankWorker(flags.backend, in.cluster);
+  RankWorker worker = StartRankWorker(flags.backend, in.cluster, flags.p2p_semantics);
   const int rank = worker.world.rank();
   const CostModel cost(in.model, in.train, in.cluster, in.constants);
   trial::ProbeOptions options;

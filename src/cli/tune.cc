@@ -76,6 +76,7 @@ TuneFlags ReadTuneFlags(Args& args) {
   if (f.backend != "cpu" && f.backend != "cuda" && f.backend != "replay") {
     throw InputError("--backend", "allowed: cpu, cuda, replay; got '" + f.backend + "'");
   }
+  f.p2p_semantics = ReadP2PSemantics(args, f.backend);
   f.status_addr = args.Value("--status-addr").value_or(f.status_addr);
   f.status_port = static_cast<int>(args.Int("--status-port", f.backend == "replay" ? -1 : 8642, -1));
   if (f.status_port > 65535) throw InputError("--status-port", "expected 0..65535 (0: any free port)");
@@ -226,6 +227,7 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
                               given,
                               *candidates,
                               flags.backend,
+                              flags.p2p_semantics,
                               flags.tuner.trial_timeout_s,
                               flags.tuner.warmup_iterations,
                               flags.tuner.timed_iterations};

@@ -14,12 +14,13 @@ bool CudaBackendBuilt() {
 #endif
 }
 
-backend::StatusOr<std::unique_ptr<backend::Backend>> MakeBackend(const std::string& name,
-                                                                 std::size_t memory_budget_bytes,
-                                                                 int device_index) {
+backend::StatusOr<std::unique_ptr<backend::Backend>> MakeBackend(
+    const std::string& name, std::size_t memory_budget_bytes, int device_index,
+    backend::P2PSemantics p2p_semantics) {
   if (name == "cpu") {
     backend::CpuBackendOptions options;
     options.memory_budget_bytes = memory_budget_bytes;
+    options.p2p_semantics = p2p_semantics;
     return backend::MakeCpuBackend(options);
   }
   if (name == "cuda") {

@@ -28,6 +28,20 @@ class Backend {
   virtual StatusOr<std::unique_ptr<Collectives>> Connect(const Group& group) = 0;
 };
 
+// How the CPU backend's collectives run (`--p2p-semantics`).
+//  kMpi:  as MPI runs them: operations on a communicator progress independently, and a send
+//         completes once MPI has buffered it.
+//  kNccl: as NCCL runs them on one CUDA stream per communicator: each communicator executes its
+//         operations one at a time in issue order, an operation starts only when the one before
+//         it has completed, and a send completes only when the peer's matching receive is
+//         executing, unless both are in one IBatchSendRecv group. Messages match by order per
+//         peer pair (NCCL has no tags). A schedule that deadlocks on NCCL deadlocks here, and the
+//         trial's deadline reports it as `timeout`.
+enum class P2PSemantics { kMpi, kNccl };
+// "mpi" or "nccl"; kInvalid naming --p2p-semantics and the allowed values otherwise.
+StatusOr<P2PSemantics> ParseP2PSemantics(std::string_view name);
+std::string_view P2PSemanticsName(P2PSemantics semantics);
+
 struct CpuBackendOptions {
   // Per-rank device memory budget (`--device-memory-gib`); allocations past it are kOom.
   std::size_t memory_budget_bytes = std::numeric_limits<std::size_t>::max();
@@ -36,6 +50,7 @@ struct CpuBackendOptions {
   // Tile sizes of the blockwise attention: memory is O(block_q * block_kv) per call.
   std::int64_t attention_block_q = 64;
   std::int64_t attention_block_kv = 64;
+  P2PSemantics p2p_semantics = P2PSemantics::kMpi;
 };
 
 // fp32 compute on the host; no MPI call is made until Connect.

@@ -20,6 +20,15 @@ namespace autopar::backend {
 
 enum class ReduceOp { kSum, kMax, kMin };
 
+// One send or receive of a batch (IBatchSendRecv).
+struct P2POp {
+  enum Kind { kSend, kRecv };
+  Kind kind = kSend;
+  Tensor buf;
+  int peer = 0;  // rank within the group
+  int tag = 0;   // matched by MPI; NCCL matches by issue order per peer pair and ignores it
+};
+
 // One in-flight non-blocking operation. Destroying an unfinished request waits for it, so its
 // buffers are never freed under the transport.
 class Request {
@@ -66,6 +75,13 @@ class Collectives {
   virtual Status Recv(Tensor buf, int peer, int tag) = 0;
   // Sends to `dst` and receives from `src` at once, so a ring shift cannot deadlock.
   virtual Status SendRecv(Tensor send, int dst, Tensor recv, int src, int tag) = 0;
+
+  // Starts the sends and receives of `ops` as one group (NCCL: between ncclGroupStart and
+  // ncclGroupEnd; MPI: all posted before any completes), the way Megatron's batched p2p does: the
+  // operations progress together, so two ranks that each send to and receive from the other in
+  // one batch cannot deadlock even where a lone send waits for its receiver (NCCL). The request
+  // completes when all have. Buffers must not overlap; an empty batch completes at once.
+  virtual StatusOr<std::unique_ptr<Request>> IBatchSendRecv(std::span<const P2POp> ops) = 0;
 
   virtual StatusOr<std::unique_ptr<Request>> ISend(Tensor buf, int peer, int tag) = 0;
   virtual StatusOr<std::unique_ptr<Request>> IRecv(Tensor buf, int peer, int tag) = 0;

@@ -74,6 +74,11 @@ std::vector<std::string> WithCpuBackendDefaults(const std::vector<std::string>& 
 // of this host's cores each rank gets (unless --host-cores said how many).
 void ApplyCpuBackend(const std::string& backend, Inputs& in);
 
+// `--p2p-semantics mpi|nccl` of the MPI commands: how the CPU backend's collectives run (see
+// backend::P2PSemantics). The CUDA backend runs NCCL itself (only "nccl" is accepted there), and
+// the replay backend runs no collectives (the flag is refused). Default: "mpi" on the CPU.
+std::string ReadP2PSemantics(Args& args, const std::string& backend);
+
 // The `cpu` device is one core per rank; when `host_cores` cores carry all the job's ranks, each
 // rank computes and streams memory at host_cores / ranks of that (never more than one core).
 void ShareHostCores(int64_t host_cores, ClusterSpec& cluster);

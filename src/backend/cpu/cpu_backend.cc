@@ -2,6 +2,7 @@
 #include <cblas.h>
 
 #include <memory>
+#include <string>
 
 #include "autopar/backend/backend.h"
 #include "src/backend/cpu/cpu_device.h"
@@ -12,19 +13,32 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(const CpuBackendOptions& options) : device_(options) {}
+  explicit CpuBackend(const CpuBackendOptions& options)
+      : device_(options), p2p_semantics_(options.p2p_semantics) {}
 
   std::string_view name() const override { return "cpu"; }
   Device& device() override { return device_; }
   StatusOr<std::unique_ptr<Collectives>> Connect(const Group& group) override {
-    return MakeMpiCollectives(group);
+    return MakeMpiCollectives(group, p2p_semantics_);
   }
 
  private:
   CpuDevice device_;
+  P2PSemantics p2p_semantics_;
 };
 
 }  // namespace
+
+StatusOr<P2PSemantics> ParseP2PSemantics(std::string_view name) {
+  if (name == "mpi") return P2PSemantics::kMpi;
+  if (name == "nccl") return P2PSemantics::kNccl;
+  return Status(Outcome::kInvalid,
+                "--p2p-semantics: unknown value '" + std::string(name) + "'; allowed: mpi, nccl");
+}
+
+std::string_view P2PSemanticsName(P2PSemantics semantics) {
+  return semantics == P2PSemantics::kNccl ? "nccl" : "mpi";
+}
 
 StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const CpuBackendOptions& options) {
   AUTOPAR_CHECK_ARG(options.blas_threads >= 1, "blas_threads must be at least 1");

@@ -52,12 +52,15 @@ Status CheckReducible(const char* op, const Tensor& t) {
   return OkStatus();
 }
 
+// One operation's MPI requests (one, or a batch's sends and receives); complete when all are.
 class MpiRequest final : public Request {
  public:
   MpiRequest(MPI_Request request, bool point_to_point)
-      : request_(request), point_to_point_(point_to_point) {}
+      : requests_{request}, point_to_point_(point_to_point) {}
+  MpiRequest(std::vector<MPI_Request> requests, bool point_to_point)
+      : requests_(std::move(requests)), point_to_point_(point_to_point) {}
   ~MpiRequest() override {
-    if (request_ == MPI_REQUEST_NULL) return;
+    if (Finished()) return;
     int finalized = 0;
     if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;
     // The transport may still be writing the caller's buffer: finish before it can be freed.
@@ -66,16 +69,18 @@ class MpiRequest final : public Request {
   }
 
   Status Wait() override {
-    if (request_ == MPI_REQUEST_NULL) return OkStatus();
-    AUTOPAR_CHECK_MPI(MPI_Wait(&request_, MPI_STATUS_IGNORE));
+    if (Finished()) return OkStatus();
+    AUTOPAR_CHECK_MPI(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
+                                  MPI_STATUSES_IGNORE));
     Complete();
     return OkStatus();
   }
 
   StatusOr<bool> Test() override {
-    if (request_ == MPI_REQUEST_NULL) return true;
+    if (Finished()) return true;
     int done = 0;
-    AUTOPAR_CHECK_MPI(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
+    AUTOPAR_CHECK_MPI(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
+                                  MPI_STATUSES_IGNORE));
     if (done) Complete();
     return done != 0;
   }
@@ -93,27 +98,37 @@ class MpiRequest final : public Request {
   }
 
   // Takes the MPI request once it exists (after the arrays it reads are in place).
-  void Adopt(MPI_Request request) { request_ = request; }
+  void Adopt(MPI_Request request) { requests_.assign(1, request); }
 
   void Abandon() override {
-    if (request_ == MPI_REQUEST_NULL) return;
-    // MPI forbids cancelling or freeing a non-blocking collective's request: leave it to MPI.
-    if (point_to_point_ && MPI_Cancel(&request_) == MPI_SUCCESS) {
-      if (MPI_Request_free(&request_) != MPI_SUCCESS) {
-        std::fprintf(stderr, "MpiRequest::Abandon: MPI_Request_free failed\n");
+    for (MPI_Request& request : requests_) {
+      if (request == MPI_REQUEST_NULL) continue;
+      // MPI forbids cancelling or freeing a non-blocking collective's request: leave it to MPI.
+      if (point_to_point_ && MPI_Cancel(&request) == MPI_SUCCESS) {
+        if (MPI_Request_free(&request) != MPI_SUCCESS) {
+          std::fprintf(stderr, "MpiRequest::Abandon: MPI_Request_free failed\n");
+        }
       }
+      request = MPI_REQUEST_NULL;
     }
-    request_ = MPI_REQUEST_NULL;
   }
 
  private:
-  MPI_Request request_;  // MPI_REQUEST_NULL once complete
+  bool Finished() const {
+    for (const MPI_Request& request : requests_) {
+      if (request != MPI_REQUEST_NULL) return false;
+    }
+    return true;
+  }
+
+  std::vector<MPI_Request> requests_;  // each MPI_REQUEST_NULL once complete
   bool point_to_point_;
 };
 
 class MpiCollectives final : public Collectives {
  public:
-  explicit MpiCollectives(Group group) : group_(std::move(group)) {}
+  MpiCollectives(Group group, bool nccl_matching)
+      : group_(std::move(group)), nccl_matching_(nccl_matching) {}
 
   int rank() const override { return group_.rank(); }
   int size() const override { return group_.size(); }
@@ -181,7 +196,9 @@ class MpiCollectives final : public Collectives {
   Status Send(Tensor buf, int peer, int tag) override {
     AUTOPAR_RETURN_IF_ERROR(CheckView("Send", buf, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("Send", peer));
-    AUTOPAR_CHECK_MPI(MPI_Send(buf.data, Count(buf), MpiType(buf.dtype), peer, tag, comm()));
+    AUTOPAR_CHECK_MPI((nccl_matching_ ? MPI_Ssend : MPI_Send)(buf.data, Count(buf),
+                                                              MpiType(buf.dtype), peer,
+                                                              Tag(tag), comm()));
     return OkStatus();
   }
 
@@ -190,7 +207,7 @@ class MpiCollectives final : public Collectives {
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("Recv", peer));
     MPI_Status status;
     AUTOPAR_CHECK_MPI(
-        MPI_Recv(buf.data, Count(buf), MpiType(buf.dtype), peer, tag, comm(), &status));
+        MPI_Recv(buf.data, Count(buf), MpiType(buf.dtype), peer, Tag(tag), comm(), &status));
     return CheckReceived("Recv", status, buf);
   }
 
@@ -201,17 +218,35 @@ class MpiCollectives final : public Collectives {
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("SendRecv", src));
     AUTOPAR_CHECK_ARG(!Overlaps(send, recv), "SendRecv: send and recv overlap");
     MPI_Status status;
-    AUTOPAR_CHECK_MPI(MPI_Sendrecv(send.data, Count(send), MpiType(send.dtype), dst, tag, recv.data,
-                                   Count(recv), MpiType(recv.dtype), src, tag, comm(), &status));
+    AUTOPAR_CHECK_MPI(MPI_Sendrecv(send.data, Count(send), MpiType(send.dtype), dst, Tag(tag),
+                                   recv.data, Count(recv), MpiType(recv.dtype), src, Tag(tag),
+                                   comm(), &status));
     return CheckReceived("SendRecv", status, recv);
+  }
+
+  StatusOr<std::unique_ptr<Request>> IBatchSendRecv(std::span<const P2POp> ops) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckBatch(ops, size(), kMaxCount));
+    std::vector<MPI_Request> requests;
+    requests.reserve(ops.size());
+    for (const P2POp& op : ops) {
+      MPI_Request request = MPI_REQUEST_NULL;
+      const Status started = op.kind == P2POp::kSend ? StartSend(op.buf, op.peer, op.tag, &request)
+                                                     : StartRecv(op.buf, op.peer, op.tag, &request);
+      if (!started.ok()) {
+        MpiRequest(std::move(requests), /*point_to_point=*/true).Abandon();
+        return started;
+      }
+      requests.push_back(request);
+    }
+    return std::unique_ptr<Request>(
+        std::make_unique<MpiRequest>(std::move(requests), /*point_to_point=*/true));
   }
 
   StatusOr<std::unique_ptr<Request>> ISend(Tensor buf, int peer, int tag) override {
     AUTOPAR_RETURN_IF_ERROR(CheckView("ISend", buf, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("ISend", peer));
     MPI_Request request = MPI_REQUEST_NULL;
-    AUTOPAR_CHECK_MPI(
-        MPI_Isend(buf.data, Count(buf), MpiType(buf.dtype), peer, tag, comm(), &request));
+    AUTOPAR_RETURN_IF_ERROR(StartSend(buf, peer, tag, &request));
     return Wrap(request, /*point_to_point=*/true);
   }
 
@@ -219,8 +254,7 @@ class MpiCollectives final : public Collectives {
     AUTOPAR_RETURN_IF_ERROR(CheckView("IRecv", buf, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("IRecv", peer));
     MPI_Request request = MPI_REQUEST_NULL;
-    AUTOPAR_CHECK_MPI(
-        MPI_Irecv(buf.data, Count(buf), MpiType(buf.dtype), peer, tag, comm(), &request));
+    AUTOPAR_RETURN_IF_ERROR(StartRecv(buf, peer, tag, &request));
     return Wrap(request, /*point_to_point=*/true);
   }
 
@@ -278,6 +312,20 @@ class MpiCollectives final : public Collectives {
 
  private:
   MPI_Comm comm() const { return group_.comm(); }
+
+  // Under NCCL matching a message matches by order per peer pair, whatever its tag (NCCL has no
+  // tags), and a send completes only once its receive is posted (MPI's synchronous mode).
+  int Tag(int tag) const { return nccl_matching_ ? 0 : tag; }
+  Status StartSend(const Tensor& buf, int peer, int tag, MPI_Request* request) const {
+    AUTOPAR_CHECK_MPI((nccl_matching_ ? MPI_Issend : MPI_Isend)(
+        buf.data, Count(buf), MpiType(buf.dtype), peer, Tag(tag), comm(), request));
+    return OkStatus();
+  }
+  Status StartRecv(const Tensor& buf, int peer, int tag, MPI_Request* request) const {
+    AUTOPAR_CHECK_MPI(
+        MPI_Irecv(buf.data, Count(buf), MpiType(buf.dtype), peer, Tag(tag), comm(), request));
+    return OkStatus();
+  }
 
   // Checks an all-to-all-v and returns MPI's int arrays: send counts, send displacements, recv
   // counts, recv displacements (n each, blocks packed in rank order).
@@ -369,14 +417,19 @@ class MpiCollectives final : public Collectives {
   }
 
   Group group_;
+  bool nccl_matching_;
 };
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Collectives>> MakeMpiCollectives(const Group& group) {
+StatusOr<std::unique_ptr<Collectives>> MakeMpiCollectives(const Group& group,
+                                                          P2PSemantics semantics) {
   AUTOPAR_CHECK_ARG(!group.empty(), "collectives over an empty group");
   AUTOPAR_ASSIGN_OR_RETURN(Group own, group.Duplicate());
-  return std::unique_ptr<Collectives>(std::make_unique<MpiCollectives>(std::move(own)));
+  const bool nccl = semantics == P2PSemantics::kNccl;
+  auto mpi = std::make_unique<MpiCollectives>(std::move(own), nccl);
+  if (!nccl) return std::unique_ptr<Collectives>(std::move(mpi));
+  return MakeStreamOrdered(std::move(mpi));
 }
 
 }  // namespace autopar::backend

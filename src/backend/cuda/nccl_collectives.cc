@@ -94,6 +94,24 @@ class NcclCollectives final : public Collectives {
   Status Recv(Tensor buf, int peer, int tag) override;
   Status SendRecv(Tensor send, int dst, Tensor recv, int src, int tag) override;
 
+  StatusOr<std::unique_ptr<Request>> IBatchSendRecv(std::span<const P2POp> ops) override {
+    AUTOPAR_RETURN_IF_ERROR(CheckBatch(ops, size(), kMaxCount));
+    return comm_->Async([&](cudaStream_t s) {
+      return comm_->Grouped([&]() -> ncclResult_t {
+        for (const P2POp& op : ops) {
+          const ncclResult_t rc =
+              op.kind == P2POp::kSend
+                  ? ncclSend(op.buf.data, Count(op.buf), NcclType(op.buf.dtype), op.peer,
+                             comm_->get(), s)
+                  : ncclRecv(op.buf.data, Count(op.buf), NcclType(op.buf.dtype), op.peer,
+                             comm_->get(), s);
+          if (rc != ncclSuccess) return rc;
+        }
+        return ncclSuccess;
+      });
+    });
+  }
+
   StatusOr<std::unique_ptr<Request>> ISend(Tensor buf, int peer, int /*tag*/) override {
     AUTOPAR_RETURN_IF_ERROR(CheckView("ISend", buf, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("ISend", peer));
