@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
 # Fresh machine → installed, built, tested. The command CI runs (.ci/run) and the README gives.
+#
+# Tests are selected by label (tests/CMakeLists.txt): unit, distributed, fault and gpu, i.e. all of
+# them. The gpu-labelled ones skip without a GPU, so CI, which has none, runs and passes them and
+# a GPU machine runs them for real (scripts/gpu_check.sh runs them alone, with the benchmarks).
+# A test with none of the four labels fails this script rather than go unselected.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 "$root/scripts/build.sh"
 export OMP_NUM_THREADS=1
 cd "${AUTOPAR_BUILD_DIR:-$root/build}"
-ctest --output-on-failure -j"$(nproc)" --timeout 900
+labels='^(unit|distributed|fault|gpu)$'
+if ctest -N -LE "$labels" | grep -q 'Test *#'; then
+  ctest -N -LE "$labels"
+  echo "test.sh: the tests above have none of the labels unit, distributed, fault, gpu"
+  exit 1
+fi
+ctest -L "$labels" --output-on-failure -j"$(nproc)" --timeout 900

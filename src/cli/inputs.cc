@@ -72,9 +72,12 @@ GpuSpec LoadGpu(const std::string& value) {
 }
 
 // Megatron-LM's parallelism and software-stack flags, taken out of `args` (argv items).
-// Returns the configuration they describe, if any parallel flag was present.
+// Returns the configuration they describe, if any parallel flag was present. `precision` decides
+// what an absent reduction-dtype flag means (Megatron reduces bf16 runs' gradients in fp32 and
+// fp16 runs' in fp16 by default).
 std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>& args,
                                                         const ModelSpec& model,
+                                                        Precision precision,
                                                         StackOptions& stack) {
   std::optional<ParallelConfig> config;
   auto cfg = [&]() -> ParallelConfig& {
@@ -83,6 +86,11 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
   };
   int64_t layers_per_virtual_stage = 0;
   std::string recompute_method;
+  // Megatron defaults both overlaps off and reduces bf16 gradients in fp32: a script describes
+  // exactly what it passes (arguments.py: --overlap-grad-reduce, --overlap-param-gather,
+  // --grad-reduce-in-bf16, --accumulate-allreduce-grads-in-fp32).
+  bool overlap_grad_reduce = false, overlap_param_gather = false;
+  std::optional<bool> grad_reduce_in_fp32;
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i];
@@ -118,15 +126,22 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
       const double rate = ToDouble(flag, next());  // always consume the value
       stack.dropout = stack.dropout || rate > 0;
     } else if (flag == "--use-flash-attn") stack.flash_attention = true;
-    else if (flag == "--overlap-grad-reduce") stack.overlap_grad_reduce = true;
-    else if (flag == "--overlap-param-gather") stack.overlap_param_gather = true;
-    else if (flag == "--accumulate-allreduce-grads-in-fp32") stack.grad_reduce_in_fp32 = true;
+    else if (flag == "--overlap-grad-reduce") overlap_grad_reduce = true;
+    else if (flag == "--overlap-param-gather") overlap_param_gather = true;
+    else if (flag == "--grad-reduce-in-bf16") grad_reduce_in_fp32 = false;
+    else if (flag == "--accumulate-allreduce-grads-in-fp32") grad_reduce_in_fp32 = true;
+    else if (flag == "--ddp-bucket-size") stack.ddp_bucket_size = ToInt(flag, next(), 1);
     else {
       rest.push_back(args[i]);
     }
   }
   args = rest;
   if (config) {
+    config->overlap_grad_reduce = overlap_grad_reduce;
+    config->overlap_param_gather = overlap_param_gather;
+    config->grad_reduce_dtype =
+        grad_reduce_in_fp32.value_or(precision != Precision::kFP16) ? GradReduceDtype::kFP32
+                                                                    : GradReduceDtype::kBF16;
     if (layers_per_virtual_stage > 0) {
       const int64_t per_stage = model.num_layers / config->pp;
       if (per_stage % layers_per_virtual_stage != 0) {
@@ -269,8 +284,20 @@ void ShareHostCores(int64_t host_cores, ClusterSpec& cluster) {
   g.hbm_bandwidth *= share;
 }
 
+namespace {
+// The CPU computes in fp32: an fp8 run there would time something else than was asked, so
+// --fp8-format is refused rather than dropped.
+void RefuseFp8OnCpu(const TrainSpec& train) {
+  if (train.precision != Precision::kFP8) return;
+  throw InputError("--fp8-format",
+                   "the cpu backend has no fp8 GEMMs; fp8 trials run on --backend cuda with a GPU "
+                   "of compute capability 8.9 or newer (Ada, Hopper, Blackwell)");
+}
+}  // namespace
+
 void ApplyCpuBackend(const std::string& backend, Inputs& in) {
   if (backend != "cpu") return;
+  RefuseFp8OnCpu(in.train);
   in.train.precision = Precision::kFP32;
   // The CPU backend's budget counts the trial's own tensors, whatever --gpu describes.
   in.constants.mem.runtime_overhead_gib = 0;
@@ -316,8 +343,6 @@ Inputs ReadInputs(Args& args) {
     pasted = SplitCommandLine(ReadTextFile("--megatron-args-file", *file));
   }
   const bool no_flash = args.Switch("--no-flash-attention");
-  const bool no_overlap_grad = args.Switch("--no-overlap-grad-reduce");
-  const bool no_overlap_param = args.Switch("--no-overlap-param-gather");
   SpaceOptions& space = in.space;
   auto list = [&](const char* flag, std::vector<int32_t>& to) {
     if (const auto v = args.Value(flag)) to = ParseIntList(flag, *v);
@@ -345,6 +370,9 @@ Inputs ReadInputs(Args& args) {
     }
   }
   if (const auto v = args.Value("--fix")) ApplyFix(*v, space);
+  // The earlier spellings of `--fix overlap_grad_reduce=off` / `overlap_param_gather=off`.
+  if (args.Switch("--no-overlap-grad-reduce")) space.overlap_grad_reduce = {false};
+  if (args.Switch("--no-overlap-param-gather")) space.overlap_param_gather = {false};
   space.tp_across_nodes = args.Switch("--tp-across-nodes");
   space.sweep_recompute_layers = args.Switch("--sweep-recompute-layers");
   space.max_mbs = static_cast<int32_t>(args.Int("--max-mbs", space.max_mbs));
@@ -388,7 +416,10 @@ Inputs ReadInputs(Args& args) {
   if (memory) in.cluster.gpu.memory_gib = ToDouble("--device-memory-gib", *memory);
   // The `cpu` device is the CPU backend's rank, which trains in fp32 whatever a script asks: a
   // plan for it, or a replay of its measurements, must count 4-byte activations too.
-  if (in.cluster.gpu.name == "cpu") in.train.precision = Precision::kFP32;
+  if (in.cluster.gpu.name == "cpu") {
+    RefuseFp8OnCpu(in.train);
+    in.train.precision = Precision::kFP32;
+  }
   Validate(in.model);
   Validate(in.train);
   Validate(in.cluster);
@@ -408,13 +439,13 @@ Inputs ReadInputs(Args& args) {
   // business (learning rate, data paths, ...) and ignored. On our command line, an unknown
   // flag is an error.
   std::vector<std::string> script_rest = from_script.unused;
-  in.megatron_config = TakeMegatronParallelFlags(script_rest, in.model, stack);
+  in.megatron_config = TakeMegatronParallelFlags(script_rest, in.model, in.train.precision, stack);
   std::vector<std::string> rest = megatron.unused;
-  if (auto c = TakeMegatronParallelFlags(rest, in.model, stack)) in.megatron_config = c;
+  if (auto c = TakeMegatronParallelFlags(rest, in.model, in.train.precision, stack)) {
+    in.megatron_config = c;
+  }
   if (!rest.empty()) throw InputError(rest[0], "unknown flag (see autopar-tune --help)");
   if (no_flash) stack.flash_attention = false;
-  if (no_overlap_grad) stack.overlap_grad_reduce = false;
-  if (no_overlap_param) stack.overlap_param_gather = false;
   return in;
 }
 

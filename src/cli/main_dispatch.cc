@@ -53,7 +53,7 @@ int Main(const std::vector<std::string>& argv, std::ostream& out, std::ostream& 
     out << kUsage;
     return argv.empty() ? kExitBadInput : kExitOk;
   }
-  // No subcommand: flags go to `tune`, the default command (DESIGN §7).
+  // No subcommand: flags go to `tune`, the default command (docs/cli.md §1).
   const bool implicit_tune = argv[0].rfind("--", 0) == 0;
   const std::string command = implicit_tune ? "tune" : argv[0];
   const std::vector<std::string> rest(argv.begin() + (implicit_tune ? 0 : 1), argv.end());

@@ -22,6 +22,9 @@ void PinSpace(const ParallelConfig& c, SpaceOptions& space) {
   space.dist_opt = {c.dist_opt};
   space.recompute = {c.recompute};
   space.recompute_layers = {c.recompute_layers};
+  space.overlap_grad_reduce = {c.overlap_grad_reduce};
+  space.overlap_param_gather = {c.overlap_param_gather};
+  space.grad_reduce_dtype = {c.grad_reduce_dtype};
 }
 
 }  // namespace
@@ -41,7 +44,7 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   if (ranking.candidates == 0) {
-    err << "autopar-tune plan: no configuration satisfies the constraints of DESIGN §3 for "
+    err << "autopar-tune plan: no configuration satisfies the constraints of docs/architecture.md §3 for "
         << in.model.name << " on " << in.cluster.world_size() << " GPUs with these restrictions\n";
     return kExitInfeasible;
   }
@@ -72,6 +75,16 @@ int RunPredict(const std::vector<std::string>& argv, std::ostream& out, std::ost
                                  "flags such as --tensor-model-parallel-size)");
   }
   c = Complete(c, in.cluster.world_size());
+  // Pins of the overlap and dtype knobs (--fix, --no-overlap-*) apply to the one configuration.
+  const SpaceOptions& pins = in.space;
+  if (pins.overlap_grad_reduce.size() == 1) {
+    c.overlap_grad_reduce = pins.overlap_grad_reduce[0];
+    c.overlap_param_gather = c.overlap_param_gather && c.overlap_grad_reduce;
+  }
+  if (pins.overlap_param_gather.size() == 1) {
+    c.overlap_param_gather = pins.overlap_param_gather[0] && OverlapParamGatherAllowed(c);
+  }
+  if (pins.grad_reduce_dtype.size() == 1) c.grad_reduce_dtype = pins.grad_reduce_dtype[0];
   // The space with no restrictions judges validity, so the reason names the broken constraint.
   SpaceOptions open = in.space;
   open.tp_across_nodes = true;

@@ -166,6 +166,19 @@ std::string MegatronFlags(const ParallelConfig& c, const ModelSpec& model, const
     else f << " --recompute-method block --recompute-num-layers " << c.recompute_layers;
   }
   if (c.dist_opt) f << " --use-distributed-optimizer";
+  // Megatron defaults both overlaps off, and reduces gradients in fp32 when training in bf16 but
+  // in fp16 when training in fp16 (megatron/training/arguments.py), so the flags say what the
+  // configuration runs.
+  if (c.overlap_grad_reduce) f << " --overlap-grad-reduce";
+  if (c.overlap_param_gather) f << " --overlap-param-gather";
+  // 16-bit reduction is in the parameters' dtype: bf16 asks for it, fp16 does it by default.
+  const bool fp32_reduce = c.grad_reduce_dtype == GradReduceDtype::kFP32;
+  const bool bf16_params =
+      train.precision == Precision::kBF16 || train.precision == Precision::kFP8;
+  if (!fp32_reduce && bf16_params) f << " --grad-reduce-in-bf16";
+  if (fp32_reduce && train.precision == Precision::kFP16) {
+    f << " --accumulate-allreduce-grads-in-fp32";
+  }
   // Megatron-LM has no Ulysses; DeepSpeed's sequence-parallel degree is the equivalent knob.
   if (c.up > 1) f << " --ds-sequence-parallel-size " << c.up;
   return f.str();

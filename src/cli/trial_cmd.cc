@@ -64,7 +64,7 @@ void PrintTrial(std::ostream& out, Format format, const ParallelConfig& c, const
     j.BeginObject();
     j.Field("config", ToSpec(c)).Field("backend", backend);
     j.Field("status", std::string(backend::OutcomeName(m.outcome)));
-    j.Field("message", m.message);
+    j.Field("message", m.message).Field("notes", m.notes);
     j.Field("step_time_s", m.step_time_s);
     j.Key("iteration_times_s").BeginArray();
     for (double t : m.iteration_times_s) j.Number(t);
@@ -73,6 +73,8 @@ void PrintTrial(std::ostream& out, Format format, const ParallelConfig& c, const
     for (double g : m.peak_memory_gib) j.Number(g);
     j.EndArray();
     j.Field("tokens_per_s", m.tokens_per_s).Field("loss", m.loss).Field("aux_loss", m.aux_loss);
+    j.Field("grad_buckets_overlapped", m.grad_buckets_overlapped)
+        .Field("param_buckets_overlapped", m.param_buckets_overlapped);
     j.Field("microbatches_run", int64_t{m.microbatches_run});
     j.Field("microbatches_total", int64_t{m.microbatches_total});
     j.Field("predicted_step_time_s", predicted.time.step_time_s);
@@ -111,6 +113,7 @@ void PrintTrial(std::ostream& out, Format format, const ParallelConfig& c, const
     out << line;
   }
   out << " MiB\n";
+  if (!m.notes.empty()) out << "  note           " << m.notes << "\n";
 }
 
 }  // namespace
@@ -147,6 +150,7 @@ int RunTrialCommand(const std::vector<std::string>& argv_in, std::ostream& out,
   RankWorker worker = StartRankWorker(flags.backend, in.cluster, flags.p2p_semantics);
   const ParallelConfig c = Complete(ParseSpec(*spec), worker.world.size());
   const int rank = worker.world.rank();
+  flags.options.ddp_bucket_size = in.constants.stack.ddp_bucket_size;  // as the model assumes
   const trial::TrialMeasurement m =
       trial::RunTrial(*worker.backend, worker.world, in.model, in.train, c, flags.options);
   if (rank == 0) {
@@ -169,8 +173,9 @@ int RunProbeCommand(const std::vector<std::string>& argv_in, std::ostream& out,
   trial::ProbeOptions options;
   options.repetitions = static_cast<int>(repetitions);
   options.tp_values = in.space.tp;
-  auto samples =
-      trial::RunProbe(*worker.backend, worker.world, in.model, in.train, in.cluster, cost, options);
+  trial::ProbeOverheads overheads;
+  auto samples = trial::RunProbe(*worker.backend, worker.world, in.model, in.train, in.cluster,
+                                 cost, options, &overheads);
   if (!samples.ok()) {
     err << "autopar-tune probe: " << samples.status().ToString() << "\n";
     return kExitFailure;
@@ -186,6 +191,12 @@ int RunProbeCommand(const std::vector<std::string>& argv_in, std::ostream& out,
     }
     j.EndArray().Key("ratios").BeginObject();
     for (int k = 0; k < kNumFeatures; ++k) j.Field(FeatureName(k), ratios[k]);
+    j.EndObject();
+    // Measured values of what the analytic model takes as constants (runtime_overhead_gib).
+    j.Key("overheads").BeginObject();
+    j.Field("non_tensor_memory_gib", overheads.non_tensor_gib);
+    j.Field("comm_setup_first_s", overheads.comm_setup_first_s);
+    j.Field("comm_setup_cached_s", overheads.comm_setup_cached_s);
     j.EndObject().EndObject();
     out << "\n";
     return kExitOk;
@@ -207,6 +218,14 @@ int RunProbeCommand(const std::vector<std::string>& argv_in, std::ostream& out,
     }
   }
   out << "\n";
+  std::snprintf(line, sizeof line,
+                "device memory besides tensors: %.3f GiB (runtime_overhead_gib; the model "
+                "assumes %.3f)\n",
+                overheads.non_tensor_gib, in.constants.mem.runtime_overhead_gib);
+  out << line;
+  std::snprintf(line, sizeof line, "communicator set-up: %.6f s first, %.6f s again (cached)\n",
+                overheads.comm_setup_first_s, overheads.comm_setup_cached_s);
+  out << line;
   return kExitOk;
 }
 

@@ -1,4 +1,4 @@
-// `tune` and `make-replay-table`: the online search's command line (DESIGN §6–§8). The search is
+// `tune` and `make-replay-table`: the online search's command line (docs/cli.md §6, docs/journal.md §1). The search is
 // coord::Tuner; this file turns flags into a study, a backend and a journal, and the finished
 // search into the user's outputs (tune_report.cc).
 #include "autopar/cli/tune.h"
@@ -123,7 +123,8 @@ void RejectRestrictions(const SpaceOptions& s) {
       {"--vpp", !s.vpp.empty()},
       {"--mbs", !s.mbs.empty()},
       {"--recompute", !s.recompute.empty()},
-      {"--fix", !s.sp.empty() || !s.dist_opt.empty()},
+      {"--fix", !s.sp.empty() || !s.dist_opt.empty() || !s.overlap_grad_reduce.empty() ||
+                    !s.overlap_param_gather.empty() || !s.grad_reduce_dtype.empty()},
       {"--recompute-layers", !s.recompute_layers.empty()},
       {"--max-mbs", s.max_mbs != d.max_mbs},
       {"--sweep-recompute-layers", s.sweep_recompute_layers}};
@@ -179,7 +180,7 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
         std::make_unique<search::CandidateSet>(search::CandidateSet::FromSpace(space, model));
   }
   if (candidates->size() == 0) {
-    err << "autopar-tune tune: no configuration satisfies the constraints of DESIGN §3 with these "
+    err << "autopar-tune tune: no configuration satisfies the constraints of docs/architecture.md §3 with these "
            "restrictions\n";
     return kExitInfeasible;
   }

@@ -1,4 +1,4 @@
-// The outputs of `tune` (DESIGN §8): the progress line per trial, result.json, trials.csv and
+// The outputs of `tune` (docs/cli.md §6, docs/journal.md §1): the progress line per trial, result.json, trials.csv and
 // the final table. Internal to src/cli (tune.cc is the only user).
 #pragma once
 

@@ -18,6 +18,10 @@ pb::ParallelConfig ToProto(const ParallelConfig& c) {
                                                          : pb::RECOMPUTE_FULL);
   p.set_recompute_layers(c.recompute_layers);
   p.set_dist_opt(c.dist_opt);
+  p.set_overlap_grad_reduce(c.overlap_grad_reduce);
+  p.set_overlap_param_gather(c.overlap_param_gather);
+  p.set_grad_reduce_dtype(c.grad_reduce_dtype == GradReduceDtype::kBF16 ? pb::GRAD_REDUCE_BF16
+                                                                        : pb::GRAD_REDUCE_FP32);
   return p;
 }
 
@@ -37,6 +41,11 @@ ParallelConfig FromProto(const pb::ParallelConfig& p) {
                                                          : Recompute::kNone;
   c.recompute_layers = p.recompute_layers();
   c.dist_opt = p.dist_opt();
+  if (p.has_overlap_grad_reduce()) c.overlap_grad_reduce = p.overlap_grad_reduce();
+  c.overlap_param_gather =
+      p.has_overlap_param_gather() ? p.overlap_param_gather() : OverlapParamGatherAllowed(c);
+  c.grad_reduce_dtype = p.grad_reduce_dtype() == pb::GRAD_REDUCE_BF16 ? GradReduceDtype::kBF16
+                                                                      : GradReduceDtype::kFP32;
   return c;
 }
 

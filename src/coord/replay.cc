@@ -135,6 +135,8 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
     c.mbs = r.Int("mbs", cell("mbs"));
     c.sp = r.Bool("sp", cell("sp"));
     c.dist_opt = r.Bool("dist_opt", cell("dist_opt"));
+    // A table has no overlap or reduction-dtype columns: its rows run Megatron's defaults.
+    c.overlap_param_gather = OverlapParamGatherAllowed(c);
     c.recompute = r.RecomputeValue(cell("recompute"));
     if (column.count("recompute_layers")) {
       c.recompute_layers = r.Int("recompute_layers", cell("recompute_layers"));

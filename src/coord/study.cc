@@ -104,6 +104,12 @@ pb::SpaceDesc Describe(const SpaceOptions& s, const search::CandidateSet& candid
   for (int32_t v : s.recompute_layers) d.add_recompute_layers(v);
   for (bool v : s.sp) d.add_sp(v);
   for (bool v : s.dist_opt) d.add_dist_opt(v);
+  for (bool v : s.overlap_grad_reduce) d.add_overlap_grad_reduce(v);
+  for (bool v : s.overlap_param_gather) d.add_overlap_param_gather(v);
+  for (GradReduceDtype v : s.grad_reduce_dtype) {
+    d.add_grad_reduce_dtype(v == GradReduceDtype::kBF16 ? pb::GRAD_REDUCE_BF16
+                                                        : pb::GRAD_REDUCE_FP32);
+  }
   for (Recompute r : s.recompute) {
     ParallelConfig c;
     c.recompute = r;
@@ -131,10 +137,8 @@ pb::PerfDesc Describe(const PerfConstants& k) {
   d.set_runtime_overhead_gib(k.mem.runtime_overhead_gib);
   d.set_fragmentation(k.mem.fragmentation);
   d.set_flash_attention(k.stack.flash_attention);
-  d.set_overlap_grad_reduce(k.stack.overlap_grad_reduce);
-  d.set_overlap_param_gather(k.stack.overlap_param_gather);
-  d.set_grad_reduce_in_fp32(k.stack.grad_reduce_in_fp32);
   d.set_dropout(k.stack.dropout);
+  d.set_ddp_bucket_size(k.stack.ddp_bucket_size);
   return d;
 }
 

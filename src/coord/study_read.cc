@@ -88,10 +88,8 @@ StudySpecs SpecsOf(const pb::StudyDescription& d) {
   k.mem.runtime_overhead_gib = p.runtime_overhead_gib();
   k.mem.fragmentation = p.fragmentation();
   k.stack.flash_attention = p.flash_attention();
-  k.stack.overlap_grad_reduce = p.overlap_grad_reduce();
-  k.stack.overlap_param_gather = p.overlap_param_gather();
-  k.stack.grad_reduce_in_fp32 = p.grad_reduce_in_fp32();
   k.stack.dropout = p.dropout();
+  k.stack.ddp_bucket_size = p.ddp_bucket_size();
   return s;
 }
 

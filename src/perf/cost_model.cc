@@ -26,7 +26,7 @@ CostModel::CostModel(const ModelSpec& model, const TrainSpec& train, const Clust
   model_flops_per_step_ = ModelFlopsPerStep(model_, train_.global_batch_size, train_.seq_length);
 }
 
-// ---- collectives on the link a group crosses (DESIGN §4) ----
+// ---- collectives on the link a group crosses (docs/models.md §4.1) ----
 
 bool CostModel::CrossesNodes(int64_t n, int64_t stride) const {
   if (n <= 1 || cluster_.nnodes == 1) return false;
@@ -104,7 +104,7 @@ double CostModel::MemoryBoundTime(double bytes) const {
   return bytes / (cluster_.gpu.hbm_bandwidth * constants_.eff.memory_bound);
 }
 
-// ---- memory (DESIGN §4) ----
+// ---- memory (docs/models.md §3) ----
 
 MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
   const ModelSpec& m = model_;

@@ -1,7 +1,8 @@
-// The analytic time model of DESIGN §4: compute, collectives on the links they cross, the
+// The analytic time model of docs/models.md §4: compute, collectives on the links they cross, the
 // pipeline schedule and the overlap of data-parallel communication.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "autopar/perf/cost_model.h"
 
@@ -26,6 +27,65 @@ struct LayerCost {
 void AddScaled(std::array<double, kNumFeatures>& to, const std::array<double, kNumFeatures>& x,
                double scale) {
   for (int k = 0; k < kNumFeatures; ++k) to[k] += scale * x[k];
+}
+
+// Megatron's bucket count for parameters of these sizes (in layout order): walking backwards, a
+// bucket closes once it holds at least `bucket_size`; what is left forms the last one.
+int64_t GreedyBuckets(const std::vector<double>& sizes, double bucket_size) {
+  int64_t closed = 0;
+  double held = 0;
+  for (size_t i = sizes.size(); i-- > 1;) {
+    held += sizes[i];
+    if (held >= bucket_size) {
+      ++closed;
+      held = 0;
+    }
+  }
+  return sizes.empty() ? 1 : closed + 1;
+}
+
+// The first pipeline stage's parameters tensor by tensor, in the order the trial lays them out
+// (embedding, then per layer norm, qkv, proj, norm, MLP or router and shared experts, then the
+// final norm and output layer on a single stage), split into the dense buffer and the routed
+// experts' buffer, each bucketed on its own.
+int64_t FirstStageBuckets(const ModelSpec& m, const ParallelConfig& c, double bucket_size) {
+  const double t = c.tp, h = m.hidden_size, d = m.head_dim();
+  const double fc1_factor = m.activation == Activation::kSwiGLU ? 2 : 1;
+  const int64_t layers = m.num_layers / c.pp;
+  std::vector<double> dense = {static_cast<double>(m.vocab_size) / t * h +
+                               (m.position_embedding == PositionEmbedding::kLearned
+                                    ? static_cast<double>(m.max_position_embeddings) * h
+                                    : 0.0)};
+  std::vector<double> experts;
+  auto norm = [&] {
+    dense.push_back(h);
+    if (m.norm == NormKind::kLayerNorm) dense.push_back(h);  // the bias
+  };
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    norm();
+    dense.push_back(h * d * (m.num_attention_heads + 2.0 * m.num_query_groups) / t);
+    dense.push_back(h * d * m.num_attention_heads / t);
+    norm();
+    const bool moe = m.is_moe() && layer >= m.moe_first_dense_layers;
+    const double ffn = moe ? m.moe_shared_expert_intermediate_size : m.ffn_hidden_size;
+    if (moe) dense.push_back(static_cast<double>(m.num_experts) * h);  // the router
+    if (ffn > 0) {
+      dense.push_back(fc1_factor * ffn * h / t);
+      dense.push_back(ffn * h / t);
+    }
+    if (moe) {
+      for (int64_t e = 0; e < m.num_experts / c.ep; ++e) {
+        experts.push_back(fc1_factor * m.moe_ffn_hidden_size * h / t);
+        experts.push_back(static_cast<double>(m.moe_ffn_hidden_size) * h / t);
+      }
+    }
+  }
+  if (c.pp == 1) {
+    norm();
+    if (m.untie_embeddings) dense.push_back(static_cast<double>(m.vocab_size) / t * h);
+  }
+  return GreedyBuckets(dense, bucket_size) +
+         (experts.empty() ? 0 : GreedyBuckets(experts, bucket_size));
 }
 
 }  // namespace
@@ -228,12 +288,23 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
 
   // Data-parallel gradient reduction (and the distributed optimizer's parameter all-gather),
   // over the up·cp·dp ranks that hold the same dense parameters (up fastest, at stride tp) and
-  // the up·cp·dp / ep that hold the same experts (spanning the same ranks).
+  // the up·cp·dp / ep that hold the same experts (spanning the same ranks). Gradients travel in
+  // the reduction dtype: fp32 (Megatron's default) or the 16-bit parameter dtype
+  // (--grad-reduce-in-bf16; fp32 training reduces its fp32 gradients either way).
+  // A stage's dense parameters: its layers, plus the embedding (first stage) or the final norm
+  // and output layer (last stage; a tied embedding's copy when pp > 1), whichever is more.
+  const double first_extra = static_cast<double>(params_.embedding);
+  const double last_extra =
+      static_cast<double>(params_.final_norm) +
+      (params_.output_layer > 0 ? static_cast<double>(params_.output_layer)
+                                : (c.pp > 1 ? static_cast<double>(m.vocab_size) * h : 0.0));
   const double dense_params =
       (dense_layers * static_cast<double>(params_.dense_layer()) +
-       moe_layers * static_cast<double>(params_.moe_layer_non_expert()) + params_.embedding) / t;
+       moe_layers * static_cast<double>(params_.moe_layer_non_expert()) +
+       (c.pp == 1 ? first_extra + last_extra : std::max(first_extra, last_extra))) /
+      t;
   const double expert_params = moe_layers * static_cast<double>(params_.expert_per_layer) / (t * c.ep);
-  const double grad_bytes = stack.grad_reduce_in_fp32 ? 4 : element_bytes_;
+  const double grad_bytes = c.grad_reduce_dtype == GradReduceDtype::kFP32 ? 4 : element_bytes_;
   const int64_t dp_group = int64_t{c.dp} * c.cp * c.up;
   const int64_t edp_group = dp_group / c.ep;
   double grad_time, gather_time = 0;
@@ -246,14 +317,43 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     grad_time = AllReduceTime(grad_bytes * dense_params, dp_group, up_stride) +
                 AllReduceTime(grad_bytes * expert_params, edp_group, up_stride * c.ep);
   }
-  if (c.pp > 1 && params_.output_layer == 0) {
-    // Tied embeddings: first and last stage all-reduce the embedding gradient.
-    grad_time += AllReduceTime(grad_bytes * m.vocab_size * h / t, 2, pp_stride * (c.pp - 1));
+  // Megatron's overlap (megatron/core/distributed/): parameters go into buckets of
+  // MegatronDdpBucketSize(dp) in reverse order, on the first pipeline stage only (later stages,
+  // and every stage with the knob off, have one bucket). A bucket's reduction starts once the
+  // last micro-batch's backward has produced all its gradients and they run one after another,
+  // so with n equal buckets under a backward of b seconds the reduction of R seconds ends
+  // max(R/n, R − b·(n−1)/n) after the backward: the last bucket never hides. With pp > 1 the
+  // last stage's single bucket starts (pp − 1)/vpp backward slots before the first stage ends
+  // its own. The parameter all-gather mirrors it under the first micro-batch's forward: the
+  // first bucket's gather waits at the first layer, each later one is dispatched when the one
+  // before it completes. No overlap hides more than dp_overlap of a collective.
+  const int64_t bucket_size =
+      stack.ddp_bucket_size > 0 ? stack.ddp_bucket_size : MegatronDdpBucketSize(c.dp);
+  const int64_t buckets = FirstStageBuckets(m, c, static_cast<double>(bucket_size));
+  auto exposed = [&](double comm, double window, int64_t n) {
+    return std::max({comm * (1 - e.dp_overlap), comm / n, comm - window * (n - 1) / n});
+  };
+  double grad_exposed = grad_time;
+  if (c.overlap_grad_reduce) {
+    out.grad_reduce_buckets = buckets;
+    grad_exposed = exposed(grad_time, bwd, buckets);
+    if (c.pp > 1) {
+      grad_exposed = std::max(grad_exposed, grad_time - (c.pp - 1.0) / c.vpp * bwd);
+    }
   }
-  const double grad_window = stack.overlap_grad_reduce ? bwd : 0;
-  const double gather_window = stack.overlap_param_gather ? fwd : 0;
-  out.features[kDpComm] = std::max(grad_time * (1 - e.dp_overlap), grad_time - grad_window) +
-                          std::max(0.0, gather_time - gather_window);
+  double gather_exposed = gather_time;
+  if (c.overlap_param_gather && OverlapParamGatherAllowed(c)) {
+    out.param_gather_buckets = buckets;
+    gather_exposed = exposed(gather_time, fwd, c.pp == 1 ? buckets : 1);
+  }
+  // Tied embeddings: first and last stage all-reduce the embedding gradient once the DP
+  // reduction is done (finalize_model_grads), in the step's tail where nothing hides it.
+  double embedding_time = 0;
+  if (c.pp > 1 && params_.output_layer == 0) {
+    embedding_time = AllReduceTime(grad_bytes * m.vocab_size * h / t, 2, pp_stride * (c.pp - 1));
+  }
+  out.dp_comm_s = grad_time + gather_time + embedding_time;
+  out.features[kDpComm] = grad_exposed + gather_exposed + embedding_time;
 
   const double optimizer_params =
       c.dist_opt ? dense_params / dp_group + expert_params / edp_group : dense_params + expert_params;

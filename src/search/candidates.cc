@@ -32,6 +32,13 @@ constexpr Knob kKnobs[] = {
        return static_cast<int64_t>(c.recompute) * (int64_t{1} << 32) + c.recompute_layers;
      }},
     {"dist_opt", [](const ParallelConfig& c) -> int64_t { return c.dist_opt; }},
+    // Pinned by default (SpaceOptions): an effect only when a space holds both values.
+    {"overlap_grad_reduce",
+     [](const ParallelConfig& c) -> int64_t { return c.overlap_grad_reduce; }},
+    {"overlap_param_gather",
+     [](const ParallelConfig& c) -> int64_t { return c.overlap_param_gather; }},
+    {"grad_reduce_dtype",
+     [](const ParallelConfig& c) -> int64_t { return static_cast<int64_t>(c.grad_reduce_dtype); }},
 };
 
 std::string LevelName(const char* knob, const ParallelConfig& c) {
@@ -39,6 +46,11 @@ std::string LevelName(const char* knob, const ParallelConfig& c) {
   std::string value;
   if (k == "sp" || k == "dist_opt") {
     value = (k == "sp" ? c.sp : c.dist_opt) ? "on" : "off";
+  } else if (k == "overlap_grad_reduce" || k == "overlap_param_gather") {
+    value = (k == "overlap_grad_reduce" ? c.overlap_grad_reduce : c.overlap_param_gather) ? "on"
+                                                                                          : "off";
+  } else if (k == "grad_reduce_dtype") {
+    value = ToString(c.grad_reduce_dtype);
   } else if (k == "recompute") {
     value = ToString(c.recompute);
     if (c.recompute_layers != 0) value += "/" + std::to_string(c.recompute_layers);

@@ -9,7 +9,9 @@ namespace autopar {
 namespace {
 
 constexpr const char* kFlag = "--config";
-constexpr const char* kKeys = "tp, pp, dp, cp, up, ep, vpp, mbs, sp, recompute, recompute_layers, dist_opt";
+constexpr const char* kKeys =
+    "tp, pp, dp, cp, up, ep, vpp, mbs, sp, recompute, recompute_layers, dist_opt, "
+    "overlap_grad_reduce, overlap_param_gather, grad_reduce_dtype";
 
 int32_t ParsePositive(const std::string& key, const std::string& value, bool allow_zero) {
   int32_t v = 0;
@@ -40,6 +42,8 @@ const char* ToString(Recompute r) {
   return "?";
 }
 
+const char* ToString(GradReduceDtype d) { return d == GradReduceDtype::kBF16 ? "bf16" : "fp32"; }
+
 std::string ToSpec(const ParallelConfig& c) {
   std::ostringstream out;
   out << "tp=" << c.tp << ",pp=" << c.pp << ",dp=" << c.dp << ",cp=" << c.cp << ",up=" << c.up
@@ -47,11 +51,19 @@ std::string ToSpec(const ParallelConfig& c) {
       << ",recompute=" << ToString(c.recompute);
   if (c.recompute_layers != 0) out << ",recompute_layers=" << c.recompute_layers;
   out << ",dist_opt=" << (c.dist_opt ? "on" : "off");
+  if (!c.overlap_grad_reduce) out << ",overlap_grad_reduce=off";
+  if (c.overlap_param_gather != OverlapParamGatherAllowed(c)) {
+    out << ",overlap_param_gather=" << (c.overlap_param_gather ? "on" : "off");
+  }
+  if (c.grad_reduce_dtype != GradReduceDtype::kFP32) {
+    out << ",grad_reduce_dtype=" << ToString(c.grad_reduce_dtype);
+  }
   return out.str();
 }
 
 ParallelConfig ParseSpec(const std::string& text) {
   ParallelConfig c;
+  bool param_gather_given = false;
   std::istringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
@@ -73,7 +85,15 @@ ParallelConfig ParseSpec(const std::string& text) {
     else if (key == "recompute_layers") c.recompute_layers = ParsePositive(key, value, true);
     else if (key == "sp") c.sp = ParseOnOff(key, value);
     else if (key == "dist_opt") c.dist_opt = ParseOnOff(key, value);
-    else if (key == "recompute") {
+    else if (key == "overlap_grad_reduce") c.overlap_grad_reduce = ParseOnOff(key, value);
+    else if (key == "overlap_param_gather") {
+      c.overlap_param_gather = ParseOnOff(key, value);
+      param_gather_given = true;
+    } else if (key == "grad_reduce_dtype") {
+      if (value == "fp32") c.grad_reduce_dtype = GradReduceDtype::kFP32;
+      else if (value == "bf16") c.grad_reduce_dtype = GradReduceDtype::kBF16;
+      else throw InputError(kFlag, "key 'grad_reduce_dtype' takes fp32|bf16, got '" + value + "'");
+    } else if (key == "recompute") {
       if (value == "none") c.recompute = Recompute::kNone;
       else if (value == "selective") c.recompute = Recompute::kSelective;
       else if (value == "full") c.recompute = Recompute::kFull;
@@ -85,6 +105,7 @@ ParallelConfig ParseSpec(const std::string& text) {
   if (c.recompute_layers != 0 && c.recompute != Recompute::kFull) {
     throw InputError(kFlag, "recompute_layers needs recompute=full");
   }
+  if (!param_gather_given) c.overlap_param_gather = OverlapParamGatherAllowed(c);
   return c;
 }
 

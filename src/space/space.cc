@@ -155,6 +155,17 @@ void SearchSpace::ValidateOptions() const {
       options_.tp[0] == 1) {
     throw InputError("--fix", "sp=on needs tp > 1");
   }
+  // Megatron-LM asserts --overlap-param-gather only with the distributed optimizer and
+  // --overlap-grad-reduce (megatron/training/arguments.py).
+  const bool gather_pinned_on =
+      options_.overlap_param_gather.size() == 1 && options_.overlap_param_gather[0];
+  if (gather_pinned_on && options_.dist_opt.size() == 1 && !options_.dist_opt[0]) {
+    throw InputError("--fix", "overlap_param_gather=on needs dist_opt=on");
+  }
+  if (gather_pinned_on && options_.overlap_grad_reduce.size() == 1 &&
+      !options_.overlap_grad_reduce[0]) {
+    throw InputError("--fix", "overlap_param_gather=on needs overlap_grad_reduce=on");
+  }
 }
 
 std::string SearchSpace::Check(const ParallelConfig& c) const {
@@ -210,6 +221,10 @@ std::string SearchSpace::Check(const ParallelConfig& c) const {
       (c.recompute != Recompute::kFull || c.recompute_layers >= layers_per_stage)) {
     return "recompute_layers needs recompute=full and fewer than the " + Str(layers_per_stage) +
            " layers per stage (0 recomputes every layer)";
+  }
+  if (c.overlap_param_gather && !OverlapParamGatherAllowed(c)) {
+    return "overlap_param_gather=on needs dist_opt=on and overlap_grad_reduce=on (Megatron-LM "
+           "asserts both)";
   }
   return {};
 }
@@ -322,6 +337,9 @@ void ApplyFix(const std::string& text, SpaceOptions& options) {
     else if (key == "dist_opt") options.dist_opt = {c.dist_opt};
     else if (key == "recompute") options.recompute = {c.recompute};
     else if (key == "recompute_layers") options.recompute_layers = {c.recompute_layers};
+    else if (key == "overlap_grad_reduce") options.overlap_grad_reduce = {c.overlap_grad_reduce};
+    else if (key == "overlap_param_gather") options.overlap_param_gather = {c.overlap_param_gather};
+    else if (key == "grad_reduce_dtype") options.grad_reduce_dtype = {c.grad_reduce_dtype};
   }
 }
 

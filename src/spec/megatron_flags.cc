@@ -295,6 +295,8 @@ MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const Mode
         throw InputError(flag, "unknown format '" + format + "'; allowed: e4m3|hybrid");
       }
       fp8 = true;
+      out.train.fp8_format =
+          format == "e4m3" ? TrainSpec::Fp8Format::kE4M3 : TrainSpec::Fp8Format::kHybrid;
       continue;
     } else {
       out.unused.push_back(arg);

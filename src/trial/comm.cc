@@ -29,12 +29,17 @@ Status WaitUntil(backend::Request& request, Deadline deadline) {
   }
 }
 
-#define AUTOPAR_POLL(start_expr)                               \
-  do {                                                         \
-    if (!c_) return NotConnected(__FILE__, __LINE__);          \
-    auto request_ = (start_expr);                              \
-    if (!request_.ok()) return request_.status();              \
-    AUTOPAR_RETURN_IF_ERROR(WaitUntil(**request_, deadline_)); \
+Status Comm::Complete(backend::Request& request) {
+  if (c_ != nullptr && c_->stream_ordered()) return request.OrderOnDevice(deadline_);
+  return WaitUntil(request, deadline_);
+}
+
+#define AUTOPAR_POLL(start_expr)                      \
+  do {                                                \
+    if (!c_) return NotConnected(__FILE__, __LINE__); \
+    auto request_ = (start_expr);                     \
+    if (!request_.ok()) return request_.status();     \
+    AUTOPAR_RETURN_IF_ERROR(Complete(**request_));    \
   } while (0)
 
 Status Comm::AllReduce(Tensor buf, ReduceOp op) {
@@ -69,32 +74,52 @@ Status Comm::AllToAllV(Tensor send, std::span<const int64_t> send_counts, Tensor
   return backend::OkStatus();
 }
 
-Status Comm::Recv(Tensor buf, int peer, int tag) {
-  AUTOPAR_POLL(c_->IRecv(buf, peer, tag));
+Status Comm::SendRecv(std::span<const backend::P2POp> ops) {
+  if (ops.empty()) return backend::OkStatus();
+  AUTOPAR_POLL(c_->IBatchSendRecv(ops));
   return backend::OkStatus();
 }
 
-Status Comm::Send(Tensor buf, int peer, int tag, std::unique_ptr<backend::Request>& pending) {
+Status Comm::StartSendRecv(std::span<const backend::P2POp> ops,
+                           std::unique_ptr<backend::Request>& pending) {
   AUTOPAR_RETURN_IF_ERROR(Wait(pending));
+  if (ops.empty()) return backend::OkStatus();
   if (!c_) return NotConnected(__FILE__, __LINE__);
-  auto request = c_->ISend(buf, peer, tag);
+  auto request = c_->IBatchSendRecv(ops);
   if (!request.ok()) return request.status();
   pending = std::move(*request);
   return backend::OkStatus();
 }
 
-Status Comm::StartRecv(Tensor buf, int peer, int tag, std::unique_ptr<backend::Request>& pending) {
-  AUTOPAR_RETURN_IF_ERROR(Wait(pending));
-  if (!c_) return NotConnected(__FILE__, __LINE__);
-  auto request = c_->IRecv(buf, peer, tag);
-  if (!request.ok()) return request.status();
-  pending = std::move(*request);
+#define AUTOPAR_START(start_expr)                     \
+  do {                                                \
+    AUTOPAR_RETURN_IF_ERROR(Wait(pending));           \
+    if (!c_) return NotConnected(__FILE__, __LINE__); \
+    auto request_ = (start_expr);                     \
+    if (!request_.ok()) return request_.status();     \
+    pending = std::move(*request_);                   \
+  } while (0)
+
+Status Comm::StartAllReduce(Tensor buf, std::unique_ptr<backend::Request>& pending) {
+  if (!active()) return Wait(pending);
+  AUTOPAR_START(c_->IAllReduce(buf, buf, ReduceOp::kSum));
+  return backend::OkStatus();
+}
+
+Status Comm::StartReduceScatter(Tensor send, Tensor recv,
+                                std::unique_ptr<backend::Request>& pending) {
+  AUTOPAR_START(c_->IReduceScatter(send, recv, ReduceOp::kSum));
+  return backend::OkStatus();
+}
+
+Status Comm::StartAllGather(Tensor send, Tensor recv, std::unique_ptr<backend::Request>& pending) {
+  AUTOPAR_START(c_->IAllGather(send, recv));
   return backend::OkStatus();
 }
 
 Status Comm::Wait(std::unique_ptr<backend::Request>& pending) {
   if (pending) {
-    AUTOPAR_RETURN_IF_ERROR(WaitUntil(*pending, deadline_));
+    AUTOPAR_RETURN_IF_ERROR(Complete(*pending));
     pending.reset();
   }
   return backend::OkStatus();

@@ -2,7 +2,11 @@
 //
 // Every call is the non-blocking form of the backend's collective, completed by polling Test()
 // against the deadline: a rank whose peer stalls or died gives up with kTimeout instead of
-// blocking forever, which is how a trial ends as `timeout` on every rank (DESIGN §5).
+// blocking forever, which is how a trial ends as `timeout` on every rank (docs/trial.md §10).
+// On a stream-ordered transport (Collectives::stream_ordered(): NCCL) a call completes instead
+// by making the device's stream wait for it (Request::OrderOnDevice) and returns at once: the
+// host does not drain the device per collective, and the deadline is enforced where the host
+// does wait on the device (Device::Synchronize, host copies), aborting the communicators.
 #pragma once
 
 #include <chrono>
@@ -41,14 +45,25 @@ class Comm {
   Status AllToAll(Tensor send, Tensor recv);
   Status AllToAllV(Tensor send, std::span<const int64_t> send_counts, Tensor recv,
                    std::span<const int64_t> recv_counts);
-  Status Recv(Tensor buf, int peer, int tag);
-  // Starts a send (a receive) into `pending`; the buffer must stay untouched until Wait(pending).
-  Status Send(Tensor buf, int peer, int tag, std::unique_ptr<backend::Request>& pending);
-  Status StartRecv(Tensor buf, int peer, int tag, std::unique_ptr<backend::Request>& pending);
+  // Runs the sends and receives of `ops` as one group (Collectives::IBatchSendRecv) and waits for
+  // them; an empty batch does nothing.
+  Status SendRecv(std::span<const backend::P2POp> ops);
+  // Starts them into `pending` (completing an earlier `pending` first); the buffers must stay
+  // untouched until Wait(pending).
+  Status StartSendRecv(std::span<const backend::P2POp> ops,
+                       std::unique_ptr<backend::Request>& pending);
+  // Start the collective into `pending` (completing an earlier `pending` first), for the
+  // data-parallel overlap (grad_buckets.h); the buffers must stay untouched until Wait(pending).
+  Status StartAllReduce(Tensor buf, std::unique_ptr<backend::Request>& pending);  // in place
+  Status StartReduceScatter(Tensor send, Tensor recv, std::unique_ptr<backend::Request>& pending);
+  Status StartAllGather(Tensor send, Tensor recv, std::unique_ptr<backend::Request>& pending);
   // Completes `pending` if there is one.
   Status Wait(std::unique_ptr<backend::Request>& pending);
 
  private:
+  // Completes `request` as the transport allows: ordered on the device, or polled on the host.
+  Status Complete(backend::Request& request);
+
   std::unique_ptr<backend::Collectives> c_;
   Deadline deadline_{};
 };

@@ -11,6 +11,7 @@ namespace {
 using backend::AttentionDesc;
 using backend::DType;
 using backend::OkStatus;
+using backend::P2POp;
 
 constexpr int kKvTag = 101, kDkvTag = 102;  // ring messages on the cp group
 
@@ -244,13 +245,14 @@ Status ContextAttention::RingForward(Tensor qkv_ul, Tensor o_ul, Tensor lse) {
   const int64_t chunk_rows = s_.chunk * s_.mbs, kv_cols = 2 * kvu * d;
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, qkv_ul, d, ids_[kv_pack_], kv_[0]));
   bool written[2] = {false, false};
-  std::unique_ptr<backend::Request> send, recv;
+  std::unique_ptr<backend::Request> ring;
   for (int step = 0; step < cp; ++step) {
     const int src = (me - step + cp) % cp;
     const Tensor cur = kv_[step == 0 ? 0 : 1 + (step - 1) % 2];
-    if (step + 1 < cp) {  // the next block travels while this one is computed
-      AUTOPAR_RETURN_IF_ERROR(g_.cp.Send(cur, next, kKvTag, send));
-      AUTOPAR_RETURN_IF_ERROR(g_.cp.StartRecv(kv_[1 + step % 2], prev, kKvTag, recv));
+    if (step + 1 < cp) {  // the next block travels while this one is computed, as one group
+      const P2POp shift[] = {{P2POp::kSend, cur, next, kKvTag},
+                             {P2POp::kRecv, kv_[1 + step % 2], prev, kKvTag}};
+      AUTOPAR_RETURN_IF_ERROR(g_.cp.StartSendRecv(shift, ring));
     }
     for (const Pair p : VisiblePairs(step, src, me)) {
       const AttentionDesc att = PairDesc(p.q, src, p.kv);
@@ -269,8 +271,7 @@ Status ContextAttention::RingForward(Tensor qkv_ul, Tensor o_ul, Tensor lse) {
       AUTOPAR_RETURN_IF_ERROR(
           dev_.AttentionMerge(chunk_rows * Hu, d, out, out_lse, part_out_, part_lse_));
     }
-    AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(send));
-    AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(recv));
+    AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(ring));
   }
   return OkStatus();
 }
@@ -285,16 +286,24 @@ Status ContextAttention::RingBackward(Tensor qkv_ul, Tensor o_ul, Tensor lse, Te
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, qkv_ul, d, ids_[kv_pack_], kv_[0]));
   // dK/dV of the block at hand: this rank's part goes into dkv_[step % 2], the part the earlier
   // ranks of the ring accumulated arrives in dkv_[2], and the sum moves on to the next rank.
-  std::unique_ptr<backend::Request> send, recv, dkv_send, dkv_recv;
+  // Each step's transfers are one group: the next K/V block, and the previous step's dK/dV sum
+  // out and the one this step adds to in. A lone dK/dV send after the compute would wait on NCCL
+  // for a receive that the next rank queues behind its own lone send: a cycle around the ring.
+  std::unique_ptr<backend::Request> ring;
   const Tensor incoming = dkv_[2];
   for (int step = 0; step < cp; ++step) {
     const int src = (me - step + cp) % cp;
     const Tensor cur = kv_[step == 0 ? 0 : 1 + (step - 1) % 2];
+    std::vector<P2POp> shift;
     if (step + 1 < cp) {
-      AUTOPAR_RETURN_IF_ERROR(g_.cp.Send(cur, next, kKvTag, send));
-      AUTOPAR_RETURN_IF_ERROR(g_.cp.StartRecv(kv_[1 + step % 2], prev, kKvTag, recv));
+      shift.push_back({P2POp::kSend, cur, next, kKvTag});
+      shift.push_back({P2POp::kRecv, kv_[1 + step % 2], prev, kKvTag});
     }
-    if (step > 0) AUTOPAR_RETURN_IF_ERROR(g_.cp.StartRecv(incoming, prev, kDkvTag, dkv_recv));
+    if (step > 0) {
+      shift.push_back({P2POp::kSend, dkv_[(step - 1) % 2], next, kDkvTag});
+      shift.push_back({P2POp::kRecv, incoming, prev, kDkvTag});
+    }
+    AUTOPAR_RETURN_IF_ERROR(g_.cp.StartSendRecv(shift, ring));
     const Tensor part = dkv_[step % 2];
     AUTOPAR_RETURN_IF_ERROR(dev_.Fill(part, 0.0f));
     for (const Pair p : VisiblePairs(step, src, me)) {
@@ -311,18 +320,13 @@ Status ContextAttention::RingBackward(Tensor qkv_ul, Tensor o_ul, Tensor lse, Te
           att, q, k, v, o_ul.Slice(o0, chunk_rows * Hu * d), do_ul.Slice(o0, chunk_rows * Hu * d),
           lse.Slice(p.q * chunk_rows * Hu, chunk_rows * Hu), dq, dk, dv, true));
     }
-    if (step > 0) {
-      AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(dkv_recv));
-      AUTOPAR_RETURN_IF_ERROR(dev_.Add(part, incoming, part));
-    }
-    AUTOPAR_RETURN_IF_ERROR(g_.cp.Send(part, next, kDkvTag, dkv_send));  // waits the previous one
-    AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(send));
-    AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(recv));
+    AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(ring));
+    if (step > 0) AUTOPAR_RETURN_IF_ERROR(dev_.Add(part, incoming, part));
   }
   // The last hop brings this rank's own block's gradient home.
-  AUTOPAR_RETURN_IF_ERROR(g_.cp.StartRecv(incoming, prev, kDkvTag, dkv_recv));
-  AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(dkv_recv));
-  AUTOPAR_RETURN_IF_ERROR(g_.cp.Wait(dkv_send));
+  const P2POp home[] = {{P2POp::kSend, dkv_[(cp - 1) % 2], next, kDkvTag},
+                        {P2POp::kRecv, incoming, prev, kDkvTag}};
+  AUTOPAR_RETURN_IF_ERROR(g_.cp.SendRecv(home));
   const Tensor placed = pack_.Slice(0, dqkv_ul.numel);
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, incoming, d, ids_[dkv_assemble_], placed));
   return dev_.Add(dqkv_ul, placed, dqkv_ul);

@@ -13,7 +13,8 @@
 //
 // Ring. K and V of the rank's two chunks travel around the cp ring; each step computes the visible
 // chunk pairs of the block at hand (by global positions) while the next block is in flight
-// (ISend/IRecv, then wait), and merges by log-sum-exp. Backward runs the same ring with the final
+// (one grouped send/recv per step, as Transformer Engine's ring does, then wait), and merges by
+// log-sum-exp. Backward runs the same ring with the final
 // output and log-sum-exp; dK/dV of a block travel with it, each rank adding its part, and reach
 // the owner after a last hop.
 #pragma once

@@ -24,48 +24,61 @@ Coordinates Coordinates::Of(int rank, const ParallelConfig& c) {
   return at;
 }
 
+GroupUse UsedGroups(const ParallelConfig& c, bool moe, bool tied_embedding) {
+  GroupUse use;
+  const int64_t replicas = int64_t{c.up} * c.cp * c.dp;  // ranks holding the same dense weights
+  use.tp = c.tp > 1;
+  use.up = c.up > 1;
+  use.cp = c.cp > 1;
+  use.pp = c.pp > 1;
+  use.dp = replicas > 1;
+  use.ep = moe && c.ep > 1;
+  use.edp = moe && replicas / c.ep > 1;
+  use.seq = moe && int64_t{c.tp} * c.up * c.cp > 1;
+  use.embedding = tied_embedding && c.pp > 1;
+  return use;
+}
+
 StatusOr<ProcessGroups> ProcessGroups::Create(backend::Backend& backend,
                                               const backend::Group& world, const ParallelConfig& c,
-                                              Deadline deadline) {
+                                              Deadline deadline, const GroupUse& use) {
   ProcessGroups g;
   const int rank = world.rank();
   const Coordinates at = Coordinates::Of(rank, c);
   g.at = at;
   const int TP = c.tp, UP = c.up, CP = c.cp, DP = c.dp;
   const int k = at.cp + CP * at.dp;
-  // Split is collective over the world, so every rank makes every group in the same order;
-  // only groups of more than one rank get a communicator.
-  auto make = [&](int color, int key, Comm& out) -> Status {
+  // Split and ConnectSplit are collective over the world, so every rank makes every used group in
+  // the same order (`use` depends on the configuration only, the same everywhere).
+  auto make = [&](bool used, int color, int key, Comm& out) -> Status {
+    if (!used) return OkStatus();
     AUTOPAR_ASSIGN_OR_RETURN(backend::Group group, world.Split(color, key));
-    if (group.empty() || group.size() == 1) return OkStatus();
-    AUTOPAR_ASSIGN_OR_RETURN(auto collectives, backend.Connect(group));
-    out = Comm(std::move(collectives), deadline);
+    AUTOPAR_ASSIGN_OR_RETURN(auto collectives, backend.ConnectSplit(world, group));
+    if (collectives != nullptr) out = Comm(std::move(collectives), deadline);
     return OkStatus();
   };
   const int tp_stride = 1, up_stride = TP, cp_stride = TP * UP, pp_stride = TP * UP * CP * DP;
   // A group along one dimension: the ranks that differ only in that coordinate.
-  AUTOPAR_RETURN_IF_ERROR(make(rank - at.tp * tp_stride, at.tp, g.tp));
-  AUTOPAR_RETURN_IF_ERROR(make(rank - at.up * up_stride, at.up, g.up));
-  AUTOPAR_RETURN_IF_ERROR(make(rank - at.cp * cp_stride, at.cp, g.cp));
-  AUTOPAR_RETURN_IF_ERROR(make(rank - at.pp * pp_stride, at.pp, g.pp));
+  AUTOPAR_RETURN_IF_ERROR(make(use.tp, rank - at.tp * tp_stride, at.tp, g.tp));
+  AUTOPAR_RETURN_IF_ERROR(make(use.up, rank - at.up * up_stride, at.up, g.up));
+  AUTOPAR_RETURN_IF_ERROR(make(use.cp, rank - at.cp * cp_stride, at.cp, g.cp));
+  AUTOPAR_RETURN_IF_ERROR(make(use.pp, rank - at.pp * pp_stride, at.pp, g.pp));
   // Dense replicas: same tp and pp; ranked by (up, cp, dp), the distributed optimizer's order.
-  AUTOPAR_RETURN_IF_ERROR(make(at.tp + TP * at.pp, at.up + UP * k, g.dp));
+  AUTOPAR_RETURN_IF_ERROR(make(use.dp, at.tp + TP * at.pp, at.up + UP * k, g.dp));
   // Expert parallel: same tp, up, pp and k / ep; expert replicas: same tp, pp and k mod ep.
   const int blocks = CP * DP / c.ep;
   AUTOPAR_RETURN_IF_ERROR(
-      make(at.tp + TP * (at.up + UP * (at.ep_block + blocks * at.pp)), at.ep, g.ep));
+      make(use.ep, at.tp + TP * (at.up + UP * (at.ep_block + blocks * at.pp)), at.ep, g.ep));
   AUTOPAR_RETURN_IF_ERROR(
-      make(at.tp + TP * (at.ep + c.ep * at.pp), at.up + UP * at.ep_block, g.edp));
+      make(use.edp, at.tp + TP * (at.ep + c.ep * at.pp), at.up + UP * at.ep_block, g.edp));
   // The ranks of one sample: same dp and pp.
-  AUTOPAR_RETURN_IF_ERROR(make(at.dp + DP * at.pp, at.tp + TP * (at.up + UP * at.cp), g.seq));
-  // The first and last pipeline stage share the (tied) word embedding.
+  AUTOPAR_RETURN_IF_ERROR(
+      make(use.seq, at.dp + DP * at.pp, at.tp + TP * (at.up + UP * at.cp), g.seq));
+  // The first and last pipeline stage share the (tied) word embedding; the other stages take
+  // part in the split without a group.
   const bool end_stage = at.pp == 0 || at.pp == c.pp - 1;
-  const int color = end_stage && c.pp > 1 ? rank - at.pp * pp_stride : -1;
-  AUTOPAR_ASSIGN_OR_RETURN(backend::Group embedding, world.Split(color, at.pp));
-  if (!embedding.empty()) {
-    AUTOPAR_ASSIGN_OR_RETURN(auto collectives, backend.Connect(embedding));
-    g.embedding = Comm(std::move(collectives), deadline);
-  }
+  AUTOPAR_RETURN_IF_ERROR(
+      make(use.embedding, end_stage ? rank - at.pp * pp_stride : -1, at.pp, g.embedding));
   return g;
 }
 
@@ -105,6 +118,11 @@ Shapes Shapes::Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& 
   s.max_positions = std::max<int64_t>(m.max_position_embeddings, t.seq_length);
   s.tied = !m.untie_embeddings;
   s.layers_per_chunk = m.num_layers / (int64_t{c.pp} * c.vpp);
+  if (t.precision == Precision::kFP8) {
+    s.fp8.fwd = backend::Fp8Operand::kE4M3;
+    s.fp8.grad = t.fp8_format == TrainSpec::Fp8Format::kHybrid ? backend::Fp8Operand::kE5M2
+                                                               : backend::Fp8Operand::kE4M3;
+  }
   if (m.is_moe()) {
     s.experts = m.num_experts;
     s.local_experts = m.num_experts / c.ep;
@@ -119,6 +137,13 @@ Shapes Shapes::Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& 
 int64_t GlobalPosition(const Shapes& s, const Coordinates& at, int64_t s_local) {
   const int64_t q = at.up * s.seq_local + s_local;  // position within the cp rank's two chunks
   return q < s.chunk ? at.cp * s.chunk + q : (2 * s.cp - 1 - at.cp) * s.chunk + q - s.chunk;
+}
+
+std::string Fp8Unsupported(bool fp8, bool device_has_fp8, std::string_view device_name) {
+  if (!fp8 || device_has_fp8) return {};
+  return "--fp8-format: " + std::string(device_name) +
+         " has no fp8 GEMMs; fp8 trials run on --backend cuda with a GPU of compute capability 8.9 "
+         "or newer (Ada, Hopper, Blackwell)";
 }
 
 std::string Unsupported(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& c) {

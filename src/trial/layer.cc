@@ -118,10 +118,10 @@ Status StageProgram::MlpForward(const LayerWeights& w, const LayerActs& a, MoeAc
   AUTOPAR_ASSIGN_OR_RETURN(Tensor y2, GatherRows(a.y2, gathered_));
   if (ffn > 0) {
     const Tensor h1 = a.h1.Slice(0, T * fc1), a1 = a.a1.Slice(0, T * ffn);
-    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, fc1, h), y2, w.fc1, h1));
+    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, fc1, h, 0, s_.fp8), y2, w.fc1, h1));
     AUTOPAR_RETURN_IF_ERROR(s_.swiglu ? dev_.SwiGluForward(T, ffn, h1, a1)
                                       : dev_.GeluForward(h1, a1));
-    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, h, ffn), a1, w.fc2, partial_));
+    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, h, ffn, 0, s_.fp8), a1, w.fc2, partial_));
   } else {
     AUTOPAR_RETURN_IF_ERROR(dev_.Fill(partial_, 0.0f));
   }
@@ -145,8 +145,9 @@ Status StageProgram::MlpBackward(const LayerWeights& w, const LayerActs& a, MoeA
   // The backward of a reduce-scatter is an all-gather (and of an all-reduce, nothing).
   AUTOPAR_ASSIGN_OR_RETURN(Tensor d_partial, GatherRows(dout, gathered_));
   if (ffn > 0) {
-    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearWeightGrad(T, h, ffn), d_partial, a1, w.d_fc2));
-    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearInputGrad(T, h, ffn), d_partial, w.fc2, da1));
+    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearWeightGrad(T, h, ffn, s_.fp8), d_partial, a1, w.d_fc2));
+    AUTOPAR_RETURN_IF_ERROR(
+        dev_.Gemm(LinearInputGrad(T, h, ffn, 0, s_.fp8), d_partial, w.fc2, da1));
     AUTOPAR_RETURN_IF_ERROR(s_.swiglu ? dev_.SwiGluBackward(T, ffn, da1, h1, dh1)
                                       : dev_.GeluBackward(da1, h1, dh1));
   }
@@ -154,8 +155,8 @@ Status StageProgram::MlpBackward(const LayerWeights& w, const LayerActs& a, MoeA
     AUTOPAR_RETURN_IF_ERROR(moe_->BackwardExperts(w, moe, d_partial.Slice(first, rows * h)));
   AUTOPAR_ASSIGN_OR_RETURN(Tensor y2, GatherRows(a.y2, gathered_));
   if (ffn > 0) {
-    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearWeightGrad(T, fc1, h), dh1, y2, w.d_fc1));
-    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearInputGrad(T, fc1, h), dh1, w.fc1, partial_));
+    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearWeightGrad(T, fc1, h, s_.fp8), dh1, y2, w.d_fc1));
+    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearInputGrad(T, fc1, h, 0, s_.fp8), dh1, w.fc1, partial_));
   } else {
     AUTOPAR_RETURN_IF_ERROR(dev_.Fill(partial_, 0.0f));
   }
@@ -176,9 +177,9 @@ Status StageProgram::LayerForward(const LayerWeights& w, const LayerActs& a, Moe
   AUTOPAR_ASSIGN_OR_RETURN(Tensor y1, GatherRows(a.y1, gathered_));
   // With Ulysses the projection's output is transient: the all-to-all's result is what is kept.
   const Tensor qkv = context_ && s_.up > 1 ? dqkv_ : a.qkv;
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, s_.qkv_cols, h), y1, w.qkv, qkv));
+  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, s_.qkv_cols, h, 0, s_.fp8), y1, w.qkv, qkv));
   AUTOPAR_RETURN_IF_ERROR(AttentionForward(a, qkv));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, h, s_.q_cols), a.o, w.proj, partial_));
+  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, h, s_.q_cols, 0, s_.fp8), a.o, w.proj, partial_));
   AUTOPAR_RETURN_IF_ERROR(ReduceRows(partial_, reduced_));
   AUTOPAR_RETURN_IF_ERROR(dev_.Add(x, reduced_, a.x1));
   // MLP block: out = x1 + mlp(norm2(x1)).
@@ -197,12 +198,16 @@ Status StageProgram::LayerBackward(const LayerWeights& w, const LayerActs& a, Mo
 
   // Attention block.
   AUTOPAR_ASSIGN_OR_RETURN(Tensor d_partial, GatherRows(dx1_, gathered_));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearWeightGrad(T, h, s_.q_cols), d_partial, a.o, w.d_proj));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearInputGrad(T, h, s_.q_cols), d_partial, w.proj, do_));
+  AUTOPAR_RETURN_IF_ERROR(
+      dev_.Gemm(LinearWeightGrad(T, h, s_.q_cols, s_.fp8), d_partial, a.o, w.d_proj));
+  AUTOPAR_RETURN_IF_ERROR(
+      dev_.Gemm(LinearInputGrad(T, h, s_.q_cols, 0, s_.fp8), d_partial, w.proj, do_));
   AUTOPAR_RETURN_IF_ERROR(AttentionBackward(a));
   AUTOPAR_ASSIGN_OR_RETURN(Tensor y1, GatherRows(a.y1, gathered_));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearWeightGrad(T, s_.qkv_cols, h), dqkv_, y1, w.d_qkv));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearInputGrad(T, s_.qkv_cols, h), dqkv_, w.qkv, partial_));
+  AUTOPAR_RETURN_IF_ERROR(
+      dev_.Gemm(LinearWeightGrad(T, s_.qkv_cols, h, s_.fp8), dqkv_, y1, w.d_qkv));
+  AUTOPAR_RETURN_IF_ERROR(
+      dev_.Gemm(LinearInputGrad(T, s_.qkv_cols, h, 0, s_.fp8), dqkv_, w.qkv, partial_));
   AUTOPAR_RETURN_IF_ERROR(ReduceRows(partial_, reduced_));
   AUTOPAR_RETURN_IF_ERROR(
       NormBackward(w.norm1, w.d_norm1, w.d_norm1_bias, reduced_, a.x, a.rstd1, a.mean1, dx));

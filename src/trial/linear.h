@@ -7,9 +7,21 @@
 
 namespace autopar::trial {
 
+// The fp8 formats of a linear layer's GEMMs, as TransformerEngine runs them under --fp8-format:
+// activations and weights in `fwd` (e4m3), gradients in `grad` (e5m2 with hybrid, e4m3 with
+// e4m3). kNone: the compute dtype.
+struct Fp8Formats {
+  backend::Fp8Operand fwd = backend::Fp8Operand::kNone;
+  backend::Fp8Operand grad = backend::Fp8Operand::kNone;
+  bool on() const { return fwd != backend::Fp8Operand::kNone; }
+};
+
 // y[m, n] (+)= x[m, k] · W[n, k]ᵀ.
-inline backend::GemmDesc Linear(int64_t m, int64_t n, int64_t k, float beta = 0) {
+inline backend::GemmDesc Linear(int64_t m, int64_t n, int64_t k, float beta = 0,
+                                Fp8Formats fp8 = {}) {
   backend::GemmDesc d;
+  d.fp8_a = fp8.fwd;  // x
+  d.fp8_b = fp8.fwd;  // W
   d.trans_b = true;
   d.m = m;
   d.n = n;
@@ -18,8 +30,11 @@ inline backend::GemmDesc Linear(int64_t m, int64_t n, int64_t k, float beta = 0)
   return d;
 }
 // dx[m, k] (+)= dy[m, n] · W[n, k].
-inline backend::GemmDesc LinearInputGrad(int64_t m, int64_t n, int64_t k, float beta = 0) {
+inline backend::GemmDesc LinearInputGrad(int64_t m, int64_t n, int64_t k, float beta = 0,
+                                         Fp8Formats fp8 = {}) {
   backend::GemmDesc d;
+  d.fp8_a = fp8.grad;  // dy
+  d.fp8_b = fp8.fwd;   // W
   d.m = m;
   d.n = k;
   d.k = n;
@@ -27,8 +42,10 @@ inline backend::GemmDesc LinearInputGrad(int64_t m, int64_t n, int64_t k, float 
   return d;
 }
 // dW[n, k] += dy[m, n]ᵀ · x[m, k].
-inline backend::GemmDesc LinearWeightGrad(int64_t m, int64_t n, int64_t k) {
+inline backend::GemmDesc LinearWeightGrad(int64_t m, int64_t n, int64_t k, Fp8Formats fp8 = {}) {
   backend::GemmDesc d;
+  d.fp8_a = fp8.grad;  // dy
+  d.fp8_b = fp8.fwd;   // x
   d.trans_a = true;
   d.m = n;
   d.n = k;

@@ -38,12 +38,22 @@ StatusOr<double> Time(backend::Device& dev, const backend::Group& world, int rep
   return slowest;
 }
 
+// The maximum over ranks of a host value.
+StatusOr<double> Slowest(const backend::Group& world, double mine) {
+  double slowest = 0;
+  if (MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, world.comm()) != MPI_SUCCESS) {
+    return Status(Outcome::kCommError, "probe: MPI_Allreduce failed");
+  }
+  return slowest;
+}
+
 }  // namespace
 
 StatusOr<std::vector<ProbeSample>> RunProbe(backend::Backend& be, const backend::Group& world,
                                             const ModelSpec& m, const TrainSpec& t,
                                             const ClusterSpec& cluster, const CostModel& cost,
-                                            const ProbeOptions& options) {
+                                            const ProbeOptions& options,
+                                            ProbeOverheads* overheads) {
   backend::Device& dev = be.device();
   const DType dt = dev.compute_dtype();
   const double elem = static_cast<double>(backend::DTypeSize(dt));
@@ -126,6 +136,7 @@ StatusOr<std::vector<ProbeSample>> RunProbe(backend::Backend& be, const backend:
   // across nodes (stride = a node, dp-like).
   const int world_size = world.size(), rank = world.rank();
   const int gpn = static_cast<int>(cluster.gpus_per_node);
+  double setup_first_s = 0, setup_cached_s = 0;
   for (int stride : {1, gpn}) {
     if (stride == gpn && cluster.nnodes == 1) continue;
     for (int n = 2; n * stride <= world_size; n *= 2) {
@@ -133,7 +144,15 @@ StatusOr<std::vector<ProbeSample>> RunProbe(backend::Backend& be, const backend:
       const int block = n * stride;
       const int color = (rank / block) * stride + rank % stride;
       AUTOPAR_ASSIGN_OR_RETURN(backend::Group group, world.Split(color, (rank % block) / stride));
-      AUTOPAR_ASSIGN_OR_RETURN(auto coll, be.Connect(group));
+      // Twice: the first connection builds the communicator, the second shows what a later
+      // trial over the same ranks pays.
+      backend::WallTimer setup;
+      AUTOPAR_ASSIGN_OR_RETURN(auto first, be.ConnectSplit(world, group));
+      setup_first_s += setup.Seconds();
+      first.reset();
+      setup.Start();
+      AUTOPAR_ASSIGN_OR_RETURN(auto coll, be.ConnectSplit(world, group));
+      setup_cached_s += setup.Seconds();
       AUTOPAR_ASSIGN_OR_RETURN(Buffer buf, dev.Allocate(T * h, backend::DType::kF32));
       AUTOPAR_RETURN_IF_ERROR(dev.Fill(buf.tensor(), 1.0f));
       AUTOPAR_ASSIGN_OR_RETURN(double s, Time(dev, world, reps, [&] {
@@ -143,6 +162,15 @@ StatusOr<std::vector<ProbeSample>> RunProbe(backend::Backend& be, const backend:
       samples.push_back({"allreduce n=" + std::to_string(n) + " stride=" + std::to_string(stride),
                          stride == 1 ? kTpComm : kDpComm, s, cost.AllReduceTime(bytes, n, stride)});
     }
+  }
+  if (overheads != nullptr) {
+    AUTOPAR_RETURN_IF_ERROR(dev.Synchronize());
+    AUTOPAR_ASSIGN_OR_RETURN(const size_t non_tensor, dev.NonTensorBytes());
+    AUTOPAR_ASSIGN_OR_RETURN(overheads->comm_setup_first_s, Slowest(world, setup_first_s));
+    AUTOPAR_ASSIGN_OR_RETURN(overheads->comm_setup_cached_s, Slowest(world, setup_cached_s));
+    AUTOPAR_ASSIGN_OR_RETURN(const double gib,
+                             Slowest(world, static_cast<double>(non_tensor) / (1u << 30)));
+    overheads->non_tensor_gib = gib;
   }
   return samples;
 }

@@ -11,7 +11,9 @@ using backend::DType;
 using backend::OkStatus;
 using backend::Outcome;
 
-constexpr int kSendBuffers = 2;  // per program: sends in flight before the oldest must finish
+// The outputs a stage sends: a forward pass's activations and a backward pass's input gradient
+// (Megatron's output_tensor and input_tensor_grad), each until the exchange after its op.
+constexpr int kSendBuffers = 2;
 
 }  // namespace
 
@@ -136,7 +138,8 @@ StatusOr<std::unique_ptr<StageProgram>> StageProgram::Create(Device& device, con
   // embedding in the first stage's forward, the last stage's output in its forward.
   p->last_out_ = cc.Take(Tl * h);
   p->scratch_ = p->last_out_;
-  for (int i = 0; i < kSendBuffers; ++i) p->sends_.push_back({cc.Take(Tl * h), nullptr});
+  p->forward_out_ = cc.Take(Tl * h);
+  p->backward_out_ = cc.Take(Tl * h);
   if (last_rank) {
     p->logits_ = cc.Take(T * s.vocab_shard);
     p->yf_ = cc.Take(Tl * h);
@@ -263,33 +266,31 @@ Status StageProgram::Forward(int microbatch, int chunk) {
   slot_of_[microbatch][chunk] = slot_index;
   Slot& slot = slots_[slot_index];
   const StageLinks links = LinksOf(s_.pp, s_.vpp, g_.at.pp, chunk);
-  const int stage = chunk * static_cast<int>(s_.pp) + g_.at.pp;
   const ChunkWeights& weights = w_.chunks[chunk];
-  Tensor x = slot.layers[0].x;
+  Tensor x = slot.layers[0].x;  // received by the exchange before this op unless first
+  // Data-parallel overlap (ModelShard): a unit's deferred parameter all-gather is waited for
+  // before its first use, and its gradient reported complete after each backward.
   if (links.prev_rank < 0) {
+    AUTOPAR_RETURN_IF_ERROR(w_.AwaitParams(g_, w_.EmbeddingUnit()));
     AUTOPAR_RETURN_IF_ERROR(Embed(microbatch, x));
-  } else {
-    AUTOPAR_RETURN_IF_ERROR(g_.pp.Recv(x, links.prev_rank, Tag(microbatch, stage, false)));
   }
-  SendBuffer* send = nullptr;
-  Tensor out;
-  if (links.next_rank < 0) {
-    out = last_out_;
-  } else {
-    send = &sends_[next_send_++ % sends_.size()];
-    AUTOPAR_RETURN_IF_ERROR(g_.pp.Wait(send->pending));
-    out = send->buf;
-  }
+  const bool last = links.next_rank < 0;
+  const Tensor out = last ? last_out_ : forward_out_;
   for (size_t j = 0; j < weights.layers.size(); ++j) {
     const Tensor next = j + 1 < weights.layers.size() ? slot.layers[j + 1].x : out;
     const bool recomputed = Recomputed(static_cast<int>(j));
     const LayerActs& acts = recomputed ? work_ : slot.layers[j];
     MoeActs& moe = recomputed ? work_moe_ : slot.moe[j];
+    AUTOPAR_RETURN_IF_ERROR(w_.AwaitParams(g_, w_.LayerUnit(chunk, static_cast<int64_t>(j))));
     AUTOPAR_RETURN_IF_ERROR(LayerForward(weights.layers[j], acts, moe, x, next, true));
     x = next;
   }
-  if (send == nullptr) return HeadForwardBackward(microbatch, out, slot.dlast);
-  return g_.pp.Send(out, links.next_rank, Tag(microbatch, stage + 1, false), send->pending);
+  if (last) {
+    AUTOPAR_RETURN_IF_ERROR(w_.AwaitParams(g_, w_.HeadUnit()));
+    AUTOPAR_RETURN_IF_ERROR(HeadForwardBackward(microbatch, out, slot.dlast));
+    return w_.GradsReady(g_, w_.HeadUnit());
+  }
+  return OkStatus();  // `out` goes to the next stage in the exchange after this op
 }
 
 Status StageProgram::Backward(int microbatch, int chunk) {
@@ -297,14 +298,9 @@ Status StageProgram::Backward(int microbatch, int chunk) {
   if (slot_index < 0) return Status(Outcome::kInvalid, "trial: backward before forward");
   Slot& slot = slots_[slot_index];
   const StageLinks links = LinksOf(s_.pp, s_.vpp, g_.at.pp, chunk);
-  const int stage = chunk * static_cast<int>(s_.pp) + g_.at.pp;
   const ChunkWeights& weights = w_.chunks[chunk];
-  Tensor dout = grad_a_, dx = grad_b_;
-  if (links.next_rank < 0) {
-    AUTOPAR_RETURN_IF_ERROR(dev_.Copy(dout, slot.dlast));
-  } else {
-    AUTOPAR_RETURN_IF_ERROR(g_.pp.Recv(dout, links.next_rank, Tag(microbatch, stage, true)));
-  }
+  Tensor dout = grad_a_, dx = grad_b_;  // grad_a_ received by the exchange unless last
+  if (links.next_rank < 0) AUTOPAR_RETURN_IF_ERROR(dev_.Copy(dout, slot.dlast));
   for (size_t j = weights.layers.size(); j-- > 0;) {
     LayerActs acts = slot.layers[j];
     MoeActs* moe = &slot.moe[j];
@@ -317,20 +313,39 @@ Status StageProgram::Backward(int microbatch, int chunk) {
       moe = &work_moe_;
     }
     AUTOPAR_RETURN_IF_ERROR(LayerBackward(weights.layers[j], acts, *moe, dout, dx));
+    AUTOPAR_RETURN_IF_ERROR(w_.GradsReady(g_, w_.LayerUnit(chunk, static_cast<int64_t>(j))));
     std::swap(dout, dx);
   }
   free_slots_.push_back(slot_index);
   slot_of_[microbatch][chunk] = -1;
-  if (links.prev_rank < 0) return EmbedBackward(microbatch, dout);
-  SendBuffer& send = sends_[next_send_++ % sends_.size()];
-  AUTOPAR_RETURN_IF_ERROR(g_.pp.Wait(send.pending));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Copy(send.buf, dout));
-  return g_.pp.Send(send.buf, links.prev_rank, Tag(microbatch, stage - 1, true), send.pending);
+  if (links.prev_rank < 0) {
+    AUTOPAR_RETURN_IF_ERROR(EmbedBackward(microbatch, dout));
+    return w_.GradsReady(g_, w_.EmbeddingUnit());
+  }
+  return dev_.Copy(backward_out_, dout);  // sent in the exchange after this op
 }
 
-Status StageProgram::FlushSends() {
-  for (SendBuffer& send : sends_) AUTOPAR_RETURN_IF_ERROR(g_.pp.Wait(send.pending));
-  return OkStatus();
+Status StageProgram::Exchange(std::span<const PipelineTransfer> transfers) {
+  std::vector<backend::P2POp> ops;
+  ops.reserve(transfers.size());
+  for (const PipelineTransfer& t : transfers) {
+    Tensor buf;
+    if (t.kind == PipelineTransfer::kSend) {
+      buf = t.backward ? backward_out_ : forward_out_;
+    } else if (t.backward) {
+      buf = grad_a_;
+    } else {
+      // The next forward's input, in the slot it will take.
+      if (free_slots_.empty()) {
+        return Status(Outcome::kInvalid, "trial: more micro-batches in flight than slots");
+      }
+      buf = slots_[free_slots_.back()].layers[0].x;
+    }
+    ops.push_back({t.kind == PipelineTransfer::kSend ? backend::P2POp::kSend
+                                                     : backend::P2POp::kRecv,
+                   buf, t.peer, Tag(t.microbatch, t.stage, t.backward)});
+  }
+  return g_.pp.SendRecv(ops);
 }
 
 double StageProgram::TakeLossSum() {

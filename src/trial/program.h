@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "autopar/trial/schedule.h"
@@ -41,9 +42,13 @@ class StageProgram {
                                                         ModelShard& w, const DataSpec& data,
                                                         int slots);
 
+  // A pass of a micro-batch through a model chunk. Its input from another stage must have arrived
+  // by the exchange before it, and its output leaves in the exchange after it.
   Status Forward(int microbatch, int chunk);
   Status Backward(int microbatch, int chunk);
-  Status FlushSends();
+  // One group of pipeline transfers (PipelineExchanges), waited for: sends the previous op's
+  // output and receives the next op's input into the place that op reads it from.
+  Status Exchange(std::span<const PipelineTransfer> transfers);
   // Sum of the token losses computed since the last call (last stage only; 0 elsewhere).
   double TakeLossSum();
   // The MoE load-balancing loss added since the last call (already divided by the samples).
@@ -102,12 +107,7 @@ class StageProgram {
   Tensor gathered_, partial_, reduced_, dqkv_, do_, dh1_, da1_, dx1_, dtmp_, grad_a_, grad_b_;
   Tensor scratch_, last_out_, logits_, yf_, rstdf_, meanf_, row_max_, ce_partials_, loss_, dloss_;
   Tensor ids_, targets_, positions_;
-  struct SendBuffer {
-    Tensor buf;
-    std::unique_ptr<backend::Request> pending;
-  };
-  std::vector<SendBuffer> sends_;
-  size_t next_send_ = 0;
+  Tensor forward_out_, backward_out_;  // a stage's outputs until the exchange after their op
   int loaded_microbatch_ = -1;
   double loss_sum_ = 0;
 };

@@ -61,14 +61,19 @@ Outcome FromSeverity(int s) {
   return kBySeverity[std::clamp(s, 0, 6)];
 }
 
-std::string Validate(const backend::Group& world, const ModelSpec& m, const TrainSpec& t,
-                     const ParallelConfig& c) {
+std::string Validate(const backend::Group& world, const Device& dev, const ModelSpec& m,
+                     const TrainSpec& t, const ParallelConfig& c) {
   if (world.size() != c.world_size()) {
     return "the configuration needs " + std::to_string(c.world_size()) + " ranks, the job has " +
            std::to_string(world.size());
   }
   if (m.num_layers % (int64_t{c.pp} * c.vpp) != 0) return "pp·vpp must divide num_layers";
   if (t.global_batch_size % (int64_t{c.dp} * c.mbs) != 0) return "dp·mbs must divide the batch";
+  if (const std::string fp8 = Fp8Unsupported(t.precision == Precision::kFP8, dev.SupportsFp8(),
+                                              dev.name());
+      !fp8.empty()) {
+    return fp8;
+  }
   if (m.num_attention_heads % c.tp != 0 || m.ffn_hidden_size % c.tp != 0) {
     return "tp must divide the heads and the MLP width";
   }
@@ -85,7 +90,8 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
                           const ParallelConfig& config, const TrialOptions& options) {
   TrialMeasurement out;
   const ParallelConfig& c = config;
-  if (const std::string reason = Validate(world, model, train, c); !reason.empty()) {
+  if (const std::string reason = Validate(world, backend.device(), model, train, c);
+      !reason.empty()) {
     out.outcome = Outcome::kInvalid;
     out.message = reason;
     return out;
@@ -109,15 +115,21 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
 
   std::vector<double> pipeline_s, tail_s, loss_sums, aux_sums;
   std::pair<double, double> fingerprint{0, 0};
+  std::pair<int, int> overlapped{0, 0};  // the data-parallel overlap's buckets, last iteration
   // Everything that allocates lives in this scope, so it is all freed before the agreement.
   Status status = [&]() -> Status {
     AUTOPAR_ASSIGN_OR_RETURN(ProcessGroups groups,
-                             ProcessGroups::Create(backend, world, c, deadline));
+                             ProcessGroups::Create(backend, world, c, deadline,
+                                                   UsedGroups(c, model.is_moe(),
+                                                              !model.untie_embeddings)));
     const Shapes shapes = Shapes::Of(model, train, c, groups.at.tp);
     const std::vector<PipelineOp> ops =
         PipelineSchedule(c.pp, c.vpp, groups.at.pp, run_microbatches);
+    const std::vector<std::vector<PipelineTransfer>> exchanges =
+        PipelineExchanges(c.pp, c.vpp, groups.at.pp, ops);
     AUTOPAR_ASSIGN_OR_RETURN(ModelShard shard, ModelShard::Create(dev, model, shapes, c, groups.at,
-                                                                  options.seed));
+                                                                  options.seed,
+                                                                  options.ddp_bucket_size));
     DataSpec data;
     data.seed = options.seed ^ 0xDA7Aull;
     data.samples_per_replica = train.global_batch_size / c.dp;
@@ -143,15 +155,21 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
         while (std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
         return Status(Outcome::kTimeout, "stalled by the test hook");
       }
-      AUTOPAR_RETURN_IF_ERROR(shard.ZeroGrads(dev));
+      AUTOPAR_RETURN_IF_ERROR(shard.BeginStep(dev, run_microbatches));
       AUTOPAR_RETURN_IF_ERROR(dev.Synchronize());
+      // Every rank starts the iteration together, so no rank's time includes waiting for a late
+      // peer's previous iteration (the max over ranks is the step).
+      std::vector<double> barrier = {0};
+      AUTOPAR_RETURN_IF_ERROR(HostAllReduce(barrier, MPI_MAX, world.comm(), deadline));
       backend::WallTimer timer;
-      for (const PipelineOp& op : ops) {
+      for (size_t k = 0; k < ops.size(); ++k) {
+        const PipelineOp& op = ops[k];
+        AUTOPAR_RETURN_IF_ERROR(program.Exchange(exchanges[k]));
         AUTOPAR_RETURN_IF_ERROR(op.kind == PipelineOp::kForward
                                     ? program.Forward(op.microbatch, op.chunk)
                                     : program.Backward(op.microbatch, op.chunk));
       }
-      AUTOPAR_RETURN_IF_ERROR(program.FlushSends());
+      AUTOPAR_RETURN_IF_ERROR(program.Exchange(exchanges.back()));
       AUTOPAR_RETURN_IF_ERROR(dev.Synchronize());
       const double pipeline = timer.Seconds();
       AUTOPAR_RETURN_IF_ERROR(shard.Step(dev, groups, c, options.learning_rate, options.adam_eps, it + 1));
@@ -177,6 +195,7 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
         }
       }
     }
+    overlapped = {shard.grad_buckets_overlapped(), shard.param_buckets_overlapped()};
     if (options.fingerprint) {
       AUTOPAR_ASSIGN_OR_RETURN(fingerprint, shard.Fingerprint(dev, groups.at, options.seed));
     }
@@ -202,7 +221,19 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
   // Per-rank peaks, then per-iteration maxima of the extrapolated step time.
   const int ranks = world.size();
   std::vector<double> peaks(ranks, 0.0);
-  peaks[world.rank()] = static_cast<double>(dev.peak_bytes() - baseline) / kGiB;
+  // Training sees the device's whole use: the trial's tensors plus what the runtime holds besides
+  // them (CUDA context, library workspaces, NCCL buffers; 0 on the CPU backend).
+  // Every rank goes on to the agreement below whatever happens here, so a failed reading is
+  // noted rather than returned.
+  StatusOr<size_t> non_tensor = dev.NonTensorBytes();
+  peaks[world.rank()] =
+      static_cast<double>(dev.peak_bytes() - baseline + (non_tensor.ok() ? *non_tensor : 0)) /
+      kGiB;
+  out.notes = dev.AttentionEngineNote();
+  if (!non_tensor.ok()) {
+    out.notes += (out.notes.empty() ? "" : "; ") + std::string("non-tensor memory unmeasured: ") +
+                 non_tensor.status().ToString();
+  }
   const int iterations = static_cast<int>(pipeline_s.size());
   std::vector<double> step(iterations), losses = loss_sums;
   for (int i = 0; i < iterations; ++i) {
@@ -212,6 +243,9 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
   std::vector<double> sums = {fingerprint.first, fingerprint.second,
                               aux_sums.empty() ? 0.0 : aux_sums[0]};
   sums.insert(sums.end(), losses.begin(), losses.end());
+  const bool reporter = world.rank() == 0;  // the first pipeline stage, where Megatron buckets
+  sums.push_back(reporter ? overlapped.first : 0);
+  sums.push_back(reporter ? overlapped.second : 0);
   Status agree = HostAllReduce(peaks, MPI_SUM, world.comm(), grace);
   if (agree.ok()) agree = HostAllReduce(step, MPI_MAX, world.comm(), grace);
   if (agree.ok()) agree = HostAllReduce(sums, MPI_SUM, world.comm(), grace);
@@ -229,6 +263,8 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
                                                train.seq_length / out.step_time_s
                                          : 0;
   out.weight_sum = sums[0];
+  out.grad_buckets_overlapped = static_cast<int>(sums[sums.size() - 2]);
+  out.param_buckets_overlapped = static_cast<int>(sums.back());
   out.weight_projection = sums[1];
   if (iterations > 0) {
     const double tokens = static_cast<double>(run_microbatches) * c.mbs * train.seq_length * c.dp;

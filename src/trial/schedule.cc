@@ -4,6 +4,14 @@
 
 namespace autopar::trial {
 
+namespace {
+// Forwards the interleaved schedule runs before its first backward.
+int InterleavedWarmup(int pp, int vpp, int rank, int microbatches) {
+  const int total = microbatches * vpp;
+  return microbatches == pp ? total : std::min(total, (pp - rank - 1) * 2 + (vpp - 1) * pp);
+}
+}  // namespace
+
 std::vector<PipelineOp> PipelineSchedule(int pp, int vpp, int rank, int microbatches) {
   std::vector<PipelineOp> ops;
   if (vpp <= 1) {
@@ -29,8 +37,7 @@ std::vector<PipelineOp> PipelineSchedule(int pp, int vpp, int rank, int microbat
     return PipelineOp{PipelineOp::kBackward, (k / group) * pp + k % pp,
                       vpp - 1 - (k % group) / pp};
   };
-  const int warmup = microbatches == pp ? total
-                                        : std::min(total, (pp - rank - 1) * 2 + (vpp - 1) * pp);
+  const int warmup = InterleavedWarmup(pp, vpp, rank, microbatches);
   for (int k = 0; k < warmup; ++k) ops.push_back(forward(k));
   for (int k = 0; k < total - warmup; ++k) {
     ops.push_back(forward(warmup + k));
@@ -62,6 +69,52 @@ StageLinks LinksOf(int pp, int vpp, int rank, int chunk) {
     l.next_chunk = (stage + 1) / pp;
   }
   return l;
+}
+
+std::vector<std::vector<PipelineTransfer>> PipelineExchanges(int pp, int vpp, int rank,
+                                                             const std::vector<PipelineOp>& ops) {
+  // The exchange before ops[k] gathers the transfers of a schedule step. A step is one op, except
+  // in the interleaved schedule's steady state, where a forward and the backward after it are one
+  // step (Megatron's forward_backward_pipelining_with_interleaving runs both, then one
+  // send_forward_backward_recv_forward_backward): its inputs all arrive before the forward and
+  // its outputs all leave after the backward. One op per step there lets every rank wait, at the
+  // same step, for a neighbour that waits one step later on another: a cycle around the ring.
+  const size_t n = ops.size();
+  std::vector<size_t> step_start(n);  // the op that opens the step of ops[k]
+  for (size_t k = 0; k < n; ++k) step_start[k] = k;
+  if (vpp > 1) {
+    const int microbatches = static_cast<int>(n) / 2 / vpp;
+    const size_t warmup = InterleavedWarmup(pp, vpp, rank, microbatches);
+    const size_t steady = static_cast<size_t>(microbatches * vpp) - warmup;
+    for (size_t i = 0; i < steady; ++i) step_start[warmup + 2 * i + 1] = warmup + 2 * i;
+  }
+  std::vector<std::vector<PipelineTransfer>> sends(n + 1), recvs(n + 1);
+  for (size_t k = 0; k < n; ++k) {
+    const PipelineOp& op = ops[k];
+    const StageLinks l = LinksOf(pp, vpp, rank, op.chunk);
+    const int stage = op.chunk * pp + rank;
+    const bool forward = op.kind == PipelineOp::kForward;
+    // The input: activations from the stage before, or the gradient from the stage after.
+    const int from = forward ? l.prev_rank : l.next_rank;
+    if (from >= 0) {
+      recvs[step_start[k]].push_back(
+          {PipelineTransfer::kRecv, from, op.microbatch, stage, !forward});
+    }
+    // The output, sent after the step's last op.
+    const size_t step_end = k + 1 < n && step_start[k + 1] == step_start[k] ? k + 2 : k + 1;
+    const int to = forward ? l.next_rank : l.prev_rank;
+    if (to >= 0) {
+      sends[step_end].push_back(
+          {PipelineTransfer::kSend, to, op.microbatch, forward ? stage + 1 : stage - 1, !forward});
+    }
+  }
+  // Sends before receives, each in op order, as Megatron's _p2p_ops issues them.
+  std::vector<std::vector<PipelineTransfer>> groups(n + 1);
+  for (size_t k = 0; k <= n; ++k) {
+    groups[k] = std::move(sends[k]);
+    groups[k].insert(groups[k].end(), recvs[k].begin(), recvs[k].end());
+  }
+  return groups;
 }
 
 int TrialMicrobatches(int pp, int vpp, int job_microbatches, int cap) {

@@ -15,6 +15,7 @@ using backend::OkStatus;
 using backend::Outcome;
 
 constexpr float kInitScale = 0.02f;
+constexpr int64_t kRoundBlock = int64_t{1} << 20;  // elements RoundToBf16 works on at a time
 
 // Seeds of the global parameter matrices: a pure function of (seed, kind, layer).
 enum Kind : uint64_t {
@@ -67,8 +68,16 @@ Status FillPieces(Device& device, const std::vector<Piece>& pieces, Tensor targe
 
 StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, const Shapes& s,
                                         const ParallelConfig& c, const Coordinates& at,
-                                        uint64_t seed) {
+                                        uint64_t seed, int64_t ddp_bucket_size) {
+  // Refused before anything is allocated, as `invalid` (the runner agrees on set-up outcomes).
+  if (const std::string why = Fp8Unsupported(s.fp8.on(), device.SupportsFp8(), device.name());
+      !why.empty()) {
+    return backend::Status::Error(backend::Outcome::kInvalid, why, __FILE__, __LINE__);
+  }
   ModelShard shard;
+  shard.layers_per_chunk_ = s.layers_per_chunk;
+  shard.units_ = static_cast<int>(s.vpp * s.layers_per_chunk) + 2;
+  int unit = 0;  // of the pieces added next
   int64_t next[2] = {0, 0};
   // A piece reserved in a partition; views are made once the flat buffers exist.
   struct Ref {
@@ -77,6 +86,7 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
   };
   auto add = [&](int part, Piece p) {
     p.offset = next[part];
+    p.unit = unit;
     if (p.numel == 0) p.numel = p.rows * p.cols;
     next[part] += p.numel;
     shard.parts_[part].pieces.push_back(p);
@@ -102,20 +112,38 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
   // A column-parallel fc1 ([gate; up] for SwiGLU) and row-parallel fc2 of width `ffn` per tp rank.
   auto mlp = [&](Kind gate, Kind up, Kind fc2, int64_t key, int64_t ffn, int part) {
     const Ref fc1 = matrix(SeedOf(seed, gate, key), ffn, h, h, at.tp * ffn, 0, part);
-    if (s.swiglu) matrix(SeedOf(seed, up, key), ffn, h, h, at.tp * ffn, 0, part);
+    if (s.swiglu) {
+      const Ref up_rows = matrix(SeedOf(seed, up, key), ffn, h, h, at.tp * ffn, 0, part);
+      shard.parts_[part].pieces[up_rows.index].continues = true;
+    }
     return std::pair{fc1, matrix(SeedOf(seed, fc2, key), h, ffn, ffn * s.tp, 0, at.tp * ffn, part)};
   };
+  const bool first_stage = at.pp == 0, last_stage = at.pp == s.pp - 1;
+  // Megatron registers the embedding first: its gradient, complete last, goes in the last bucket.
+  Ref word, pos, fnorm, fnorm_b, out;
+  unit = shard.EmbeddingUnit();
+  if (first_stage) {
+    word = matrix(SeedOf(seed, kWord, 0), s.vocab_shard, h, h, s.vocab_start, 0);
+    shard.parts_[kDense].pieces[word.index].tied = s.tied && s.pp > 1;
+    if (s.learned_positions) {
+      pos = matrix(SeedOf(seed, kPos, 0), s.max_positions, h, h, 0, 0);
+      shard.parts_[kDense].pieces[pos.index].tp_replicated = true;
+    }
+  }
   std::vector<std::vector<LayerIdx>> layer_idx(s.vpp);
   for (int chunk = 0; chunk < s.vpp; ++chunk) {
     const int64_t first = (int64_t{chunk} * s.pp + at.pp) * s.layers_per_chunk;
     for (int64_t j = 0; j < s.layers_per_chunk; ++j) {
       const int64_t layer = first + j;
+      unit = shard.LayerUnit(chunk, j);
       LayerIdx li{};
       li.n1 = norm(false);
       if (layernorm) li.n1b = norm(true);
       li.q = matrix(SeedOf(seed, kQ, layer), s.q_cols, h, h, at.tp * s.q_cols, 0);
-      matrix(SeedOf(seed, kK, layer), s.kv_cols, h, h, at.tp * s.kv_cols, 0);
-      matrix(SeedOf(seed, kV, layer), s.kv_cols, h, h, at.tp * s.kv_cols, 0);
+      for (const Kind kv : {kK, kV}) {
+        const Ref r = matrix(SeedOf(seed, kv, layer), s.kv_cols, h, h, at.tp * s.kv_cols, 0);
+        shard.parts_[kDense].pieces[r.index].continues = true;
+      }
       li.proj = matrix(SeedOf(seed, kProj, layer), h, s.q_cols, s.q_cols * s.tp, 0,
                        at.tp * s.q_cols);
       li.n2 = norm(false);
@@ -142,15 +170,7 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
       layer_idx[chunk].push_back(std::move(li));
     }
   }
-  const bool first_stage = at.pp == 0, last_stage = at.pp == s.pp - 1;
-  Ref word, pos, fnorm, fnorm_b, out;
-  if (first_stage) {
-    word = matrix(SeedOf(seed, kWord, 0), s.vocab_shard, h, h, s.vocab_start, 0);
-    if (s.learned_positions) {
-      pos = matrix(SeedOf(seed, kPos, 0), s.max_positions, h, h, 0, 0);
-      shard.parts_[kDense].pieces[pos.index].tp_replicated = true;
-    }
-  }
+  unit = shard.HeadUnit();
   if (last_stage) {
     fnorm = norm(false);
     if (layernorm) fnorm_b = norm(true);
@@ -159,6 +179,7 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
     } else if (!first_stage) {
       out = matrix(SeedOf(seed, kWord, 0), s.vocab_shard, h, h, s.vocab_start, 0);
       shard.parts_[kDense].pieces[out.index].duplicate = true;
+      shard.parts_[kDense].pieces[out.index].tied = true;
     }
   }
 
@@ -169,12 +190,36 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
   shard.separate_master_ = device.compute_dtype() != DType::kF32;
   shard.parts_[kDense].padded_numel = next[kDense];
   shard.parts_[kExperts].padded_numel = next[kExperts];
+  // Megatron buckets only the first pipeline stage, and only with the overlap on
+  // (distributed_data_parallel.py): elsewhere one bucket, reduced after the flush or, with the
+  // overlap on, as soon as the stage's last backward completes it. The tied embedding's bucket
+  // waits for the step (its sum over the first and last stage is not in lock-step with the
+  // backward pass).
+  const bool bucketed = c.overlap_grad_reduce && at.pp == 0;
+  const int64_t bucket_size =
+      !bucketed ? 0 : ddp_bucket_size > 0 ? ddp_bucket_size : MegatronDdpBucketSize(c.dp);
   AUTOPAR_RETURN_IF_ERROR(shard.Allocate(device, shard.parts_[kDense], c.dist_opt ? replicas : 1,
-                                         at.up + c.up * k));
+                                         at.up + c.up * k, bucket_size, c.overlap_grad_reduce,
+                                         s.tied && s.pp > 1));
   AUTOPAR_RETURN_IF_ERROR(shard.Allocate(device, shard.parts_[kExperts],
                                          c.dist_opt ? replicas / c.ep : 1,
-                                         at.up + c.up * at.ep_block));
+                                         at.up + c.up * at.ep_block, bucket_size,
+                                         c.overlap_grad_reduce, false));
   shard.tied_ = s.tied;
+  shard.sp_ = c.sp;
+  shard.device_ = &device;
+  // fp32 training reduces its fp32 gradients whatever the knob says, as Megatron does (the
+  // gradient buffer takes the parameters' dtype under --grad-reduce-in-bf16).
+  shard.round_grads_ =
+      c.grad_reduce_dtype == GradReduceDtype::kBF16 && device.compute_dtype() != DType::kF32;
+  if (shard.round_grads_) {
+    const int64_t largest = std::max(shard.parts_[kDense].padded_numel,
+                                     shard.parts_[kExperts].padded_numel);
+    AUTOPAR_ASSIGN_OR_RETURN(
+        shard.round_scratch_,
+        device.Allocate(2 * std::min<int64_t>(largest, kRoundBlock), DType::kF32));
+  }
+  shard.defer_gather_ = c.overlap_param_gather && OverlapParamGatherAllowed(c);
 
   // Views: a parameter spans its consecutive pieces (q, k, v; gate, up).
   auto span = [&](Ref first, size_t count, bool grad) {
@@ -228,12 +273,33 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
   return shard;
 }
 
-Status ModelShard::Allocate(Device& device, Partition& p, int shards, int shard) {
+Status ModelShard::Allocate(Device& device, Partition& p, int shards, int shard,
+                            int64_t bucket_size, bool overlap, bool hold_tied) {
   if (p.padded_numel == 0) return OkStatus();  // a dense model has no experts
+  if (shards == 1) shard = 0;  // every replica updates the whole partition
   p.shards = shards;
   p.shard = shard;
   p.padded_numel = (p.padded_numel + shards - 1) / shards * shards;
   const int64_t n = p.padded_numel, owned = n / shards;
+  // Buckets close between parameters, not inside one (q, k, v are one parameter, as in Megatron).
+  std::vector<ParamSpan> spans;
+  for (const Piece& piece : p.pieces) {
+    if (piece.continues && !spans.empty()) {
+      spans.back().numel += piece.numel;
+    } else {
+      spans.push_back({piece.offset, piece.numel, piece.unit});
+    }
+  }
+  std::vector<GradBucket> buckets = PlanGradBuckets(spans, n, bucket_size, shards);
+  std::vector<bool> held(buckets.size(), false);
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    for (const Piece& piece : p.pieces) {
+      held[b] = held[b] || (hold_tied && piece.tied && piece.offset < buckets[b].end &&
+                            piece.offset + piece.numel > buckets[b].begin);
+    }
+  }
+  p.sync = GradBuckets(std::move(buckets), units_, shards, shard, overlap, std::move(held));
+  p.tp_summed.assign(p.pieces.size(), false);
   AUTOPAR_ASSIGN_OR_RETURN(p.weights, device.Allocate(n, device.compute_dtype()));
   AUTOPAR_ASSIGN_OR_RETURN(p.grads, device.Allocate(n, DType::kF32));
   if (separate_master_) {
@@ -249,7 +315,10 @@ Status ModelShard::Allocate(Device& device, Partition& p, int shards, int shard)
   AUTOPAR_RETURN_IF_ERROR(FillPieces(device, p.pieces, w, 0));
   if (separate_master_) {
     // 16-bit compute keeps an fp32 master copy of this rank's share, from the same pure function.
-    AUTOPAR_RETURN_IF_ERROR(FillPieces(device, p.pieces, p.master.tensor(), shard * owned));
+    for (const OwnedRange& r : p.sync.owned()) {
+      AUTOPAR_RETURN_IF_ERROR(
+          FillPieces(device, p.pieces, p.master.tensor().Slice(r.state_offset, r.numel), r.offset));
+    }
   }
   return OkStatus();
 }
@@ -261,63 +330,145 @@ Status ModelShard::ZeroGrads(Device& device) {
   return OkStatus();
 }
 
+Status ModelShard::BeginStep(Device& device, int microbatches) {
+  for (Partition& p : parts_) p.sync.BeginStep(microbatches);
+  program_hooks_ = true;
+  return ZeroGrads(device);
+}
+
+// Before a bucket's data-parallel reduction, in the order the knob-off step has always used:
+// replicated parameters whose tp ranks saw different rows (all of them under SP, the router
+// always) sum their gradients over tp, then the first and last stage sum the tied embedding's.
+// Each piece once per step, however the buckets cut it.
+GradBuckets::Prepare ModelShard::PrepareOf(Partition& p, ProcessGroups& g) {
+  return [this, &p, &g](const GradBucket& bucket) -> Status {
+    const Tensor grads = p.grads.tensor();
+    bool tied = false;
+    for (size_t i = 0; i < p.pieces.size(); ++i) {
+      const Piece& piece = p.pieces[i];
+      if (piece.offset >= bucket.end || piece.offset + piece.numel <= bucket.begin) continue;
+      tied = tied || piece.tied;
+      if (p.tp_summed[i] || !(piece.tp_partial || (sp_ && piece.tp_replicated))) continue;
+      AUTOPAR_RETURN_IF_ERROR(g.tp.AllReduce(grads.Slice(piece.offset, piece.numel)));
+      p.tp_summed[i] = true;
+    }
+    if (tied && !embedding_summed_ && g.embedding.active()) {
+      AUTOPAR_RETURN_IF_ERROR(g.embedding.AllReduce(g.at.pp == 0 ? d_word_embedding : d_output));
+      embedding_summed_ = true;
+    }
+    if (round_grads_) return RoundToBf16(grads.Slice(bucket.begin, bucket.numel()));
+    return OkStatus();
+  };
+}
+
+// Rounds fp32 values to bf16's 8 significant bits in place, with the device's own arithmetic:
+// Veltkamp's split c = x·(2¹⁶ + 1), hi = c − (c − x) keeps the upper 8 of fp32's 24 bits
+// (round to nearest). Gradients are far from overflowing the product.
+Status ModelShard::RoundToBf16(Tensor x) {
+  const Tensor scratch = round_scratch_.tensor();
+  const int64_t block = scratch.numel / 2;
+  for (int64_t begin = 0; begin < x.numel; begin += block) {
+    const int64_t n = std::min(block, x.numel - begin);
+    const Tensor v = x.Slice(begin, n), c = scratch.Slice(0, n), d = scratch.Slice(block, n);
+    AUTOPAR_RETURN_IF_ERROR(device_->Copy(c, v));
+    AUTOPAR_RETURN_IF_ERROR(device_->Scale(c, 65537.0f));
+    AUTOPAR_RETURN_IF_ERROR(device_->Copy(d, c));
+    AUTOPAR_RETURN_IF_ERROR(device_->Axpy(-1.0f, v, d));  // c − x
+    AUTOPAR_RETURN_IF_ERROR(device_->Axpy(-1.0f, d, c));  // c − (c − x)
+    AUTOPAR_RETURN_IF_ERROR(device_->Copy(v, c));
+  }
+  return OkStatus();
+}
+
+Status ModelShard::GradsReady(ProcessGroups& g, int unit) {
+  for (int part : {kDense, kExperts}) {
+    Partition& p = parts_[part];
+    if (p.padded_numel == 0) continue;
+    AUTOPAR_RETURN_IF_ERROR(
+        p.sync.Ready(unit, GroupOf(part, g), p.grads.tensor(), PrepareOf(p, g)));
+  }
+  return OkStatus();
+}
+
+Status ModelShard::AwaitParams(ProcessGroups& g, int unit) {
+  if (!defer_gather_ || !program_hooks_) return OkStatus();
+  for (int part : {kDense, kExperts}) {
+    Partition& p = parts_[part];
+    if (p.padded_numel == 0) continue;
+    AUTOPAR_RETURN_IF_ERROR(p.sync.AwaitParams(unit, GroupOf(part, g), p.weights.tensor()));
+  }
+  return OkStatus();
+}
+
+int ModelShard::grad_buckets_overlapped() const {
+  return parts_[kDense].sync.reduced_early() + parts_[kExperts].sync.reduced_early();
+}
+
+int ModelShard::param_buckets_overlapped() const {
+  return parts_[kDense].sync.gathered_late() + parts_[kExperts].sync.gathered_late();
+}
+
 Status ModelShard::Step(Device& device, ProcessGroups& g, const ParallelConfig& c, float lr,
                         float eps, int64_t step) {
-  for (Partition& p : parts_) {
-    if (p.padded_numel == 0) continue;
-    // Replicated parameters whose tp ranks saw different rows (all of them under SP, the router
-    // always) sum their gradients.
-    const Tensor grads = p.grads.tensor();
-    for (const Piece& piece : p.pieces) {
-      if (piece.tp_partial || (c.sp && piece.tp_replicated)) {
-        AUTOPAR_RETURN_IF_ERROR(g.tp.AllReduce(grads.Slice(piece.offset, piece.numel)));
-      }
-    }
-  }
-  if (tied_ && g.embedding.active()) {
-    // First and last stage both used the tied embedding: its gradient is their sum.
-    AUTOPAR_RETURN_IF_ERROR(g.embedding.AllReduce(g.at.pp == 0 ? d_word_embedding : d_output));
-  }
+  (void)c;  // the knobs were fixed by Create
+  last_groups_ = &g;
   backend::AdamParams adam;
   adam.lr = lr;
   adam.eps = eps;
   adam.step = step;
-  AUTOPAR_RETURN_IF_ERROR(StepPartition(device, parts_[kDense], g.dp, adam));
-  return StepPartition(device, parts_[kExperts], g.edp, adam);
+  for (int part : {kDense, kExperts}) {
+    Partition& p = parts_[part];
+    AUTOPAR_RETURN_IF_ERROR(StepPartition(device, p, GroupOf(part, g), adam, PrepareOf(p, g)));
+    std::fill(p.tp_summed.begin(), p.tp_summed.end(), false);
+  }
+  embedding_summed_ = false;
+  return OkStatus();
 }
 
-// With 16-bit weights Adam updates the fp32 master copy and writes the weights from it.
+// With 16-bit weights Adam updates the fp32 master copy and writes the weights from it. With the
+// distributed optimizer each replica updates its 1/shards of every bucket and gathers the rest
+// back, all in place in the flat buffers (Megatron-core's layout).
 Status ModelShard::StepPartition(Device& device, Partition& p, Comm& group,
-                                 const backend::AdamParams& adam) {
+                                 const backend::AdamParams& adam,
+                                 const GradBuckets::Prepare& prepare) {
   if (p.padded_numel == 0) return OkStatus();
   const Tensor weights = p.weights.tensor(), grads = p.grads.tensor();
-  const Tensor master = separate_master_ ? p.master.tensor() : Tensor{};
-  if (p.shards == 1) {
-    AUTOPAR_RETURN_IF_ERROR(group.AllReduce(grads));
-    if (separate_master_) {
-      return device.AdamStep(adam, master, grads, p.exp_avg.tensor(), p.exp_avg_sq.tensor(),
-                             weights);
+  AUTOPAR_RETURN_IF_ERROR(p.sync.FinishReduce(group, grads, prepare));
+  if (round_grads_) {  // the reduced gradient, as a bf16 reduction leaves it
+    for (const OwnedRange& r : p.sync.owned()) {
+      AUTOPAR_RETURN_IF_ERROR(RoundToBf16(grads.Slice(r.offset, r.numel)));
     }
-    return device.AdamStep(adam, weights, grads, p.exp_avg.tensor(), p.exp_avg_sq.tensor(), {});
   }
-  // Distributed optimizer: each replica reduces, updates and gathers back its 1/shards of the
-  // state, all in place in the flat buffers (Megatron-core's layout).
-  const int64_t owned = p.padded_numel / p.shards;
-  const Tensor mine = weights.Slice(p.shard * owned, owned);
-  const Tensor my_grads = grads.Slice(p.shard * owned, owned);
-  AUTOPAR_RETURN_IF_ERROR(group.ReduceScatter(grads, my_grads));
-  if (separate_master_) {
-    AUTOPAR_RETURN_IF_ERROR(device.AdamStep(adam, master, my_grads, p.exp_avg.tensor(),
-                                            p.exp_avg_sq.tensor(), mine));
-  } else {
-    AUTOPAR_RETURN_IF_ERROR(
-        device.AdamStep(adam, mine, my_grads, p.exp_avg.tensor(), p.exp_avg_sq.tensor(), {}));
+  for (const OwnedRange& r : p.sync.owned()) {
+    const Tensor mine = weights.Slice(r.offset, r.numel);
+    const Tensor my_grads = grads.Slice(r.offset, r.numel);
+    const Tensor exp_avg = p.exp_avg.tensor().Slice(r.state_offset, r.numel);
+    const Tensor exp_avg_sq = p.exp_avg_sq.tensor().Slice(r.state_offset, r.numel);
+    if (separate_master_) {
+      AUTOPAR_RETURN_IF_ERROR(device.AdamStep(
+          adam, p.master.tensor().Slice(r.state_offset, r.numel), my_grads, exp_avg, exp_avg_sq,
+          mine));
+    } else {
+      AUTOPAR_RETURN_IF_ERROR(device.AdamStep(adam, mine, my_grads, exp_avg, exp_avg_sq, {}));
+    }
   }
-  return group.AllGather(mine, weights);
+  if (defer_gather_ && program_hooks_) {
+    p.sync.DeferGather();
+    return OkStatus();
+  }
+  return p.sync.GatherNow(group, weights);
 }
 
 StatusOr<std::pair<double, double>> ModelShard::Fingerprint(Device& device, const Coordinates& at,
                                                             uint64_t seed) {
+  if (last_groups_ != nullptr) {
+    for (int part : {kDense, kExperts}) {
+      Partition& p = parts_[part];
+      if (p.padded_numel == 0) continue;
+      AUTOPAR_RETURN_IF_ERROR(
+          p.sync.FinishGather(GroupOf(part, *last_groups_), p.weights.tensor()));
+    }
+  }
   double sum = 0, projection = 0;
   for (int part : {kDense, kExperts}) {
     const Partition& p = parts_[part];

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "autopar/backend/backend.h"
@@ -11,6 +12,8 @@
 #include "autopar/spec/model.h"
 #include "autopar/spec/train.h"
 #include "src/trial/comm.h"
+#include "src/trial/grad_buckets.h"
+#include "src/trial/linear.h"
 
 namespace autopar::trial {
 
@@ -19,7 +22,7 @@ using backend::Device;
 using backend::StatusOr;
 
 // Megatron-core rank order with Ulysses next to tp: rank = tp + TP·(up + UP·(cp + CP·(dp +
-// DP·pp))). Expert parallelism lives inside the (cp, dp) block (DESIGN §3: ep | dp·cp): with
+// DP·pp))). Expert parallelism lives inside the (cp, dp) block (docs/architecture.md §3: ep | dp·cp): with
 // k = cp + CP·dp, the ep consecutive values of k form an expert-parallel group (tp-up-cp-ep-dp-pp).
 struct Coordinates {
   int tp = 0, up = 0, cp = 0, dp = 0, pp = 0;
@@ -28,8 +31,20 @@ struct Coordinates {
   static Coordinates Of(int rank, const ParallelConfig& c);
 };
 
-// The groups a trial communicates on, built once per trial with MPI_Comm_split. A group of one
-// rank is left unconnected (callers skip its collectives).
+// Which process groups a configuration communicates on: a group is used when it spans more than
+// one rank and the model has the work it carries (expert groups and the sample group `seq` only
+// for mixture-of-experts models, the embedding group only for tied embeddings over pp > 1).
+struct GroupUse {
+  bool tp = false, up = false, cp = false, pp = false, dp = false;
+  bool ep = false, edp = false, seq = false, embedding = false;
+  friend bool operator==(const GroupUse&, const GroupUse&) = default;
+};
+GroupUse UsedGroups(const ParallelConfig& c, bool moe, bool tied_embedding);
+
+// The groups a trial communicates on, built per trial with MPI_Comm_split and connected with
+// Backend::ConnectSplit (so a CUDA backend reuses the communicators of earlier trials over the
+// same ranks). Groups not in `use` are neither split nor connected; a group of one rank is left
+// unconnected (callers skip its collectives).
 struct ProcessGroups {
   Coordinates at;
   Comm tp, up, cp, pp;
@@ -40,7 +55,13 @@ struct ProcessGroups {
   Comm seq;        // the ranks that hold pieces of the same samples (tp·up·cp): MoE statistics
   Comm embedding;  // first and last pipeline stage (tied weights)
   static StatusOr<ProcessGroups> Create(backend::Backend& backend, const backend::Group& world,
-                                        const ParallelConfig& c, Deadline deadline);
+                                        const ParallelConfig& c, Deadline deadline,
+                                        const GroupUse& use);
+  // Every group of more than one rank: UsedGroups(c, /*moe=*/true, /*tied_embedding=*/true).
+  static StatusOr<ProcessGroups> Create(backend::Backend& backend, const backend::Group& world,
+                                        const ParallelConfig& c, Deadline deadline) {
+    return Create(backend, world, c, deadline, UsedGroups(c, true, true));
+  }
 };
 
 // Per-rank shapes (elements). T (`tokens`): the rows of a micro-batch this rank's tensor-parallel
@@ -60,6 +81,11 @@ struct Shapes {
   // Mixture of experts: experts and the ep rank's share, routed top-k, the tp shard of one
   // expert's width and of the shared experts' width, and the leading dense layers.
   int64_t experts, local_experts, topk, expert_ffn, shared_ffn, first_dense;
+  // The transformer layers' linear GEMMs (qkv, proj, fc1, fc2, a MoE layer's shared experts) in
+  // fp8 with --fp8-format, as TransformerEngine's layers; the output layer and the router stay in
+  // the compute dtype, as in Megatron. Routed experts stay too: their token counts vary per step
+  // and cuBLASLt's fp8 needs multiples of 16 (Megatron pads them, --moe-router-padding-for-fp8).
+  Fp8Formats fp8;
   bool IsMoe(int64_t layer) const { return experts > 0 && layer >= first_dense; }
   // Width of the dense MLP part of a layer: the MLP, or the shared experts of a MoE layer.
   int64_t MlpFfn(bool moe) const { return moe ? shared_ffn : ffn; }
@@ -70,6 +96,11 @@ struct Shapes {
 // The global sequence position of this rank's local position `s`: the cp rank holds chunks cp_rank
 // and 2·cp − 1 − cp_rank (load-balanced causal attention), and up rank u the u-th slice of them.
 int64_t GlobalPosition(const Shapes& s, const Coordinates& at, int64_t s_local);
+
+// Empty when a device that has fp8 GEMMs or not (`device_has_fp8`, named `device_name`) can run
+// a trial that asks for fp8 or not (`fp8`: --fp8-format); else the reason, naming the flag and
+// where fp8 trials run.
+std::string Fp8Unsupported(bool fp8, bool device_has_fp8, std::string_view device_name);
 
 // Empty when the trial runner can express `c` for `m`, else why not.
 std::string Unsupported(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& c);
@@ -105,14 +136,20 @@ struct Piece {
   bool tp_replicated = false;  // same on every tp rank (norms, positions, router)
   bool tp_partial = false;     // its gradient is a partial sum over tp whatever SP (the router)
   bool duplicate = false;      // a copy another rank owns too (the tied output embedding)
+  bool tied = false;           // the tied embedding, summed over the embedding group when pp > 1
+  bool continues = false;      // the rest of the parameter the piece before starts (k, v; up)
+  int unit = 0;                // what completes its gradient (ModelShard::LayerUnit, ...)
 };
 
 class ModelShard {
  public:
-  // Lays out and allocates this rank's parameters, gradients and optimizer states, and
-  // initialises them from `seed`. kOom when they do not fit.
+  // Lays out and allocates this rank's parameters (in Megatron's order: embedding, layers, final
+  // norm, output layer), gradients and optimizer states, and initialises them from `seed`. The
+  // data-parallel buckets (grad_buckets.h) follow c.overlap_grad_reduce and `ddp_bucket_size`
+  // (0: MegatronDdpBucketSize(dp)). kOom when they do not fit.
   static StatusOr<ModelShard> Create(Device& device, const ModelSpec& m, const Shapes& s,
-                                     const ParallelConfig& c, const Coordinates& at, uint64_t seed);
+                                     const ParallelConfig& c, const Coordinates& at, uint64_t seed,
+                                     int64_t ddp_bucket_size = 0);
 
   std::vector<ChunkWeights> chunks;         // one per model chunk (vpp)
   Tensor word_embedding, d_word_embedding;  // first stage
@@ -120,16 +157,40 @@ class ModelShard {
   Tensor final_norm, final_norm_bias, d_final_norm, d_final_norm_bias;  // last stage
   Tensor output, d_output;  // last stage (the embedding itself when tied)
 
+  // Zeroes the gradients: a step without data-parallel overlap whatever the knobs.
   Status ZeroGrads(Device& device);
+  // ZeroGrads for a step of `microbatches` micro-batches whose program calls GradsReady and
+  // AwaitParams: the overlap the knobs ask for.
+  Status BeginStep(Device& device, int microbatches);
+
+  // The units of the data-parallel overlap: what one call of the step program completes.
+  int LayerUnit(int chunk, int64_t layer_in_chunk) const {
+    return static_cast<int>(chunk * layers_per_chunk_ + layer_in_chunk);
+  }
+  int EmbeddingUnit() const { return units_ - 2; }
+  int HeadUnit() const { return units_ - 1; }
+  // The step program's hooks (no-ops with the knobs off): `unit`'s gradient is complete for one
+  // micro-batch (its bucket's reduction starts on the last one, overlap_grad_reduce); `unit` is
+  // about to run forward (its bucket's deferred all-gather is waited for, overlap_param_gather).
+  Status GradsReady(ProcessGroups& g, int unit);
+  Status AwaitParams(ProcessGroups& g, int unit);
+
   // Gradient sync and Adam: TP sum of replicated grads under SP (and of the router always), tied
-  // embedding grads over the embedding group, then per partition an all-reduce over its
+  // embedding grads over the embedding group, then per bucket an all-reduce over its
   // data-parallel group, or reduce-scatter + all-gather (distributed optimizer): dense parameters
-  // over g.dp, experts over g.edp.
+  // over g.dp, experts over g.edp. Buckets started by GradsReady are waited for; with
+  // overlap_param_gather the all-gather is left to the next step's AwaitParams.
   Status Step(Device& device, ProcessGroups& g, const ParallelConfig& c, float lr, float eps,
               int64_t step);
-  // Sharding-invariant checksums of the weights, summed over `g`'s world by the caller.
+  // Sharding-invariant checksums of the weights, summed over `g`'s world by the caller. Completes
+  // a deferred all-gather first (on the groups of the last Step).
   StatusOr<std::pair<double, double>> Fingerprint(Device& device, const Coordinates& at,
                                                   uint64_t seed);
+
+  // The overlap as it ran in the step since the last BeginStep, over both partitions: buckets
+  // whose reduction started under the backward pass, and buckets gathered under the forward.
+  int grad_buckets_overlapped() const;
+  int param_buckets_overlapped() const;
 
  private:
   // Dense parameters and routed experts live in separate flat buffers: they are reduced (and
@@ -139,14 +200,34 @@ class ModelShard {
     int64_t padded_numel = 0;
     int shards = 1, shard = 0;  // distributed-optimizer shards and this rank's
     Buffer weights, grads, master, exp_avg, exp_avg_sq;
+    GradBuckets sync;            // its buckets and what this rank owns of them
+    std::vector<bool> tp_summed;  // per piece: its TP sum is done this step
   };
   static constexpr int kDense = 0, kExperts = 1;
-  Status Allocate(Device& device, Partition& p, int shards, int shard);
-  Status StepPartition(Device& device, Partition& p, Comm& group, const backend::AdamParams& adam);
+  Status Allocate(Device& device, Partition& p, int shards, int shard, int64_t bucket_size,
+                  bool overlap, bool hold_tied);
+  Status StepPartition(Device& device, Partition& p, Comm& group, const backend::AdamParams& adam,
+                       const GradBuckets::Prepare& prepare);
+  // The reductions of a bucket's gradients that precede the data-parallel one.
+  GradBuckets::Prepare PrepareOf(Partition& p, ProcessGroups& g);
+  Comm& GroupOf(int part, ProcessGroups& g) { return part == kDense ? g.dp : g.edp; }
 
   Partition parts_[2];
   bool separate_master_ = false;
   bool tied_ = false;
+  bool sp_ = false;
+  bool defer_gather_ = false;
+  bool embedding_summed_ = false;  // this step
+  bool program_hooks_ = false;     // BeginStep was called: the program calls the hooks
+  // grad_reduce_dtype=bf16 with 16-bit weights: gradients are rounded to bf16 before and after
+  // their reduction (RoundToBf16), the precision Megatron's --grad-reduce-in-bf16 reduces in.
+  bool round_grads_ = false;
+  Device* device_ = nullptr;
+  Buffer round_scratch_;
+  Status RoundToBf16(Tensor x);
+  int64_t layers_per_chunk_ = 1;
+  int units_ = 2;
+  ProcessGroups* last_groups_ = nullptr;
 };
 
 }  // namespace autopar::trial

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "tests/distributed/mpi_env.h"
 
@@ -17,6 +18,7 @@ namespace {
 
 std::optional<Group> g_world;
 std::unique_ptr<Backend> g_backend;
+CpuBackendOptions g_options;
 
 class FailurePrinter : public ::testing::EmptyTestEventListener {
  public:
@@ -36,6 +38,7 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 
 Group& World() { return *g_world; }
 Backend& TestBackend() { return *g_backend; }
+CpuBackendOptions TestBackendOptions() { return g_options; }
 
 }  // namespace autopar::backend::testing
 
@@ -57,9 +60,28 @@ int main(int argc, char** argv) {
     listeners.Append(new bt::FailurePrinter(rank));
   }
 
+  // What GoogleTest left of the command line: --p2p-semantics mpi|nccl.
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const std::string value = arg == "--p2p-semantics" && i + 1 < argc ? argv[++i]
+                              : arg.rfind("--p2p-semantics=", 0) == 0 ? arg.substr(16)
+                                                                     : "";
+    autopar::backend::StatusOr<autopar::backend::P2PSemantics> semantics =
+        autopar::backend::ParseP2PSemantics(value);
+    if (!semantics.ok()) {
+      std::fprintf(stderr, "distributed_test: unknown argument '%s' (%s)\n", arg.c_str(),
+                   semantics.status().ToString().c_str());
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    bt::g_options.p2p_semantics = *semantics;
+  }
+  if (rank == 0) {
+    std::printf("p2p semantics: %s\n",
+                std::string(autopar::backend::P2PSemanticsName(bt::g_options.p2p_semantics)).c_str());
+  }
   autopar::backend::StatusOr<autopar::backend::Group> world = autopar::backend::Group::World();
   autopar::backend::StatusOr<std::unique_ptr<autopar::backend::Backend>> backend =
-      autopar::backend::MakeCpuBackend(autopar::backend::CpuBackendOptions{});
+      autopar::backend::MakeCpuBackend(bt::g_options);
   if (!world.ok() || !backend.ok()) {
     std::fprintf(stderr, "[rank %d] setup failed: %s %s\n", rank, world.status().ToString().c_str(),
                  backend.status().ToString().c_str());

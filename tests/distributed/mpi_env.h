@@ -13,6 +13,9 @@ namespace autopar::backend::testing {
 
 Group& World();
 Backend& TestBackend();
+// The CPU backend options of the run: `--p2p-semantics nccl` on the test binary's command line
+// runs the whole suite under the NCCL-semantics emulation (see backend::P2PSemantics).
+CpuBackendOptions TestBackendOptions();
 
 // Test data as a pure function of (seed, index, rank): multiples of 1/8 in [-8, 8), so sums over a
 // few ranks are exact in fp32 whatever order the transport reduces in.

@@ -101,7 +101,63 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-moe", "cp=2,dp=2,ep=4"}, Case{"tiny-moe", "up=2,dp=2,ep=2"},
                       Case{"tiny-moe", "pp=2,dp=2,ep=2"}, Case{"tiny-moe", "dp=4,ep=4,dist_opt=on"},
                       Case{"tiny-moe", "dp=4,ep=2,mbs=2,recompute=full"},
-                      Case{"tiny-moe", "tp=2,pp=2,sp=on,recompute=selective"}),
+                      Case{"tiny-moe", "tp=2,pp=2,sp=on,recompute=selective"},
+                      // Data-parallel overlap off (on is the default of the cases above).
+                      Case{"tiny", "dp=4,overlap_grad_reduce=off"},
+                      Case{"tiny", "tp=2,dp=2,dist_opt=on,overlap_param_gather=off"},
+                      Case{"tiny-moe", "dp=4,ep=4,dist_opt=on,overlap_grad_reduce=off"}),
+    CaseName);
+
+// Data-parallel overlap (ParallelConfig's overlap_grad_reduce / overlap_param_gather): the
+// bucketed reductions under the backward pass and the gathers under the next forward reorder
+// when the collectives run, not what they sum, so every knob setting gives the same numbers. A
+// small bucket (Megatron's --ddp-bucket-size) gives the tiny models several buckets.
+constexpr int64_t kSmallBucket = 20000;
+
+class OverlapOnAndOff : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OverlapOnAndOff, SameLossAndWeightsWithEveryKnobSetting) {
+  const ModelSpec model = ModelPreset(GetParam().model);
+  const std::string base = GetParam().spec;
+  const ParallelConfig on = Complete(ParseSpec(base), World().size());
+  TrialOptions o = NumericOptions();
+  o.ddp_bucket_size = kSmallBucket;
+  const TrialMeasurement ref = RunTrial(TestBackend(), World(), model, Train(), on, o);
+  ASSERT_EQ(ref.outcome, Outcome::kOk) << ref.message;
+  // On really overlapped: several buckets started under the first stage's backward.
+  EXPECT_GT(ref.grad_buckets_overlapped, on.pp == 1 ? 1 : 0);
+  EXPECT_EQ(ref.param_buckets_overlapped > 0, on.overlap_param_gather);
+  std::vector<std::string> others = {base + ",overlap_grad_reduce=off"};
+  if (on.dist_opt) others.push_back(base + ",overlap_param_gather=off");
+  for (const std::string& spec : others) {
+    const ParallelConfig c = Complete(ParseSpec(spec), World().size());
+    const TrialMeasurement got = RunTrial(TestBackend(), World(), model, Train(), c, o);
+    ASSERT_EQ(got.outcome, Outcome::kOk) << spec << ": " << got.message;
+    EXPECT_EQ(got.grad_buckets_overlapped > 0, c.overlap_grad_reduce) << spec;
+    EXPECT_EQ(got.param_buckets_overlapped, 0) << spec;
+    EXPECT_EQ(got.loss, ref.loss) << spec;
+    EXPECT_EQ(got.aux_loss, ref.aux_loss) << spec;
+    EXPECT_EQ(got.weight_sum, ref.weight_sum) << spec;
+    EXPECT_EQ(got.weight_projection, ref.weight_projection) << spec;
+  }
+  // And Megatron's default bucket (one for these models) too.
+  const TrialMeasurement one_bucket =
+      RunTrial(TestBackend(), World(), model, Train(), on, NumericOptions());
+  ASSERT_EQ(one_bucket.outcome, Outcome::kOk) << one_bucket.message;
+  EXPECT_EQ(one_bucket.weight_sum, ref.weight_sum);
+  EXPECT_EQ(one_bucket.weight_projection, ref.weight_projection);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Trial, OverlapOnAndOff,
+    ::testing::Values(Case{"tiny", "dp=4"}, Case{"tiny", "dp=4,dist_opt=on"},
+                      Case{"tiny", "tp=2,dp=2,sp=on,dist_opt=on"},
+                      Case{"tiny", "cp=2,dp=2,dist_opt=on"}, Case{"tiny", "pp=2,dp=2"},
+                      Case{"tiny", "pp=2,dp=2,vpp=2,dist_opt=on"},
+                      Case{"tiny", "pp=2,dp=2,dist_opt=on,recompute=full"},
+                      Case{"tiny-gpt", "pp=2,dp=2"}, Case{"tiny-gpt", "dp=4,dist_opt=on"},
+                      Case{"tiny-moe", "dp=4,ep=2,dist_opt=on"},
+                      Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"}),
     CaseName);
 
 }  // namespace
@@ -166,7 +222,7 @@ TEST(TrialOutcome, OomIsAValueAndTheNextTrialSucceeds) {
   const ParallelConfig small = Complete(ParseSpec("tp=2,pp=2,sp=on"), World().size());
   const double big_gib = PredictedPeakGib(model, big), small_gib = PredictedPeakGib(model, small);
   ASSERT_LT(small_gib * 1.2, big_gib * 0.8);
-  backend::CpuBackendOptions options;
+  backend::CpuBackendOptions options = backend::testing::TestBackendOptions();
   options.memory_budget_bytes =
       static_cast<size_t>(0.5 * (small_gib + big_gib) * 1024 * 1024 * 1024);
   auto budgeted = backend::MakeCpuBackend(options);

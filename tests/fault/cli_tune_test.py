@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The `tune` command line (DESIGN §7): outputs, formats and exit codes, through the binary.
+"""The `tune` command line (docs/cli.md §6, §10): outputs, formats and exit codes, through the binary.
 
 0 ok, 2 bad input naming the flag, 3 nothing could be measured, 4 study locked or mismatched.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fault test of the study journal (DESIGN §6): kill the coordinator and resume.
+"""Fault test of the study journal (docs/journal.md §5, §7): kill the coordinator and resume.
 
 1. An uninterrupted replay-backend study is the reference.
 2. The same study is killed with SIGKILL at 20 random points, each inside a journal append

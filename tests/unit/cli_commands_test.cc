@@ -80,6 +80,61 @@ TEST(Cli, MegatronFlagsDescribeTheConfigToPredict) {
   EXPECT_NE(pasted.out.find("1,2,2,2,1,1,1,1,2,on,none,0,off"), std::string::npos) << pasted.out;
 }
 
+// The overlap knobs and the reduction dtype leave as Megatron's flags (which default off / fp32)
+// and come back from them unchanged.
+TEST(Cli, MegatronOverlapFlagsRoundTrip) {
+  struct Want {
+    const char* spec;
+    bool grad, gather, bf16;
+  };
+  for (const Want& w :
+       {Want{"tp=2,dist_opt=on", true, true, false}, Want{"tp=2", true, false, false},
+        Want{"tp=2,dist_opt=on,overlap_param_gather=off", true, false, false},
+        Want{"tp=2,dist_opt=on,overlap_grad_reduce=off", false, false, false},
+        Want{"tp=2,overlap_grad_reduce=off,grad_reduce_dtype=bf16", false, false, true}}) {
+    const Result out =
+        RunCli(Cmd("predict", Llama7bOn(1, {"--config", w.spec, "--format", "megatron"})));
+    ASSERT_EQ(out.code, kExitOk) << out.err;
+    const std::string flags = out.out.substr(0, out.out.find('\n'));
+    EXPECT_EQ(flags.find(" --overlap-grad-reduce") != std::string::npos, w.grad) << flags;
+    EXPECT_EQ(flags.find(" --overlap-param-gather") != std::string::npos, w.gather) << flags;
+    EXPECT_EQ(flags.find(" --grad-reduce-in-bf16") != std::string::npos, w.bf16) << flags;
+    const Result back =
+        RunCli(Cmd("predict", Llama7bOn(1, {"--megatron-args", flags, "--format", "megatron"})));
+    ASSERT_EQ(back.code, kExitOk) << back.err;
+    EXPECT_EQ(back.out, out.out) << w.spec;
+    // The same configuration: the SPEC text agrees too.
+    const Result spec_csv =
+        RunCli(Cmd("predict", Llama7bOn(1, {"--config", w.spec, "--format", "csv"})));
+    const Result flags_csv =
+        RunCli(Cmd("predict", Llama7bOn(1, {"--megatron-args", flags, "--format", "csv"})));
+    EXPECT_EQ(spec_csv.out, flags_csv.out) << w.spec;
+  }
+  // fp16 runs reduce in fp16 unless told: fp32 needs Megatron's flag, 16-bit none.
+  for (const auto& [spec, flag] : {std::pair{"tp=2", " --accumulate-allreduce-grads-in-fp32"},
+                                   std::pair{"tp=2,grad_reduce_dtype=bf16", ""}}) {
+    const Result fp16 = RunCli(
+        Cmd("predict", Llama7bOn(1, {"--fp16", "--config", spec, "--format", "megatron"})));
+    ASSERT_EQ(fp16.code, kExitOk) << fp16.err;
+    EXPECT_EQ(fp16.out.find(" --grad-reduce-in-bf16"), std::string::npos) << fp16.out;
+    EXPECT_EQ(fp16.out.find(" --accumulate-allreduce-grads-in-fp32") != std::string::npos,
+              std::string(flag).size() > 0)
+        << fp16.out;
+    const std::string flags = fp16.out.substr(0, fp16.out.find('\n'));
+    const Result back = RunCli(Cmd(
+        "predict", Llama7bOn(1, {"--fp16", "--megatron-args", flags, "--format", "megatron"})));
+    ASSERT_EQ(back.code, kExitOk) << back.err;
+    EXPECT_EQ(back.out, fp16.out) << spec;
+  }
+  // The earlier switches pin the knob off.
+  const Result off =
+      RunCli(Cmd("predict", Llama7bOn(1, {"--config", "tp=2,dist_opt=on",
+                                          "--no-overlap-param-gather", "--format", "megatron"})));
+  ASSERT_EQ(off.code, kExitOk) << off.err;
+  EXPECT_NE(off.out.find("--overlap-grad-reduce"), std::string::npos);
+  EXPECT_EQ(off.out.find("--overlap-param-gather"), std::string::npos);
+}
+
 // Bad input: exit code 2 and a message naming the flag or field (and the allowed values).
 void ExpectBadInput(const std::vector<std::string>& argv, const std::string& must_mention) {
   const Result r = RunCli(argv);

@@ -110,5 +110,82 @@ TEST(Time, ExpertParallelDispatchAndCombine) {
   EXPECT_LT(ep8m.weights, 0.3 * ep1.weights);
 }
 
+// Data-parallel overlap (ParallelConfig's knobs, Megatron's buckets): llama2-7b on 64 GPUs with
+// tp=8, dp=8, so a rank holds ~840 M parameters in tensors of 2–11 M: 17 buckets, each closed
+// once it holds Megatron's default 40 M.
+struct DpOverlap : ::testing::Test {
+  ModelSpec model = ModelPreset("llama2-7b");
+  ClusterSpec cluster = SmallCluster(8, 8);
+  CostModel cm{model, SmallTrain(64, 4096), cluster, PerfConstants{}};
+  TimeBreakdown T(const std::string& spec) { return cm.Time(Spec(spec, 64)); }
+};
+
+TEST_F(DpOverlap, OnHidesTheReductionUnderTheBackwardOffExposesIt) {
+  const TimeBreakdown on = T("tp=8,dp=8"), off = T("tp=8,dp=8,overlap_grad_reduce=off");
+  EXPECT_EQ(off.grad_reduce_buckets, 0);
+  EXPECT_EQ(on.grad_reduce_buckets, 17);
+  // Off: everything shows. On: what the backward cannot hide, and at least the last bucket.
+  EXPECT_DOUBLE_EQ(off.features[kDpComm], off.dp_comm_s);
+  EXPECT_DOUBLE_EQ(on.dp_comm_s, off.dp_comm_s);
+  EXPECT_LT(on.features[kDpComm], off.features[kDpComm]);
+  EXPECT_GE(on.features[kDpComm], on.dp_comm_s / on.grad_reduce_buckets - 1e-15);
+  EXPECT_GE(on.features[kDpComm], on.dp_comm_s * (1 - PerfConstants{}.eff.dp_overlap) - 1e-15);
+  // The knobs change nothing but the DP term.
+  for (int k = 0; k < kNumFeatures; ++k) {
+    if (k != kDpComm) {
+      EXPECT_EQ(on.features[k], off.features[k]) << FeatureName(k);
+    }
+  }
+}
+
+TEST_F(DpOverlap, OneBucketHidesNothing) {
+  // A bucket as large as the rank's parameters: its reduction starts after the last gradient.
+  PerfConstants k;
+  k.stack.ddp_bucket_size = int64_t{1} << 40;
+  const CostModel one(model, SmallTrain(64, 4096), cluster, k);
+  const TimeBreakdown t = one.Time(Spec("tp=8,dp=8", 64));
+  EXPECT_EQ(t.grad_reduce_buckets, 1);
+  EXPECT_DOUBLE_EQ(t.features[kDpComm], t.dp_comm_s);
+}
+
+TEST_F(DpOverlap, ParamGatherOverlapsOnlyWhenOn) {
+  const TimeBreakdown both = T("tp=8,dp=8,dist_opt=on");
+  const TimeBreakdown no_gather = T("tp=8,dp=8,dist_opt=on,overlap_param_gather=off");
+  const TimeBreakdown neither = T("tp=8,dp=8,dist_opt=on,overlap_grad_reduce=off");
+  EXPECT_EQ(both.param_gather_buckets, 17);
+  EXPECT_EQ(no_gather.param_gather_buckets, 0);
+  EXPECT_EQ(neither.grad_reduce_buckets, 0);
+  EXPECT_EQ(neither.param_gather_buckets, 0);  // Megatron needs --overlap-grad-reduce for it
+  EXPECT_LT(both.features[kDpComm], no_gather.features[kDpComm]);
+  EXPECT_LT(no_gather.features[kDpComm], neither.features[kDpComm]);
+  EXPECT_DOUBLE_EQ(neither.features[kDpComm], neither.dp_comm_s);
+}
+
+TEST_F(DpOverlap, Bf16ReductionHalvesTheGradientBytes) {
+  const TimeBreakdown fp32 = T("tp=8,dp=8,overlap_grad_reduce=off");
+  const TimeBreakdown bf16 = T("tp=8,dp=8,overlap_grad_reduce=off,grad_reduce_dtype=bf16");
+  const ParamCounts& p = cm.params();
+  const double bytes = 4 *
+                       (model.num_layers * static_cast<double>(p.dense_layer()) + p.embedding +
+                        p.final_norm + p.output_layer) /
+                       8;
+  const double experts = cm.AllReduceTime(0, 8, 8);  // a dense model's empty expert reduction
+  EXPECT_NEAR(fp32.dp_comm_s, cm.AllReduceTime(bytes, 8, 8) + experts, 1e-12);
+  EXPECT_NEAR(bf16.dp_comm_s, cm.AllReduceTime(bytes / 2, 8, 8) + experts, 1e-12);
+  // fp32 training (the CPU backend) reduces fp32 gradients whatever the knob says.
+  TrainSpec fp32_train = SmallTrain(64, 4096);
+  fp32_train.precision = Precision::kFP32;
+  const CostModel fp32_model(model, fp32_train, cluster, PerfConstants{});
+  EXPECT_EQ(fp32_model.Time(Spec("tp=8,dp=8,grad_reduce_dtype=bf16", 64)).dp_comm_s,
+            fp32_model.Time(Spec("tp=8,dp=8", 64)).dp_comm_s);
+}
+
+TEST_F(DpOverlap, LaterPipelineStagesHaveOneBucketHiddenByTheDrain) {
+  // pp = 2: the last stage's single bucket starts a backward slot before the first stage ends.
+  const TimeBreakdown on = T("tp=8,pp=2,dp=4"), off = T("tp=8,pp=2,dp=4,overlap_grad_reduce=off");
+  EXPECT_LT(on.features[kDpComm], off.features[kDpComm]);
+  EXPECT_GE(on.features[kDpComm], on.dp_comm_s - on.backward_per_microbatch_s - 1e-12);
+}
+
 }  // namespace
 }  // namespace autopar

@@ -23,6 +23,7 @@ TEST(Spec, PrintsEveryKeyAndParsesBack) {
   c.sp = true;
   c.recompute = Recompute::kSelective;
   c.dist_opt = true;
+  c.overlap_param_gather = true;  // the default wherever Megatron allows it
   EXPECT_EQ(ToSpec(c),
             "tp=8,pp=4,dp=2,cp=1,up=1,ep=1,vpp=3,mbs=2,sp=on,recompute=selective,dist_opt=on");
   EXPECT_EQ(ParseSpec(ToSpec(c)), c);
@@ -37,6 +38,35 @@ TEST(Spec, OmittedKeysTakeDefaultsAndDpIsDerived) {
   EXPECT_EQ(c.mbs, 1);
   EXPECT_FALSE(c.sp);
   EXPECT_EQ(c.recompute, Recompute::kNone);
+}
+
+TEST(Spec, OverlapKnobsDefaultOnWhereAllowedAndPrintOnlyWhenNot) {
+  // Omitted: grad overlap on; gather overlap on exactly where Megatron allows it; fp32 reduce.
+  const ParallelConfig plain = ParseSpec("dp=4");
+  EXPECT_TRUE(plain.overlap_grad_reduce);
+  EXPECT_FALSE(plain.overlap_param_gather);
+  EXPECT_EQ(plain.grad_reduce_dtype, GradReduceDtype::kFP32);
+  const ParallelConfig dist = ParseSpec("dp=4,dist_opt=on");
+  EXPECT_TRUE(dist.overlap_grad_reduce);
+  EXPECT_TRUE(dist.overlap_param_gather);
+  EXPECT_EQ(ToSpec(dist).find("overlap"), std::string::npos);
+  EXPECT_FALSE(ParseSpec("dp=4,dist_opt=on,overlap_grad_reduce=off").overlap_param_gather);
+
+  for (const char* text :
+       {"dp=4,dist_opt=on,overlap_param_gather=off", "dp=4,overlap_grad_reduce=off",
+        "dp=4,dist_opt=on,overlap_grad_reduce=off,grad_reduce_dtype=bf16",
+        "dp=4,grad_reduce_dtype=bf16"}) {
+    const ParallelConfig c = ParseSpec(text);
+    EXPECT_EQ(ParseSpec(ToSpec(c)), c) << text;
+  }
+  EXPECT_EQ(ToSpec(ParseSpec("dp=4,dist_opt=on,overlap_param_gather=off")),
+            "tp=1,pp=1,dp=4,cp=1,up=1,ep=1,vpp=1,mbs=1,sp=off,recompute=none,dist_opt=on,"
+            "overlap_param_gather=off");
+  EXPECT_EQ(ToSpec(ParseSpec("dp=4,overlap_grad_reduce=off,grad_reduce_dtype=bf16")),
+            "tp=1,pp=1,dp=4,cp=1,up=1,ep=1,vpp=1,mbs=1,sp=off,recompute=none,dist_opt=off,"
+            "overlap_grad_reduce=off,grad_reduce_dtype=bf16");
+  EXPECT_THROW(ParseSpec("grad_reduce_dtype=fp16"), InputError);
+  EXPECT_THROW(ParseSpec("overlap_grad_reduce=maybe"), InputError);
 }
 
 TEST(Spec, BadTextNamesTheFlagAndTheAllowedValues) {
@@ -103,6 +133,7 @@ TEST(SearchSpace, EnumerationEqualsBruteForceFilteredByCheck) {
                       for (int32_t layers : {0, 1, 2, 3})
                         for (bool dist_opt : {false, true}) {
                           ParallelConfig c{tp, pp, dp, cp, up, ep, vpp, mbs, sp, r, layers, dist_opt};
+                          c.overlap_param_gather = OverlapParamGatherAllowed(c);  // the default
                           if (dist_opt && dp * cp == 1) continue;  // same as dist_opt=off
                           if (space.Check(c).empty()) brute.insert(ToSpec(c));
                         }
@@ -168,6 +199,61 @@ TEST(SearchSpace, FixPinsDimensions) {
   EXPECT_EQ(ParseIntList("--tp", "1,2,4"), (std::vector<int32_t>{1, 2, 4}));
   EXPECT_THROW(ParseIntList("--tp", "1,,2"), InputError);
   EXPECT_THROW(ParseIntList("--tp", "a"), InputError);
+}
+
+TEST(SearchSpace, OverlapIsPinnedOnByDefaultAndFixable) {
+  const SearchSpace open(TinyModel(), SmallTrain(8, 64), SmallCluster(1, 4), {});
+  int64_t n = 0;
+  open.ForEach([&](const ParallelConfig& c) {
+    ++n;
+    EXPECT_TRUE(c.overlap_grad_reduce);
+    EXPECT_EQ(c.overlap_param_gather, c.dist_opt);  // on wherever Megatron allows it
+    EXPECT_EQ(c.grad_reduce_dtype, GradReduceDtype::kFP32);
+    EXPECT_EQ(open.Check(c), "") << ToSpec(c);
+  });
+  // Not searched: the knobs do not multiply the space.
+  SpaceOptions o;
+  ApplyFix("overlap_grad_reduce=off,grad_reduce_dtype=bf16", o);
+  const SearchSpace off(TinyModel(), SmallTrain(8, 64), SmallCluster(1, 4), o);
+  EXPECT_EQ(off.Count(), n);
+  off.ForEach([&](const ParallelConfig& c) {
+    EXPECT_FALSE(c.overlap_grad_reduce);
+    EXPECT_FALSE(c.overlap_param_gather);  // Megatron needs --overlap-grad-reduce for it
+    EXPECT_EQ(c.grad_reduce_dtype, GradReduceDtype::kBF16);
+  });
+  o = {};
+  ApplyFix("overlap_param_gather=off", o);
+  SearchSpace(TinyModel(), SmallTrain(8, 64), SmallCluster(1, 4), o)
+      .ForEach([](const ParallelConfig& c) {
+        EXPECT_TRUE(c.overlap_grad_reduce);
+        EXPECT_FALSE(c.overlap_param_gather);
+      });
+  // Both values, given programmatically, are both enumerated where they apply.
+  o = {};
+  o.dist_opt = {true};
+  const int64_t distributed =
+      SearchSpace(TinyModel(), SmallTrain(8, 64), SmallCluster(1, 4), o).Count();
+  o.overlap_param_gather = {false, true};
+  EXPECT_EQ(SearchSpace(TinyModel(), SmallTrain(8, 64), SmallCluster(1, 4), o).Count(),
+            2 * distributed);
+
+  ParallelConfig bad = Complete(ParseSpec("dp=4,overlap_param_gather=on"), 4);
+  EXPECT_NE(open.Check(bad).find("dist_opt=on"), std::string::npos);
+  bad = Complete(ParseSpec("dp=4,dist_opt=on,overlap_grad_reduce=off,overlap_param_gather=on"), 4);
+  EXPECT_NE(open.Check(bad).find("overlap_grad_reduce=on"), std::string::npos);
+  auto refused = [](const char* fix) {
+    SpaceOptions p;
+    ApplyFix(fix, p);
+    try {
+      SearchSpace(TinyModel(), SmallTrain(8, 64), SmallCluster(1, 4), p);
+    } catch (const InputError& e) {
+      return e.field() == "--fix";
+    }
+    return false;
+  };
+  EXPECT_TRUE(refused("overlap_param_gather=on,dist_opt=off"));
+  EXPECT_TRUE(refused("overlap_param_gather=on,overlap_grad_reduce=off"));
+  EXPECT_FALSE(refused("overlap_param_gather=on"));
 }
 
 TEST(SearchSpace, TensorParallelStaysInsideANodeUnlessAllowed) {

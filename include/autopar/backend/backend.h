@@ -26,6 +26,17 @@ class Backend {
   // Collective over the members of `group`; an empty group is kInvalid. The result keeps its own
   // communicator, so it may outlive `group`.
   virtual StatusOr<std::unique_ptr<Collectives>> Connect(const Group& group) = 0;
+  // Collective over `world` (every world rank calls it, in the same order): the collectives of
+  // `group`, this rank's group from a split of `world`, or nullptr where `group` is empty (the
+  // rank is in none). A backend that builds groups by splitting one world communicator (CUDA:
+  // ncclCommSplit) needs every world rank in the call, and caches them by their members so a
+  // later call for the same ranks reuses one; the default connects `group` alone.
+  virtual StatusOr<std::unique_ptr<Collectives>> ConnectSplit(const Group& world,
+                                                              const Group& group) {
+    (void)world;
+    if (group.empty()) return std::unique_ptr<Collectives>();
+    return Connect(group);
+  }
 };
 
 // How the CPU backend's collectives run (`--p2p-semantics`).

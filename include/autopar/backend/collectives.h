@@ -9,6 +9,7 @@
 // the current one, and let the data-parallel gradient reduction run under the backward pass.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -41,6 +42,16 @@ class Request {
   // requests are cancelled, collective ones are left to the transport. The caller must treat the
   // group as broken afterwards; destroying an abandoned request does not wait.
   virtual void Abandon() = 0;
+  // Where the transport runs on the device (Collectives::stream_ordered()): makes the device's
+  // later work wait for this operation on the device and returns without waiting on the host.
+  // The request then counts as complete (Wait and Test return at once, destroying it does not
+  // wait): later ops may reuse its buffers, and a failure or a stall shows at the device's next
+  // host wait (Synchronize, a host copy), which gives up no later than `deadline`, aborting the
+  // device's communicators. Elsewhere it is Wait(), a host wait.
+  virtual Status OrderOnDevice(std::chrono::steady_clock::time_point deadline) {
+    (void)deadline;
+    return Wait();
+  }
 };
 
 class Collectives {
@@ -49,6 +60,11 @@ class Collectives {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // True when the operations run in the device's stream order (NCCL): a caller completes a
+  // request with Request::OrderOnDevice instead of a host wait per operation, and waits on the
+  // host only where it needs a result there (Device::Synchronize). False: requests complete on
+  // the host (MPI).
+  virtual bool stream_ordered() const { return false; }
 
   // recv = op over ranks of send; same numel; send may equal recv.
   virtual Status AllReduce(Tensor send, Tensor recv, ReduceOp op) = 0;

@@ -21,13 +21,24 @@
 //  * Copy also converts between f32 and bf16 (round to nearest even), e.g. master -> model weights.
 //  * Blocking collectives are stream-ordered on the compute stream (later ops see their result,
 //    the host does not wait); the I* variants run on a side stream and overlap with compute until
-//    Wait/Test. NCCL has no tags: point-to-point messages between a pair match in issue order, and
-//    a size mismatch between sender and receiver is not detected. Reductions work on f32, bf16,
-//    f16 and i32. NCCL cannot cancel one operation, so Request::Abandon aborts the whole
-//    communicator (later calls on it are kCommError).
+//    Wait/Test, or until the compute stream reaches Request::OrderOnDevice's wait for them
+//    (Collectives::stream_ordered() is true), which costs the host nothing. NCCL has no tags:
+//    point-to-point messages between a pair match in issue order, and a size mismatch between
+//    sender and receiver is not detected. Reductions work on f32, bf16, f16 and i32. NCCL cannot
+//    cancel one operation, so Request::Abandon aborts the whole communicator (later calls on it are
+//    kCommError).
 //  * Ids (embedding, cross-entropy targets) are not range-checked on the host, which would cost a
 //    device-to-host copy per call; a negative id acts like one outside the vocabulary shard.
 //  * Collectives keep a pointer to their backend's device: destroy them before the backend.
+//  * Communicators are built once: ConnectSplit makes one world communicator (splitShare=1) and
+//    splits every group from it with ncclCommSplit, cached by the group's world ranks, so a later
+//    trial's group over the same ranks costs no NCCL set-up. A failure that aborted any of them
+//    (they share resources, so one abort can break the others) makes the next ConnectSplit
+//    rebuild them all, on every rank alike. Connect(group) builds a communicator of its own.
+//  * Memory: tensors may take min(memory_budget_bytes, total − memory_reserve_bytes), and no
+//    allocation may leave less than memory_reserve_bytes free on the device (what the context,
+//    cuBLAS and NCCL hold counts); NonTensorBytes() is the process's device memory (cudaMemGetInfo)
+//    less its tensors and less what the device used when the backend was made.
 #pragma once
 
 #include <cstddef>
@@ -46,6 +57,10 @@ struct CudaBackendOptions {
   int device_index = -1;
   // Per-rank budget; allocations past it, or that cudaMalloc refuses, are kOom.
   std::size_t memory_budget_bytes = std::numeric_limits<std::size_t>::max();
+  // Device memory kept free (see device_memory.h for why and the default's origin): the tensor
+  // budget is at most the device's total less this, and an allocation that would leave less free
+  // is kOom.
+  std::size_t memory_reserve_bytes = std::size_t{1} << 30;
   // Deadline of one wait: Synchronize, a host copy, Request::Wait, communicator set-up.
   double timeout_s = 300.0;
 };

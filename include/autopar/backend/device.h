@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -35,6 +36,8 @@ class Device {
 
   virtual std::string_view name() const = 0;
   virtual DType compute_dtype() const = 0;
+  // Whether Gemm takes fp8 operands (GemmDesc::fp8_a/fp8_b): a GPU with fp8 tensor cores.
+  virtual bool SupportsFp8() const { return false; }
   virtual Status Synchronize() = 0;
 
   // ---- memory ----
@@ -44,6 +47,11 @@ class Device {
   std::size_t peak_bytes() const { return peak_.load(); }
   std::size_t budget_bytes() const { return budget_bytes_; }
   void ResetPeak() { peak_.store(in_use_.load()); }  // peak := bytes in use now
+  // Device memory the process holds now besides its tensors: the runtime's context, library
+  // workspaces (cuBLAS, cuBLASLt), communicator buffers (NCCL), allocator rounding. A trial's
+  // peak as training sees it is its tensor peak plus this, read after the step (NCCL sets up
+  // connections at the first collective). 0 where the device has no such overhead (the CPU).
+  virtual StatusOr<std::size_t> NonTensorBytes() { return std::size_t{0}; }
 
   // ---- data movement and elementwise (any dtype for copies; f32 or compute otherwise) ----
   virtual Status CopyFromHost(Tensor dst, const void* src, std::size_t bytes) = 0;
@@ -106,6 +114,11 @@ class Device {
   // Merges a partial result into (out, lse) by log-sum-exp weights: rows = seq_q * batch * heads_q.
   virtual Status AttentionMerge(std::int64_t rows, std::int64_t head_dim, Tensor out, Tensor lse,
                                 Tensor part_out, Tensor part_lse) = 0;
+  // Empty while every attention call so far ran on the backend's fast engine; otherwise one line
+  // for the trial result saying how many calls fell back to the slower reference engine and the
+  // first reason (the CUDA device: cuDNN's fused attention, else its CUDA-core kernel). The CPU
+  // backend has a single engine.
+  virtual std::string AttentionEngineNote() const { return ""; }
 
   // ---- vocab-parallel cross-entropy (logits, dlogits compute; the rest f32, targets i32) ----
   virtual Status CrossEntropyMax(const CrossEntropyDesc& d, Tensor logits, Tensor row_max) = 0;

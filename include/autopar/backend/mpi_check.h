@@ -2,7 +2,7 @@
 //
 // Communicators made by this module use MPI_ERRORS_RETURN, so an MPI failure comes back as a code
 // and becomes Outcome::kCommError with the MPI error text, instead of aborting the job. (A rank
-// that dies still takes Open MPI down; DESIGN §5 covers that with the supervisor.)
+// that dies still takes Open MPI down; docs/protocol.md §4 covers that with the supervisor.)
 #pragma once
 
 #include <mpi.h>

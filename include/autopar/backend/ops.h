@@ -20,6 +20,13 @@ namespace autopar::backend {
 // dimensions are row strides in elements; 0 means packed. With batch > 1 the matrices of item i
 // start at i * stride_*; a stride of 0 means packed (rows * ld). When beta == 0, C is not read, so
 // it may hold garbage (even NaN).
+//
+// fp8_a / fp8_b ask for an FP8 GEMM, on devices whose SupportsFp8() is true (the CUDA device
+// answers kInvalid without fp8 tensor cores; callers check SupportsFp8 first): both operands are
+// quantized to their format with a per-tensor scale from their own amax (current scaling, see
+// kernels/fp8_scale.h), multiplied with fp32 accumulation and written to C in its dtype. Both must
+// be set, not both kE5M2 (no e5m2 x e5m2 kernel exists), with batch 1 and m, n, k multiples of 16.
+enum class Fp8Operand : std::uint8_t { kNone, kE4M3, kE5M2 };
 struct GemmDesc {
   bool trans_a = false;
   bool trans_b = false;
@@ -35,6 +42,8 @@ struct GemmDesc {
   std::int64_t stride_a = 0;
   std::int64_t stride_b = 0;
   std::int64_t stride_c = 0;
+  Fp8Operand fp8_a = Fp8Operand::kNone;
+  Fp8Operand fp8_b = Fp8Operand::kNone;
 };
 
 // RMSNorm and LayerNorm over the last dimension of x [rows, hidden].

@@ -1,7 +1,7 @@
 // The failure class of backend work, carried as a value.
 //
 // Every device op and collective returns a Status instead of throwing or aborting, so a trial can
-// turn an out-of-memory, a communication failure or a non-finite loss into its outcome (DESIGN §5)
+// turn an out-of-memory, a communication failure or a non-finite loss into its outcome (docs/trial.md §10)
 // and the worker stays alive for the next trial. The check macros stamp the first error with
 // `[host:pid] file:line` and add one `<- file:line` frame at every level it is passed up through,
 // like nccl-tests' testResult_t with its TESTCHECK.
@@ -17,7 +17,7 @@ namespace autopar::backend {
 // Trial outcomes a worker can observe by itself; `worker_lost` is decided by the coordinator.
 enum class Outcome { kOk, kOom, kTimeout, kCommError, kDeviceError, kNonfinite, kInvalid };
 
-// The outcome's name as DESIGN §5 spells it: "ok", "oom", "timeout", "comm_error", ...
+// The outcome's name as docs/trial.md §10 spells it: "ok", "oom", "timeout", "comm_error", ...
 const char* OutcomeName(Outcome outcome);
 
 class [[nodiscard]] Status {

@@ -1,4 +1,4 @@
-// The subcommands of autopar-tune (DESIGN §7). Each takes argv after the subcommand name and
+// The subcommands of autopar-tune (docs/cli.md §1). Each takes argv after the subcommand name and
 // returns the process exit code; bad input surfaces as InputError, which main() maps to 2.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Command-line inputs shared by every subcommand: the model, the training job, the cluster, the
-// user's restrictions of the space and the output format (DESIGN §7).
+// user's restrictions of the space and the output format (docs/cli.md §2–§5).
 #pragma once
 
 #include <map>

@@ -1,4 +1,4 @@
-// Rendering ranked estimates in the formats of DESIGN §7: table, json, csv, megatron, yaml.
+// Rendering ranked estimates in the formats of docs/cli.md §5: table, json, csv, megatron, yaml.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // `autopar-tune trial` and `autopar-tune probe`: commands that run on every rank under mpirun.
 //
-// trial --config SPEC: one timed trial of the configuration's real training step (DESIGN §5).
+// trial --config SPEC: one timed trial of the configuration's real training step (docs/trial.md §1).
 //   Flags: the planning inputs (model, train, cluster; --nnodes × --nproc-per-node must equal the
 //   number of MPI ranks), --backend cpu|cuda, --device-memory-gib X (the per-rank budget),
 //   --trial-timeout S, --warmup N, --iters N, --max-microbatches N (-1: all), --seed N,

@@ -1,4 +1,4 @@
-// `autopar-tune tune` (the default command) and `autopar-tune make-replay-table` (DESIGN §7, §8).
+// `autopar-tune tune` (the default command) and `autopar-tune make-replay-table` (docs/cli.md §6, §9).
 //
 // tune: the online search. Reads the planning inputs (model, train, cluster, space) plus
 //   --study DIR (required)  --resume  --seed N  --budget SECONDS|30m|8h  --max-trials N

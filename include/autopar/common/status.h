@@ -2,7 +2,7 @@
 //
 // The pure core (spec, space, perf, search) reports bad input by throwing InputError, which names
 // the field or flag at fault and, where there is a closed set, the values it accepts. The CLI turns
-// an InputError into exit code 2 (DESIGN §7); nothing else catches it.
+// an InputError into exit code 2 (docs/cli.md §10); nothing else catches it.
 #pragma once
 
 #include <stdexcept>
@@ -10,7 +10,7 @@
 
 namespace autopar {
 
-// Exit codes of every autopar-tune command (DESIGN §7).
+// Exit codes of every autopar-tune command (docs/cli.md §10).
 enum ExitCode : int {
   kExitOk = 0,
   kExitFailure = 1,

@@ -2,7 +2,7 @@
 //
 // Every call is checked; a failure raises IoError naming the operation and the path (exit code 1
 // at the CLI). A study that is locked by another coordinator, or that does not match the flags it
-// is resumed with, raises StudyError (exit code 4, DESIGN §7).
+// is resumed with, raises StudyError (exit code 4, docs/cli.md §10).
 #pragma once
 
 #include <cstddef>

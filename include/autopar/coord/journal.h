@@ -1,4 +1,4 @@
-// The study journal (DESIGN §6): an append-only file of pb::JournalRecord, each framed as
+// The study journal (docs/journal.md §3–§5): an append-only file of pb::JournalRecord, each framed as
 //
 //   u32 length (little-endian) | u32 CRC-32C of the payload (little-endian) | payload
 //

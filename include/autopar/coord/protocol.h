@@ -1,4 +1,4 @@
-// The coordinator/worker protocol (DESIGN §2, §5), written against a small Channel interface so
+// The coordinator/worker protocol (docs/protocol.md §1–§5), written against a small Channel interface so
 // it runs over MPI under mpirun (MpiChannel, built with the trial runner) and over an in-process
 // fake in unit tests (fake_channel.h), as horovod's Controller runs over MPI or Gloo.
 //

@@ -1,4 +1,4 @@
-// The replay backend (DESIGN §7): trials answered from a table, in one process. It is how search
+// The replay backend (docs/cli.md §12): trials answered from a table, in one process. It is how search
 // quality is measured (scripts/bench_search.sh) and how the fault tests drive a whole study.
 //
 // The table is CSV with a header naming at least the columns

@@ -1,4 +1,4 @@
-// The read-only live status endpoint of rank 0 (DESIGN §8): `GET /status` (JSON) and
+// The read-only live status endpoint of rank 0 (docs/protocol.md §8): `GET /status` (JSON) and
 // `GET /metrics` (Prometheus text format 0.0.4), served by Boost.Asio on its own thread.
 //
 // It never touches the search: handlers read a StatusBoard snapshot under its mutex. Requests are

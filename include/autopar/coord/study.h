@@ -1,4 +1,4 @@
-// The study directory (DESIGN §6) and its description.
+// The study directory (docs/journal.md §1–§2) and its description.
 //
 //   DIR/lock         flock'ed by the coordinator that owns the study (a second one: exit 4)
 //   DIR/study.pb     pb::StudyDescription: model, train, cluster, space, perf constants, search

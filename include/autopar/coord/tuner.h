@@ -1,4 +1,4 @@
-// Tuner: the coordinator's loop (DESIGN §4, §6). Propose → journal "started" → run the trial on
+// Tuner: the coordinator's loop (docs/search.md §6–§8, docs/journal.md §4, §7). Propose → journal "started" → run the trial on
 // the backend → observe → journal "finished" (with the state's digest) → check the stop rules →
 // repeat. It is the same loop for every backend and every searcher, and the only writer of the
 // journal.

@@ -1,10 +1,11 @@
 // Efficiency and overhead constants of the analytic model, one set per GPU family.
 //
 // The analytic model predicts with *nominal* efficiencies; the online tuner learns correction
-// factors θ on top (DESIGN §4). These defaults were set once against the published measurements
+// factors θ on top (docs/search.md §2). These defaults were set once against the published measurements
 // in shared/calibration (scripts/bench_accuracy.sh) and are never fitted per configuration.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace autopar {
@@ -17,8 +18,9 @@ struct Efficiency {
   double memory_bound = 0.7;       // of HBM bandwidth, for norms, activations, softmax, Adam
   double intra_node_bus = 0.8;     // of NVLink bandwidth reached by NCCL collectives
   double inter_node_bus = 0.85;    // of the NIC bandwidth
-  // With overlap on, at most this fraction of the DP gradient reduction hides behind the
-  // backward pass (the last bucket's reduction always shows).
+  // With overlap on (ParallelConfig::overlap_grad_reduce / overlap_param_gather), at most this
+  // fraction of the DP communication hides under compute, however many buckets: the collectives'
+  // kernels slow the passes they run under. (The last bucket's exposure is modelled apart.)
   double dp_overlap = 0.85;
 };
 
@@ -27,13 +29,13 @@ struct MemoryConstants {
   double fragmentation = 0.05;        // allocator slack, as a fraction of the tensors
 };
 
-// The software stack the prediction assumes. Modern Megatron-core defaults.
+// The software stack the prediction assumes. Modern Megatron-core defaults. (Data-parallel
+// overlap and the gradient reduction dtype are knobs of the configuration: ParallelConfig.)
 struct StackOptions {
   bool flash_attention = true;      // no s² attention matrices stored or moved
-  bool overlap_grad_reduce = true;  // DP reduction overlapped with the last backward
-  bool overlap_param_gather = true; // distributed optimizer's all-gather overlapped with forward
-  bool grad_reduce_in_fp32 = false; // bytes per gradient element on the wire: 4 if true else 2
   bool dropout = false;             // GPT-3-era models keep dropout masks (Korthikanti's sbh terms)
+  // Megatron's --ddp-bucket-size in parameters; 0 = its default, MegatronDdpBucketSize(dp).
+  int64_t ddp_bucket_size = 0;
 };
 
 struct PerfConstants {

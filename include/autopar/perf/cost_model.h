@@ -1,4 +1,4 @@
-// CostModel: the analytic memory and time model of DESIGN §4 for one (model, train, cluster).
+// CostModel: the analytic memory and time model of docs/models.md §3–§4 for one (model, train, cluster).
 //
 // Evaluate(config) is allocation-free arithmetic so a planner can rank millions of candidates.
 // The step time is exposed as t(c) = θ₀ + Σ_k θ_k·x_k(c): `features` holds x_k, the component
@@ -52,6 +52,12 @@ struct TimeBreakdown {
   double layer_backward_s = 0;
   double bubble_fraction = 0;                   // idle share of the pipeline schedule
   int64_t microbatches = 0;
+  // Data-parallel communication before any hiding (features[kDpComm] is what shows), and the
+  // buckets the model overlaps it in on the first pipeline stage: 0 when the knob is off (one
+  // reduction after the flush, one gather after the optimizer step).
+  double dp_comm_s = 0;
+  int64_t grad_reduce_buckets = 0;
+  int64_t param_gather_buckets = 0;
 };
 
 struct Estimate {

@@ -1,5 +1,5 @@
 // CandidateSet: the configurations the online search may propose, with the analytic model's
-// feature matrix precomputed once (DESIGN §4).
+// feature matrix precomputed once (docs/search.md §1).
 //
 // The step time of candidate i under coefficients θ is
 //

@@ -1,4 +1,4 @@
-// The two posteriors of the online tuner (DESIGN §4): one over the time-model coefficients θ, one
+// The two posteriors of the online tuner (docs/search.md §2–§4): one over the time-model coefficients θ, one
 // over a scale/offset correction of the analytic memory model. Both are NigRegression underneath.
 //
 // Defaults (one table, as limbo keeps them):

@@ -1,4 +1,4 @@
-// Rng: the only source of randomness of the search (DESIGN §4).
+// Rng: the only source of randomness of the search (docs/search.md §9).
 //
 // Every stream is a pure function of (study seed, trial index, purpose), so replaying a journal
 // reproduces every draw, and a draw made for one purpose never shifts another's stream (the stop

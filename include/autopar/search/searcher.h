@@ -1,4 +1,4 @@
-// Proposal strategies: Thompson sampling over the posterior (DESIGN §4) and the baselines it is
+// Proposal strategies: Thompson sampling over the posterior (docs/search.md §6) and the baselines it is
 // measured against (grid, random, analytic-only).
 //
 // A searcher is a pure function of (state, seed, trial index): it keeps no state of its own, so

@@ -1,5 +1,5 @@
 // SearchState: what the search knows after a sequence of trials: both posteriors, which
-// candidates were measured, which failed, which can no longer be proposed (DESIGN §4, issue
+// candidates were measured, which failed, which can no longer be proposed (docs/search.md §7, issue
 // "failures").
 //
 // Rules, applied by Observe():

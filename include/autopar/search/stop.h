@@ -1,4 +1,4 @@
-// Stop rules of the online search (DESIGN §4), checked before every proposal.
+// Stop rules of the online search (docs/search.md §8), checked before every proposal.
 //
 //   exhausted   no candidate is eligible any more;
 //   max_trials  --max-trials trials have finished;

@@ -1,7 +1,10 @@
-// ParallelConfig: one point of the search space (DESIGN §3), and its canonical text form.
+// ParallelConfig: one point of the search space (docs/architecture.md §3), and its canonical text form.
 //
-// The text form is `tp=8,pp=4,dp=2,cp=1,up=1,ep=1,vpp=1,mbs=1,sp=on,recompute=selective,dist_opt=on`.
-// Print → parse is the identity; omitted keys take defaults, and an omitted `dp` is derived from the
+// The text form is
+// `tp=8,pp=4,dp=2,cp=1,up=1,ep=1,vpp=1,mbs=1,sp=on,recompute=selective,dist_opt=on`, followed by
+// `overlap_grad_reduce=off`, `overlap_param_gather=off` or `grad_reduce_dtype=bf16` only where they
+// differ from their defaults (so the text of every earlier configuration keeps its meaning). Print
+// → parse is the identity; omitted keys take defaults, and an omitted `dp` is derived from the
 // world size by Complete().
 #pragma once
 
@@ -12,6 +15,12 @@ namespace autopar {
 
 enum class Recompute : uint8_t { kNone, kSelective, kFull };
 const char* ToString(Recompute r);
+
+// The dtype data-parallel gradients are accumulated and reduced in. Megatron-LM (bf16 training)
+// reduces in fp32 unless `--grad-reduce-in-bf16` (megatron/training/arguments.py: without it,
+// accumulate_allreduce_grads_in_fp32 is set), so fp32 is the default.
+enum class GradReduceDtype : uint8_t { kFP32, kBF16 };
+const char* ToString(GradReduceDtype d);
 
 struct ParallelConfig {
   int32_t tp = 1;   // tensor parallel
@@ -28,6 +37,16 @@ struct ParallelConfig {
   // `--recompute-method block --recompute-num-layers N`); 0 = every layer.
   int32_t recompute_layers = 0;
   bool dist_opt = false;  // distributed optimizer (ZeRO-1 over dp·cp)
+  // Data-parallel overlap as Megatron-core runs it (NVIDIA/Megatron-LM d98e8a6, 2026-08-22:
+  // megatron/core/distributed/, megatron/training/arguments.py): the gradients are
+  // reduced per bucket during the last micro-batch's backward (`--overlap-grad-reduce`), and the
+  // distributed optimizer's parameter all-gather runs per bucket under the next forward
+  // (`--overlap-param-gather`, which Megatron allows only with the distributed optimizer and
+  // --overlap-grad-reduce). Off: one reduction after the pipeline flush, one gather after Adam.
+  // Defaults: on wherever allowed (ParseSpec and the search space derive overlap_param_gather).
+  bool overlap_grad_reduce = true;
+  bool overlap_param_gather = false;
+  GradReduceDtype grad_reduce_dtype = GradReduceDtype::kFP32;
 
   // GPUs one model replica's activations are split over (the tp·cp·up·pp block).
   int64_t model_parallel_size() const { return int64_t{tp} * cp * up * pp; }
@@ -36,10 +55,26 @@ struct ParallelConfig {
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };
 
-// Canonical text. Every key is printed; `recompute_layers` only when it is non-zero.
+// Whether Megatron-LM accepts --overlap-param-gather with `c` (arguments.py asserts the
+// distributed optimizer and --overlap-grad-reduce): the default of overlap_param_gather.
+inline bool OverlapParamGatherAllowed(const ParallelConfig& c) {
+  return c.dist_opt && c.overlap_grad_reduce;
+}
+
+// Megatron-core's default DDP bucket size in parameters when `--ddp-bucket-size` is not given:
+// max(40M, 1M·dp) (megatron/core/distributed/distributed_data_parallel.py), so that a ring's
+// per-rank chunks stay bandwidth-bound at large dp. Buckets are filled in reverse order of the
+// parameters and one closes once it holds at least this many (param_and_grad_buffer.py).
+inline int64_t MegatronDdpBucketSize(int64_t dp) {
+  return dp * 1000000 > 40000000 ? dp * 1000000 : 40000000;
+}
+
+// Canonical text. Every key is printed; `recompute_layers` only when it is non-zero, the overlap
+// and dtype keys only when they differ from their defaults.
 std::string ToSpec(const ParallelConfig& c);
 
-// Parses SPEC text. Throws InputError("--config", ...) naming the key and the allowed values.
+// Parses SPEC text. Throws InputError("--config", ...) naming the key and the allowed values. An
+// omitted overlap_param_gather is on where allowed (OverlapParamGatherAllowed).
 ParallelConfig ParseSpec(const std::string& text);
 
 // Fills a derived dp (dp == 0) from the world size. Throws InputError("--config") when the product

@@ -1,4 +1,4 @@
-// SearchSpace: every ParallelConfig that satisfies the constraints of DESIGN §3 for a model,
+// SearchSpace: every ParallelConfig that satisfies the constraints of docs/architecture.md §3 for a model,
 // training job and cluster, under the user's restrictions.
 //
 // Enumeration is a nest of loops over divisors, pruned as early as possible, with no allocation
@@ -18,10 +18,18 @@ namespace autopar {
 
 // The user's restrictions. An empty list means "every value the constraints allow"; a non-empty
 // list restricts (`--tp 1,2,4`) or pins (`--fix sp=on`) the dimension.
+//
+// The data-parallel overlap knobs and the gradient reduction dtype are not searched: an empty
+// list means their default (overlap on, fp32), since overlap never makes Megatron slower in the
+// model and a lower-precision reduction changes the numerics, which is the user's call. `--fix`
+// pins them; overlap_param_gather=on means on wherever Megatron allows it (dist_opt=on and
+// overlap_grad_reduce=on), off elsewhere.
 struct SpaceOptions {
   std::vector<int32_t> tp, pp, dp, cp, up, ep, vpp, mbs, recompute_layers;
   std::vector<bool> sp, dist_opt;
   std::vector<Recompute> recompute;
+  std::vector<bool> overlap_grad_reduce, overlap_param_gather;
+  std::vector<GradReduceDtype> grad_reduce_dtype;
   bool tp_across_nodes = false;  // allow tp groups larger than a node
   int32_t max_mbs = 16;          // default upper bound on micro-batch sizes
   // Sweep the number of fully-recomputed layers per stage (1 .. layers per stage) instead of
@@ -98,6 +106,15 @@ void SearchSpace::ForEach(Fn&& fn) const {
   const std::vector<int32_t> cp_values = SeqSplitValues(options_.cp);
   const std::vector<int32_t> up_values = SeqSplitValues(options_.up);
   const std::vector<int32_t> kEveryLayer = {0};
+  const std::vector<bool> on = {true};
+  const std::vector<bool>& grad_overlap_values =
+      options_.overlap_grad_reduce.empty() ? on : options_.overlap_grad_reduce;
+  const std::vector<bool>& gather_overlap_values =
+      options_.overlap_param_gather.empty() ? on : options_.overlap_param_gather;
+  const std::vector<GradReduceDtype> fp32 = {GradReduceDtype::kFP32};
+  const std::vector<GradReduceDtype>& dtype_values =
+      options_.grad_reduce_dtype.empty() ? fp32 : options_.grad_reduce_dtype;
+  const std::vector<bool> off = {false};
 
   ParallelConfig c;
   for (int32_t tp : TpValues()) {
@@ -146,7 +163,19 @@ void SearchSpace::ForEach(Fn&& fn) const {
                         // With one data-parallel replica there is nothing to distribute over.
                         if (dist_opt && dp * cp == 1) continue;
                         c.dist_opt = dist_opt;
-                        fn(static_cast<const ParallelConfig&>(c));
+                        for (bool grad_overlap : grad_overlap_values) {
+                          c.overlap_grad_reduce = grad_overlap;
+                          // Where Megatron refuses --overlap-param-gather, the gather is not
+                          // overlapped whatever the option says.
+                          for (bool gather_overlap :
+                               OverlapParamGatherAllowed(c) ? gather_overlap_values : off) {
+                            c.overlap_param_gather = gather_overlap;
+                            for (GradReduceDtype dtype : dtype_values) {
+                              c.grad_reduce_dtype = dtype;
+                              fn(static_cast<const ParallelConfig&>(c));
+                            }
+                          }
+                        }
                       }
                     }
                   }

@@ -1,4 +1,4 @@
-// Start-up micro-benchmarks (DESIGN §4): the GEMM, attention and norm shapes of the model's
+// Start-up micro-benchmarks (docs/trial.md §15, docs/search.md §5): the GEMM, attention and norm shapes of the model's
 // layers under each tensor-parallel degree, and all-reduces on the groups a layout forms (inside a
 // node and across nodes), each next to the analytic model's time for the same work. The ratios
 // are the low-fidelity data that tighten the tuner's prior.
@@ -25,13 +25,24 @@ struct ProbeOptions {
   std::vector<int> tp_values;  // empty: powers of two up to a node that divide the heads
 };
 
-// Collective over `world`; the same samples on every rank.
-backend::StatusOr<std::vector<ProbeSample>> RunProbe(backend::Backend& backend,
-                                                     const backend::Group& world,
-                                                     const ModelSpec& model, const TrainSpec& train,
-                                                     const ClusterSpec& cluster,
-                                                     const CostModel& cost,
-                                                     const ProbeOptions& options);
+// What the backend costs besides the work itself, measured by the probe (the slowest rank's, so
+// the same on every rank): the analytic model assumes constants for these (runtime_overhead_gib).
+struct ProbeOverheads {
+  // Connecting the probe's all-reduce groups the first time (NCCL: the world communicator and
+  // the splits), and the same groups again, which a backend that caches communicators serves
+  // without set-up. Seconds, summed over the groups.
+  double comm_setup_first_s = 0;
+  double comm_setup_cached_s = 0;
+  // Device memory held besides tensors after the probe (Device::NonTensorBytes: CUDA context,
+  // cuBLAS workspaces, NCCL buffers), in GiB.
+  double non_tensor_gib = 0;
+};
+
+// Collective over `world`; the same samples on every rank, and `overheads` when not null.
+backend::StatusOr<std::vector<ProbeSample>> RunProbe(
+    backend::Backend& backend, const backend::Group& world, const ModelSpec& model,
+    const TrainSpec& train, const ClusterSpec& cluster, const CostModel& cost,
+    const ProbeOptions& options, ProbeOverheads* overheads = nullptr);
 
 // Geometric mean of measured / predicted per feature (1 where nothing was probed).
 std::array<double, kNumFeatures> ProbeRatios(const std::vector<ProbeSample>& samples);

@@ -31,12 +31,39 @@ struct StageLinks {
 };
 StageLinks LinksOf(int pp, int vpp, int rank, int chunk);
 
+// One point-to-point transfer of a pipeline rank: a micro-batch's activations (forward) or their
+// gradient (backward) between virtual stage `stage` and its neighbour on pipeline rank `peer`.
+struct PipelineTransfer {
+  enum Kind : uint8_t { kSend, kRecv };
+  Kind kind;
+  int32_t peer;        // pipeline rank
+  int32_t microbatch;
+  int32_t stage;       // the receiving virtual stage (chunk·pp + rank of the receiver)
+  bool backward;
+  friend bool operator==(const PipelineTransfer&, const PipelineTransfer&) = default;
+};
+
+// The transfers of pipeline rank `rank` around its `ops` (PipelineSchedule), in the groups that
+// run as one batched send/recv each, as Megatron-core's p2p_communication does
+// (send_forward_recv_backward, send_backward_recv_forward, ... over batch_isend_irecv):
+// exchanges[k] runs after ops[k − 1] and before ops[k], and holds the send of ops[k − 1]'s output
+// and the receive of ops[k]'s input (each where it has a peer); exchanges[ops.size()] sends the
+// last op's output. A rank waits for a group before running the op that needs it.
+//
+// NCCL has no tags and no buffering: the k-th send from rank a to b meets the k-th receive on b
+// from a, and a send completes only when that receive runs. These groups keep both properties
+// safe: on every rank the transfers of a peer pair come in the same order on both sides, and the
+// groups never wait on each other in a cycle (tests/unit/trial_schedule_test.cc simulates every
+// pp ≤ 8, vpp ≤ 4 and micro-batch count under those rules).
+std::vector<std::vector<PipelineTransfer>> PipelineExchanges(int pp, int vpp, int rank,
+                                                             const std::vector<PipelineOp>& ops);
+
 // Micro-batches a trial runs: enough to reach the schedule's steady state (2·pp, and a multiple
 // of pp for the interleaved schedule), never more than the job has, at most `cap` when cap > 0.
 int TrialMicrobatches(int pp, int vpp, int job_microbatches, int cap);
 
 // Extrapolates a step timed with `ran` micro-batches to the job's `total`: the pipelined part
-// scales with the schedule's slots, m + (pp − 1)/vpp (DESIGN §4); the gradient sync and optimizer
+// scales with the schedule's slots, m + (pp − 1)/vpp (docs/models.md §4.4); the gradient sync and optimizer
 // step (`tail_s`) happen once per step whatever m is.
 double ExtrapolateStepTime(double pipeline_s, double tail_s, int pp, int vpp, int ran, int total);
 

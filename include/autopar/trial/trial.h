@@ -1,4 +1,4 @@
-// One real training step of a parallel configuration, on every rank (DESIGN §5).
+// One real training step of a parallel configuration, on every rank (docs/trial.md §1–§10).
 //
 // RunTrial builds the configuration's process groups (Megatron-core rank order tp-up-cp-dp-pp,
 // expert-parallel groups of ep consecutive (cp, dp) indices), allocates the real per-rank
@@ -50,11 +50,17 @@ struct TrialOptions {
   float adam_eps = 1e-8f;
   int stall_rank = -1;         // test hook: this world rank stops working (a stalled worker)
   bool fingerprint = false;    // compute weight fingerprints after the last iteration
+  // Megatron's --ddp-bucket-size in parameters for the data-parallel overlap; 0 = its default,
+  // MegatronDdpBucketSize(dp), which leaves small models one bucket.
+  int64_t ddp_bucket_size = 0;
 };
 
 struct TrialMeasurement {
   backend::Outcome outcome = backend::Outcome::kOk;
   std::string message;                   // the failing rank's error, when not ok
+  // What the trial ran differently from the fast path, e.g. attention calls that fell back from
+  // cuDNN to the CUDA-core kernel (Device::AttentionEngineNote); empty when nothing did.
+  std::string notes;
   double step_time_s = 0;                // median over timed iterations of the max over ranks
   std::vector<double> iteration_times_s; // each timed iteration, extrapolated, max over ranks
   std::vector<double> peak_memory_gib;   // per world rank: the trial's peak device memory
@@ -68,6 +74,12 @@ struct TrialMeasurement {
   // every layout of the same model and seed up to rounding.
   double weight_sum = 0;
   double weight_projection = 0;
+  // The data-parallel overlap as it ran in the last iteration on world rank 0 (the first pipeline
+  // stage, where Megatron buckets): buckets whose gradient reduction started under the backward
+  // pass (0 with overlap_grad_reduce off: one reduction after the flush), and buckets whose
+  // parameter all-gather was waited for under the forward pass (0 with overlap_param_gather off).
+  int grad_buckets_overlapped = 0;
+  int param_buckets_overlapped = 0;
 };
 
 // Collective over `world` (every rank calls it with the same arguments); the result is the same

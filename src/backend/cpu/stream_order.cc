@@ -135,7 +135,8 @@ class QueuedRequest final : public Request {
   QueuedRequest(std::shared_ptr<Stream> stream, std::shared_ptr<Op> op)
       : stream_(std::move(stream)), op_(std::move(op)) {}
   ~QueuedRequest() override {
-    if (abandoned_) return;
+    // A finished operation's error was the waiter's to see; only a running one is waited for.
+    if (abandoned_ || op_->finished) return;
     const Status status = Wait();
     if (!status.ok()) std::fprintf(stderr, "~QueuedRequest: %s\n", status.ToString().c_str());
   }

@@ -1,14 +1,20 @@
-// Checking CUDA runtime, cuBLAS and NCCL calls (TransformerEngine's NVTE_CHECK_CUDA/_CUBLAS/_NCCL,
-// returning a Status instead of throwing).
+// Checking CUDA runtime, cuBLAS, NCCL and cuDNN calls (TransformerEngine's NVTE_CHECK_CUDA/_CUBLAS/
+// _NCCL/_CUDNN, returning a Status instead of throwing).
 //
 // The outcome follows from the library and the code: an allocation failure is kOom (the trial
-// outcome "oom", and the device stays usable), NCCL failures are kCommError, anything else the GPU
-// reports is kDeviceError. Messages name the call, the error's name and text, and file:line.
+// outcome "oom", and the device stays usable), NCCL failures are kCommError, a cuDNN call refused
+// as a bad parameter or an unsupported graph is kInvalid, anything else the GPU reports is
+// kDeviceError. Messages name the call, the error's name and text, and file:line. The cuDNN parts
+// exist when the build found cuDNN (AUTOPAR_HAVE_CUDNN).
 #pragma once
 
 #include <cublas_api.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+
+#if defined(AUTOPAR_HAVE_CUDNN) && AUTOPAR_HAVE_CUDNN
+#include <cudnn_graph.h>
+#endif
 
 #include "autopar/backend/status.h"
 
@@ -23,6 +29,12 @@ Status NcclError(ncclResult_t rc, const char* call, const char* file, int line);
 Outcome CudaOutcome(cudaError_t rc);
 Outcome CublasOutcome(cublasStatus_t rc);
 Outcome NcclOutcome(ncclResult_t rc);
+
+#if defined(AUTOPAR_HAVE_CUDNN) && AUTOPAR_HAVE_CUDNN
+// Adds cudnnGetLastErrorString's detail (which attribute, which check) when there is one.
+Status CudnnError(cudnnStatus_t rc, const char* call, const char* file, int line);
+Outcome CudnnOutcome(cudnnStatus_t rc);
+#endif
 
 }  // namespace autopar::backend
 
@@ -49,3 +61,13 @@ Outcome NcclOutcome(ncclResult_t rc);
       return ::autopar::backend::NcclError(autopar_nccl_rc_, #call, __FILE__, __LINE__); \
     }                                                                                    \
   } while (0)
+
+#if defined(AUTOPAR_HAVE_CUDNN) && AUTOPAR_HAVE_CUDNN
+#define AUTOPAR_CHECK_CUDNN(call)                                                          \
+  do {                                                                                     \
+    const cudnnStatus_t autopar_cudnn_rc_ = (call);                                        \
+    if (autopar_cudnn_rc_ != CUDNN_STATUS_SUCCESS) {                                       \
+      return ::autopar::backend::CudnnError(autopar_cudnn_rc_, #call, __FILE__, __LINE__); \
+    }                                                                                      \
+  } while (0)
+#endif  // AUTOPAR_HAVE_CUDNN

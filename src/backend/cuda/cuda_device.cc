@@ -1,6 +1,7 @@
 // CUDA device: lifetime, memory, waiting, data movement, elementwise ops and GEMM.
 #include "src/backend/cuda/cuda_device.h"
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -9,7 +10,9 @@
 #include <string>
 #include <thread>
 
+#include "kernels/fp8_scale.h"
 #include "src/backend/cuda/gemm_mapping.h"
+#include "src/backend/device_memory.h"
 #include "src/backend/validate.h"
 
 namespace autopar::backend {
@@ -78,22 +81,37 @@ StatusOr<cublasHandle_t> CublasHandle::Get(cudaStream_t stream) {
 
 // ---- lifetime ----
 
-CudaDevice::CudaDevice(const CudaBackendOptions& options, int index)
-    : Device(options.memory_budget_bytes),
+static_assert(CudaBackendOptions{}.memory_reserve_bytes == kDefaultMemoryReserveBytes,
+              "cuda_backend.h states the default of device_memory.h");
+
+CudaDevice::CudaDevice(const CudaBackendOptions& options, int index, std::size_t budget_bytes)
+    : Device(budget_bytes),
       index_(index),
       name_("cuda:" + std::to_string(index)),
-      timeout_s_(options.timeout_s) {}
+      timeout_s_(options.timeout_s),
+      reserve_bytes_(options.memory_reserve_bytes) {}
 
 StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaBackendOptions& options) {
   AUTOPAR_CHECK_ARG(options.timeout_s > 0.0, "CUDA backend: timeout_s must be positive");
+  AUTOPAR_CHECK_CUDA(cudaSetDevice(options.device_index));
+  // cudaFree(nullptr) makes the primary context (the runtime creates it lazily), so the reading
+  // below is the earliest the runtime can give: the context and other processes' use, before any
+  // stream, handle, workspace or communicator of ours.
+  AUTOPAR_CHECK_CUDA(cudaFree(nullptr));
+  std::size_t free_bytes = 0, total_bytes = 0;
+  AUTOPAR_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const std::size_t budget =
+      DeviceBudgetBytes(total_bytes, options.memory_reserve_bytes, options.memory_budget_bytes);
   // The destructor releases whatever was made before a failure below.
-  std::unique_ptr<CudaDevice> device(new CudaDevice(options, options.device_index));
+  std::unique_ptr<CudaDevice> device(new CudaDevice(options, options.device_index, budget));
+  device->used_at_start_bytes_ = total_bytes - free_bytes;
   AUTOPAR_RETURN_IF_ERROR(device->Activate());
   AUTOPAR_CHECK_CUDA(cudaDeviceGetAttribute(
       &device->max_smem_optin_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device->index_));
   cudaDeviceProp prop{};
   AUTOPAR_CHECK_CUDA(cudaGetDeviceProperties(&prop, device->index_));
   device->name_ += std::string(" (") + prop.name + ")";
+  device->has_fp8_ = kernels::DeviceHasFp8(prop.major, prop.minor);
   // Non-blocking: the legacy default stream, which other libraries may use, must not serialise
   // with ours.
   AUTOPAR_CHECK_CUDA(cudaStreamCreateWithFlags(&device->stream_, cudaStreamNonBlocking));
@@ -111,7 +129,9 @@ CudaDevice::~CudaDevice() {
     const Status status = Synchronize();
     if (!status.ok()) std::fprintf(stderr, "~CudaDevice: %s\n", status.ToString().c_str());
   }
+  cudnn_attention_.reset();  // uses the cuBLAS handle and the stream, and frees into the budget
   cublas_.Reset();  // the handle is bound to the stream: it goes first
+  fp8_.Reset();
   if (pinned_ != nullptr) Report(cudaFreeHost(pinned_), "cudaFreeHost");
   if (scratch_ != nullptr) Report(cudaFree(scratch_), "cudaFree(scratch)");
   if (stream_ != nullptr) Report(cudaStreamDestroy(stream_), "cudaStreamDestroy");
@@ -148,7 +168,18 @@ Status CudaDevice::CheckWatched(const char* what, double started_s) {
       return std::move(status).WithFrame(__FILE__, __LINE__);
     }
   }
-  const double waited_s = SteadySeconds() - started_s;
+  const double now_s = SteadySeconds();
+  const double waited_s = now_s - started_s;
+  if (now_s > ordered_deadline_s_) {
+    for (CommWatch* comm : comms) comm->Abort();
+    // Spent: the aborts end that work, and a later wait must not inherit the old deadline.
+    ordered_deadline_s_ = std::numeric_limits<double>::infinity();
+    return Status::Error(Outcome::kTimeout,
+                         std::string(what) +
+                             ": stream-ordered collectives not done by their deadline; aborted " +
+                             std::to_string(comms.size()) + " NCCL communicator(s)",
+                         __FILE__, __LINE__);
+  }
   if (waited_s > timeout_s_) {
     for (CommWatch* comm : comms) comm->Abort();
     return Status::Error(Outcome::kTimeout,
@@ -167,7 +198,28 @@ Status CudaDevice::CheckWatched(const char* what, double started_s) {
 
 Status CudaDevice::Synchronize() {
   AUTOPAR_RETURN_IF_ERROR(Activate());
-  return Poll("cudaStreamQuery(compute stream)", [this] { return cudaStreamQuery(stream_); });
+  AUTOPAR_RETURN_IF_ERROR(
+      Poll("cudaStreamQuery(compute stream)", [this] { return cudaStreamQuery(stream_); }));
+  // Everything ordered with OrderAfter was before this point of the stream: done.
+  ordered_deadline_s_ = std::numeric_limits<double>::infinity();
+  return OkStatus();
+}
+
+Status CudaDevice::OrderAfter(cudaEvent_t event, std::chrono::steady_clock::time_point deadline) {
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  AUTOPAR_CHECK_CUDA(cudaStreamWaitEvent(stream_, event, 0));
+  const double deadline_s =
+      std::chrono::duration<double>(deadline.time_since_epoch()).count();  // as SteadySeconds
+  ordered_deadline_s_ = std::min(ordered_deadline_s_, deadline_s);
+  return OkStatus();
+}
+
+StatusOr<std::size_t> CudaDevice::NonTensorBytes() {
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  std::size_t free_bytes = 0, total_bytes = 0;
+  AUTOPAR_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return autopar::backend::NonTensorBytes(total_bytes, free_bytes, used_at_start_bytes_,
+                                          bytes_in_use());
 }
 
 Status CudaDevice::ReadScalar(const void* device_src, std::size_t bytes, void* host_dst) {
@@ -182,6 +234,18 @@ Status CudaDevice::ReadScalar(const void* device_src, std::size_t bytes, void* h
 
 StatusOr<void*> CudaDevice::AllocateRaw(std::size_t bytes) {
   AUTOPAR_RETURN_IF_ERROR(Activate());
+  // The budget counts tensors; the device also holds the context, library workspaces and NCCL
+  // buffers, so the reserve is checked against what is really free.
+  std::size_t free_bytes = 0, total_bytes = 0;
+  AUTOPAR_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (!LeavesReserve(free_bytes, bytes, reserve_bytes_)) {
+    return Status::Error(
+        Outcome::kOom,
+        "cudaMalloc of " + std::to_string(bytes) + " bytes would leave less than the reserve of " +
+            std::to_string(reserve_bytes_) + " bytes free (" + std::to_string(free_bytes) +
+            " free of " + std::to_string(total_bytes) + ")",
+        __FILE__, __LINE__);
+  }
   void* data = nullptr;
   // CudaError clears the runtime's last error, so a refused cudaMalloc leaves nothing behind for
   // the next launch check to trip over (cudaErrorMemoryAllocation is not sticky).
@@ -334,6 +398,15 @@ Status CudaDevice::Gemm(const GemmDesc& desc, Tensor a, Tensor b, Tensor c) {
                     "Gemm: a dimension exceeds cuBLAS's 32-bit interface");
   if (d.m == 0 || d.n == 0) return OkStatus();
   AUTOPAR_RETURN_IF_ERROR(Activate());
+  if (d.k > 0 && (d.fp8_a != Fp8Operand::kNone || d.fp8_b != Fp8Operand::kNone)) {
+    if (!has_fp8_) {
+      return Status::Error(Outcome::kInvalid,
+                           "--fp8-format: " + name_ +
+                               " has no fp8 tensor cores (compute capability 8.9 or newer needed)",
+                           __FILE__, __LINE__);
+    }
+    return fp8_.Run(stream_, d, a, b, c, reserve_bytes_);
+  }
   const kc::Storage c_t = c.dtype == DType::kF32 ? kc::Storage::kF32 : kc::Storage::kBF16;
   if (d.k == 0) {  // alpha * (empty sum) + beta * C; cuBLAS is not asked to handle k = 0
     AUTOPAR_CHECK_CUDA(

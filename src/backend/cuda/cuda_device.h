@@ -10,9 +10,14 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -20,6 +25,8 @@
 #include "autopar/backend/device.h"
 #include "kernels/cuda_kernels.cuh"
 #include "src/backend/cuda/cuda_check.h"
+#include "src/backend/cuda/cudnn_attention.h"
+#include "src/backend/cuda/fp8_gemm.h"
 
 namespace autopar::backend {
 
@@ -57,6 +64,7 @@ class CudaDevice final : public Device {
 
   std::string_view name() const override { return name_; }
   DType compute_dtype() const override { return DType::kBF16; }
+  bool SupportsFp8() const override { return has_fp8_; }
   Status Synchronize() override;
 
   Status CopyFromHost(Tensor dst, const void* src, std::size_t bytes) override;
@@ -94,6 +102,12 @@ class CudaDevice final : public Device {
                            bool accumulate) override;
   Status AttentionMerge(std::int64_t rows, std::int64_t head_dim, Tensor out, Tensor lse,
                         Tensor part_out, Tensor part_lse) override;
+  // Attention runs on cuDNN's fused kernel when DecideSdpa (cudnn_attention_plan.h) and cuDNN
+  // accept the call, else on the CUDA-core kernel (kernels/attention_*.cu), which is counted: the
+  // note says how many of the attention calls fell back and the first reason.
+  std::string AttentionEngineNote() const override;
+  // The engine policy; by default AUTOPAR_ATTENTION's, read at the first attention call.
+  void SetAttentionEngine(AttentionEngine engine);
 
   Status CrossEntropyMax(const CrossEntropyDesc& d, Tensor logits, Tensor row_max) override;
   Status CrossEntropyPartials(const CrossEntropyDesc& d, Tensor logits, Tensor targets,
@@ -110,6 +124,9 @@ class CudaDevice final : public Device {
   Status AdamStep(const AdamParams& p, Tensor master, Tensor grad, Tensor exp_avg,
                   Tensor exp_avg_sq, Tensor model) override;
 
+  // cudaMemGetInfo now, less the device's use when this device was made, less the tensors.
+  StatusOr<std::size_t> NonTensorBytes() override;
+
   // ---- for the NCCL collectives of this device ----
   int index() const { return index_; }
   cudaStream_t stream() const { return stream_; }
@@ -122,32 +139,61 @@ class CudaDevice final : public Device {
   Status Poll(const char* what, Query&& query);
   void Watch(CommWatch* comm);
   void Unwatch(CommWatch* comm);
+  // Makes the compute stream wait for `event` (cudaStreamWaitEvent) without a host wait, and
+  // makes every host wait until the next successful Synchronize give up at `deadline` at the
+  // latest (the earliest deadline of the work ordered so far), aborting the watched
+  // communicators: the stream-ordered request's deadline, enforced where the host does wait.
+  Status OrderAfter(cudaEvent_t event, std::chrono::steady_clock::time_point deadline);
 
  protected:
   StatusOr<void*> AllocateRaw(std::size_t bytes) override;
   void FreeRaw(void* data, std::size_t bytes) override;
 
  private:
-  CudaDevice(const CudaBackendOptions& options, int index);
+  CudaDevice(const CudaBackendOptions& options, int index, std::size_t budget_bytes);
 
   // One idle step of Poll: kCommError (after aborting it) from a failed watched communicator, or
-  // kTimeout (after aborting them all) once timeout_s has passed since `started_s`; else yields.
+  // kTimeout (after aborting them all) once timeout_s has passed since `started_s` or the
+  // deadline of the stream-ordered work has passed; else yields.
   Status CheckWatched(const char* what, double started_s);
   // Copies a small device value to the host through pinned memory and waits for it.
   Status ReadScalar(const void* device_src, std::size_t bytes, void* host_dst);
+  // The cuDNN side of attention (cuda_layers.cc): true when the call ran on cuDNN, false when the
+  // caller must run the CUDA-core kernel (the fallback is then counted with its reason); an error
+  // when cuDNN failed while running, or declined under AttentionEngine::kCudnn.
+  StatusOr<bool> AttentionOnCudnn(SdpaDirection direction, const AttentionDesc& d, Tensor q,
+                                  Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse,
+                                  Tensor dq, Tensor dk, Tensor dv, bool accumulate);
+  void CountAttention(const std::string& fallback_reason);  // "" when it ran on cuDNN
 
   int index_ = 0;
   std::string name_;
   double timeout_s_ = 300.0;
+  std::size_t reserve_bytes_ = 0;        // kept free on the device (CudaBackendOptions)
+  std::size_t used_at_start_bytes_ = 0;  // total − free when the device was made
+  // SteadySeconds() by which the work ordered with OrderAfter must be done; +inf when none is
+  // pending (cleared by a successful Synchronize, which has waited for all of it).
+  double ordered_deadline_s_ = std::numeric_limits<double>::infinity();
   int max_smem_optin_ = 48 * 1024;  // shared memory per block a kernel may opt into
   cudaStream_t stream_ = nullptr;
   CublasHandle cublas_;
+  Fp8Gemm fp8_;           // cuBLASLt and its workspace, made on the first FP8 GEMM
+  bool has_fp8_ = false;  // compute capability 8.9 or newer (kernels/fp8_scale.h)
   // Device scratch outside the budget, like cuBLAS's workspace: SumSquares partials, then the
   // first non-finite index of CheckFinite.
   void* scratch_ = nullptr;
   void* pinned_ = nullptr;  // 16 bytes of page-locked host memory for ReadScalar
   std::mutex watched_mu_;
   std::vector<CommWatch*> watched_;
+  // Attention engine: the policy, cuDNN's state (made on first use; destroyed before cuBLAS and
+  // the stream), and the fallback count behind AttentionEngineNote.
+  std::optional<AttentionEngine> attention_engine_;
+  std::unique_ptr<CudnnAttention> cudnn_attention_;
+  std::string cudnn_unavailable_;  // why cuDNN could not be set up, once it failed
+  mutable std::mutex attention_note_mu_;
+  std::int64_t attention_calls_ = 0;
+  std::int64_t attention_fallbacks_ = 0;
+  std::string attention_first_fallback_;
 };
 
 double SteadySeconds();  // monotonic clock, for deadlines

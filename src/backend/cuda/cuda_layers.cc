@@ -1,11 +1,15 @@
 // CUDA device: the transformer ops. Each checks its arguments exactly as the CPU backend does
 // (src/backend/validate.h), with "compute" meaning the dtype of the op's first compute argument
-// (bf16, or f32 for tight tests), then enqueues the kernels of kernels/*.cu.
+// (bf16, or f32 for tight tests), then enqueues the kernels of kernels/*.cu. Attention goes to
+// cuDNN's fused kernel when it takes the call (cudnn_attention.h), else to the CUDA-core kernel.
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda_attention_plan.cuh"
 #include "src/backend/cuda/cuda_device.h"
+#include "src/backend/cuda/cudnn_attention_plan.h"
 #include "src/backend/validate.h"
 
 namespace autopar::backend {
@@ -205,8 +209,12 @@ Status CudaDevice::AttentionForward(const AttentionDesc& desc, Tensor q, Tensor 
                                                          {"v", v, q.dtype, AttentionKvExtent(d)},
                                                          {"out", out, q.dtype, rows * d.head_dim},
                                                          {"lse", lse, kF32, rows}}));
-  AUTOPAR_RETURN_IF_ERROR(CheckAttentionPlan(d, max_smem_optin_));
   AUTOPAR_RETURN_IF_ERROR(Activate());
+  AUTOPAR_ASSIGN_OR_RETURN(const bool on_cudnn,
+                           AttentionOnCudnn(SdpaDirection::kForward, d, q, k, v, out, Tensor{}, lse,
+                                            Tensor{}, Tensor{}, Tensor{}, false));
+  if (on_cudnn) return OkStatus();
+  AUTOPAR_RETURN_IF_ERROR(CheckAttentionPlan(d, max_smem_optin_));
   AUTOPAR_CHECK_CUDA(kc::AttentionForward(stream_, t, ToArgs(d), q.data, k.data, v.data, out.data,
                                           lse.as<float>(), max_smem_optin_));
   return OkStatus();
@@ -230,12 +238,90 @@ Status CudaDevice::AttentionBackward(const AttentionDesc& desc, Tensor q, Tensor
                                       {"dq", dq, q.dtype, q_need},
                                       {"dk", dk, q.dtype, kv_need},
                                       {"dv", dv, q.dtype, kv_need}}));
-  AUTOPAR_RETURN_IF_ERROR(CheckAttentionPlan(d, max_smem_optin_));
   AUTOPAR_RETURN_IF_ERROR(Activate());
+  AUTOPAR_ASSIGN_OR_RETURN(const bool on_cudnn,
+                           AttentionOnCudnn(SdpaDirection::kBackward, d, q, k, v, out, dout, lse,
+                                            dq, dk, dv, accumulate));
+  if (on_cudnn) return OkStatus();
+  AUTOPAR_RETURN_IF_ERROR(CheckAttentionPlan(d, max_smem_optin_));
   AUTOPAR_CHECK_CUDA(kc::AttentionBackward(stream_, t, ToArgs(d), q.data, k.data, v.data, out.data,
                                            dout.data, lse.as<float>(), dq.data, dk.data, dv.data,
                                            accumulate, max_smem_optin_));
   return OkStatus();
+}
+
+// ---- attention engine ----
+
+void CudaDevice::SetAttentionEngine(AttentionEngine engine) { attention_engine_ = engine; }
+
+void CudaDevice::CountAttention(const std::string& fallback_reason) {
+  std::lock_guard<std::mutex> lock(attention_note_mu_);
+  ++attention_calls_;
+  if (fallback_reason.empty()) return;
+  if (attention_fallbacks_++ == 0) attention_first_fallback_ = fallback_reason;
+}
+
+std::string CudaDevice::AttentionEngineNote() const {
+  std::lock_guard<std::mutex> lock(attention_note_mu_);
+  if (attention_fallbacks_ == 0) return "";
+  return "attention: " + std::to_string(attention_fallbacks_) + " of " +
+         std::to_string(attention_calls_) +
+         " calls ran on the CUDA-core kernel instead of cuDNN; first: " + attention_first_fallback_;
+}
+
+StatusOr<bool> CudaDevice::AttentionOnCudnn(SdpaDirection direction, const AttentionDesc& d,
+                                            Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout,
+                                            Tensor lse, Tensor dq, Tensor dk, Tensor dv,
+                                            bool accumulate) {
+  if (!attention_engine_.has_value()) {
+    const char* env = std::getenv("AUTOPAR_ATTENTION");
+    AUTOPAR_ASSIGN_OR_RETURN(attention_engine_, ParseAttentionEngine(env != nullptr ? env : ""));
+  }
+  const AttentionEngine engine = *attention_engine_;
+  const bool backward = direction == SdpaDirection::kBackward;
+  auto fall_back = [&](const std::string& why) -> StatusOr<bool> {
+    if (engine == AttentionEngine::kCudnn) {
+      return Status::Error(Outcome::kInvalid, "AUTOPAR_ATTENTION=cudnn, but cuDNN cannot: " + why,
+                           __FILE__, __LINE__);
+    }
+    CountAttention(why);
+    return false;
+  };
+  if (engine == AttentionEngine::kKernel) return fall_back("AUTOPAR_ATTENTION=kernel");
+
+  bool aligned = true;
+  for (const Tensor& t : {q, k, v, out, dout, dq, dk, dv}) {
+    aligned = aligned && reinterpret_cast<std::uintptr_t>(t.data) % kSdpaAlignmentBytes == 0;
+  }
+  const SdpaDecision decision = DecideSdpa(d, q.dtype, direction, aligned, accumulate);
+  if (!decision.use_cudnn) return fall_back(decision.reason);
+
+  if (cudnn_attention_ == nullptr) {
+    if (!cudnn_unavailable_.empty()) return fall_back(cudnn_unavailable_);
+    AUTOPAR_ASSIGN_OR_RETURN(cublasHandle_t cublas, cublas_.Get(stream_));
+    StatusOr<std::unique_ptr<CudnnAttention>> made = CudnnAttention::Create(
+        stream_, cublas, [this](std::size_t bytes) { return Allocate(bytes); },
+        [this] { return Synchronize(); });
+    if (!made.ok()) {
+      cudnn_unavailable_ = "cuDNN unavailable: " + made.status().message();
+      return fall_back(cudnn_unavailable_);
+    }
+    cudnn_attention_ = std::move(made).value();
+  }
+  CudnnAttention::Attempt attempt;
+  if (backward) {
+    AUTOPAR_ASSIGN_OR_RETURN(
+        attempt, cudnn_attention_->Backward(decision.key, d.scale, q.data, k.data, v.data, out.data,
+                                            dout.data, lse.as<float>(), dq.data, dk.data, dv.data,
+                                            accumulate));
+  } else {
+    AUTOPAR_ASSIGN_OR_RETURN(
+        attempt, cudnn_attention_->Forward(decision.key, d.scale, q.data, k.data, v.data, out.data,
+                                           lse.as<float>()));
+  }
+  if (!attempt.ran) return fall_back(attempt.why_not);
+  CountAttention("");
+  return true;
 }
 
 Status CudaDevice::AttentionMerge(std::int64_t rows, std::int64_t head_dim, Tensor out, Tensor lse,

@@ -4,10 +4,13 @@
 // Blocking calls are enqueued on the device's compute stream: later ops see their result in stream
 // order and the host does not wait. Non-blocking calls go to a side stream that first waits for
 // the compute stream's work so far, and return a request on an event recorded after them; their
-// kernels overlap with compute until the request is waited for. NCCL orders the operations of one
-// communicator by issue order whatever the stream, so ranks that issue in the same order agree.
+// kernels overlap with compute until the request is waited for, on the host (Wait, Test) or, at no
+// host cost, by the compute stream (Request::OrderOnDevice: stream_ordered() is true). NCCL orders
+// the operations of one communicator by issue order whatever the stream, so ranks that issue in the
+// same order agree.
 #include "src/backend/cuda/nccl_collectives.h"
 
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -59,10 +62,19 @@ std::size_t Count(const Tensor& t) { return static_cast<std::size_t>(t.numel); }
 
 class NcclCollectives final : public Collectives {
  public:
-  explicit NcclCollectives(std::unique_ptr<NcclComm> comm) : comm_(std::move(comm)) {}
+  explicit NcclCollectives(std::shared_ptr<NcclComm> comm) : comm_(std::move(comm)) {}
+  ~NcclCollectives() override {
+    // The scratch may be read by enqueued work, and cudaFree waits for the device without a
+    // deadline: wait here with one first (a failure has aborted the communicators by then).
+    if (scratch_.bytes() > 0) {
+      const Status status = device().Synchronize();
+      if (!status.ok()) std::fprintf(stderr, "~NcclCollectives: %s\n", status.ToString().c_str());
+    }
+  }
 
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
+  bool stream_ordered() const override { return true; }
 
   Status AllReduce(Tensor send, Tensor recv, ReduceOp op) override {
     AUTOPAR_RETURN_IF_ERROR(CheckAllReduce(send, recv));
@@ -270,9 +282,10 @@ class NcclCollectives final : public Collectives {
   // counted in the budget like any buffer.
   StatusOr<Tensor> Scratch(std::size_t bytes);
 
-  // Declared before comm_, so it is freed after the communicator has flushed its work.
+  // Declared before comm_, so it is freed after the communicator has flushed its work (when
+  // these collectives held the last reference).
   Buffer scratch_;
-  std::unique_ptr<NcclComm> comm_;
+  std::shared_ptr<NcclComm> comm_;
 };
 
 StatusOr<Tensor> NcclCollectives::Scratch(std::size_t bytes) {
@@ -373,7 +386,11 @@ Status NcclCollectives::SendRecv(Tensor send, int dst, Tensor recv, int src, int
 
 StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(CudaDevice& device, const Group& group) {
   AUTOPAR_ASSIGN_OR_RETURN(std::unique_ptr<NcclComm> comm, NcclComm::Create(device, group));
-  return std::unique_ptr<Collectives>(std::make_unique<NcclCollectives>(std::move(comm)));
+  return MakeNcclCollectives(std::shared_ptr<NcclComm>(std::move(comm)));
+}
+
+std::unique_ptr<Collectives> MakeNcclCollectives(std::shared_ptr<NcclComm> comm) {
+  return std::make_unique<NcclCollectives>(std::move(comm));
 }
 
 }  // namespace autopar::backend

@@ -6,6 +6,7 @@
 #include "autopar/backend/collectives.h"
 #include "autopar/backend/group.h"
 #include "src/backend/cuda/cuda_device.h"
+#include "src/backend/cuda/nccl_comm.h"
 
 namespace autopar::backend {
 
@@ -15,5 +16,9 @@ namespace autopar::backend {
 // `device` (so the device's waits notice its failures) and must be destroyed before `device`; its
 // requests refer to it and must be destroyed before it.
 StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(CudaDevice& device, const Group& group);
+
+// Collectives over an existing communicator, which they share (the CUDA backend's cache holds
+// another reference); `comm` must not be null.
+std::unique_ptr<Collectives> MakeNcclCollectives(std::shared_ptr<NcclComm> comm);
 
 }  // namespace autopar::backend

@@ -17,6 +17,9 @@ class NcclRequest final : public Request {
   ~NcclRequest() override;
   Status Wait() override;
   StatusOr<bool> Test() override;
+  // cudaStreamWaitEvent(compute stream, done): the compute stream's later work waits on the
+  // device; the host returns at once (CudaDevice::OrderAfter keeps the deadline).
+  Status OrderOnDevice(std::chrono::steady_clock::time_point deadline) override;
   // NCCL cannot cancel one operation: the whole communicator is aborted, which ends its kernels
   // (so the streams drain) and fails its later calls with kCommError.
   void Abandon() override;
@@ -81,6 +84,24 @@ StatusOr<bool> NcclRequest::Test() {
   return false;
 }
 
+Status NcclRequest::OrderOnDevice(std::chrono::steady_clock::time_point deadline) {
+  if (complete_) return OkStatus();
+  if (failed_) {
+    return Status::Error(Outcome::kCommError, "ordering a failed NCCL request", __FILE__, __LINE__);
+  }
+  CudaDevice& device = comm_->device();
+  AUTOPAR_RETURN_IF_ERROR(device.Activate());
+  // The event's recorded work is what the compute stream waits for; destroying the event later
+  // (in the destructor) does not undo the wait.
+  Status status = device.OrderAfter(done_, deadline);
+  if (!status.ok()) {
+    failed_ = true;
+    return std::move(status).WithFrame(__FILE__, __LINE__);
+  }
+  complete_ = true;
+  return OkStatus();
+}
+
 void NcclRequest::Abandon() {
   if (complete_ || failed_) return;
   comm_->Abort();
@@ -89,7 +110,8 @@ void NcclRequest::Abandon() {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(CudaDevice& device, const Group& group) {
+StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(CudaDevice& device, const Group& group,
+                                                     bool share_with_splits) {
   AUTOPAR_CHECK_ARG(!group.empty(), "collectives over an empty group");
   // Rank 0 tells the others whether it has an id, so its failure cannot leave them waiting.
   struct {
@@ -110,18 +132,61 @@ StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(CudaDevice& device, const G
                          __LINE__);
   }
   std::unique_ptr<NcclComm> comm(new NcclComm(device, group.rank(), group.size()));
-  AUTOPAR_RETURN_IF_ERROR(comm->Init(hello.id));
+  AUTOPAR_RETURN_IF_ERROR(comm->Init(hello.id, share_with_splits));
   return comm;
 }
 
-Status NcclComm::Init(const ncclUniqueId& id) {
+StatusOr<std::unique_ptr<NcclComm>> NcclComm::Split(NcclComm& parent, int color, int key) {
+  AUTOPAR_RETURN_IF_ERROR(parent.Ready());
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  // Sharing needs the parent made with splitShare = 1 too (NCCL's ncclConfig_t documentation);
+  // with a parent that does not share, the child gets resources of its own.
+  config.splitShare = 1;
+  ncclComm_t child = nullptr;
+  const ncclResult_t rc =
+      ncclCommSplit(parent.comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
+  // Owned from here, so a failure below aborts it (the destructor aborts what is not healthy).
+  std::unique_ptr<NcclComm> comm(new NcclComm(parent.device_, -1, 0));
+  comm->comm_ = child;
+  // A non-blocking split is waited for on the parent's state (NCCL's "Fault Tolerance" example in
+  // the communicators guide), then on the child's own initialisation. On any failure the parent
+  // is aborted too, as that example does: its owner then rebuilds the family instead of
+  // splitting again from a parent in an unknown state.
+  Status status = parent.Settle(rc, "ncclCommSplit", __FILE__, __LINE__);
+  if (status.ok() && child != nullptr) {
+    status =
+        comm->Settle(ncclInProgress, "ncclCommSplit (child initialisation)", __FILE__, __LINE__);
+  }
+  if (status.ok() && child != nullptr) {
+    ncclResult_t query = ncclCommUserRank(child, &comm->rank_);
+    if (query == ncclSuccess) query = ncclCommCount(child, &comm->size_);
+    if (query != ncclSuccess) {
+      status = NcclError(query, "ncclCommUserRank / ncclCommCount", __FILE__, __LINE__);
+    }
+  }
+  if (status.ok() && child != nullptr) status = comm->Finish();
+  if (!status.ok()) {
+    parent.Abort();
+    return std::move(status).WithFrame(__FILE__, __LINE__);
+  }
+  if (child == nullptr) return std::unique_ptr<NcclComm>();
+  return comm;
+}
+
+Status NcclComm::Init(const ncclUniqueId& id, bool share_with_splits) {
   AUTOPAR_RETURN_IF_ERROR(device_.Activate());
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every call returns at once, so a stuck one can be aborted
+  if (share_with_splits) config.splitShare = 1;
   const ncclResult_t rc = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
   // A failed or timed-out initialisation leaves a communicator that can only be aborted; the
   // destructor does so because it is not marked healthy.
   AUTOPAR_RETURN_IF_ERROR(Settle(rc, "ncclCommInitRankConfig", __FILE__, __LINE__));
+  return Finish();
+}
+
+Status NcclComm::Finish() {
   AUTOPAR_CHECK_CUDA(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   device_.Watch(this);
   healthy_ = true;

@@ -1,4 +1,4 @@
-// One non-blocking NCCL communicator of a CudaDevice (DESIGN §5: communicators that can be
+// One non-blocking NCCL communicator of a CudaDevice (docs/trial.md §14: communicators that can be
 // aborted): creation over an MPI group, the ncclInProgress protocol, asynchronous errors, abort,
 // and non-blocking operations on a side stream.
 //
@@ -6,6 +6,11 @@
 // polled with ncclCommGetAsyncError until it leaves that state before it is used again (Settle).
 // Every wait has the device's deadline, past which the communicator is aborted (ncclCommAbort).
 // The device watches the communicator while it exists, so its Synchronize notices failures.
+//
+// A communicator is made either from a unique id over an MPI group (Create) or by splitting a
+// parent (Split, ncclCommSplit); with share_with_splits the parent lets its children share its
+// resources (config.splitShare = 1), so a child costs little memory and no new connections, but an
+// abort of any one of the family can leave the others unusable: callers treat the family as one.
 #pragma once
 
 #include <nccl.h>
@@ -25,7 +30,14 @@ class NcclComm final : public CommWatch {
   // Collective over the members of `group`: rank 0 makes the unique id and broadcasts it over the
   // group's MPI communicator, then every member polls ncclCommInitRankConfig to completion or the
   // device's deadline. The result must be destroyed before `device`.
-  static StatusOr<std::unique_ptr<NcclComm>> Create(CudaDevice& device, const Group& group);
+  static StatusOr<std::unique_ptr<NcclComm>> Create(CudaDevice& device, const Group& group,
+                                                    bool share_with_splits = false);
+  // Collective over every rank of `parent` (ncclCommSplit): ranks passing the same color form a
+  // communicator, ordered by key; a negative color (NCCL_SPLIT_NOCOLOR) takes part without
+  // joining one and gets nullptr. There must be no NCCL operation of `parent` outstanding:
+  // callers synchronize the device first. Waits for the split and the child's initialisation
+  // with the device's deadline, aborting on expiry.
+  static StatusOr<std::unique_ptr<NcclComm>> Split(NcclComm& parent, int color, int key);
   // Finalizes and destroys a healthy communicator (aborting it if that does not finish in time).
   ~NcclComm() override;
 
@@ -33,6 +45,7 @@ class NcclComm final : public CommWatch {
   int size() const { return size_; }
   CudaDevice& device() { return device_; }
   ncclComm_t get() const { return comm_; }
+  bool aborted() const { return aborted_.load(); }
 
   // ---- CommWatch ----
   Status AsyncError() override;
@@ -52,11 +65,13 @@ class NcclComm final : public CommWatch {
 
  private:
   NcclComm(CudaDevice& device, int rank, int size) : device_(device), rank_(rank), size_(size) {}
-  Status Init(const ncclUniqueId& id);
+  Status Init(const ncclUniqueId& id, bool share_with_splits);
+  // The side stream and the device's watch, once comm_ is initialised.
+  Status Finish();
 
   CudaDevice& device_;
-  const int rank_;
-  const int size_;
+  int rank_;
+  int size_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t side_ = nullptr;
   bool healthy_ = false;  // initialised and watched

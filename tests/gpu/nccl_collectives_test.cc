@@ -1,5 +1,5 @@
 // NCCL collectives of the CUDA backend, one GPU per rank, under mpirun:
-//   mpirun -np <ranks> build/src/backend/cuda_collectives_test
+//   mpirun -np <ranks> build/tests/bin/cuda_collectives_test   (ctest -L gpu: 1 and 2 ranks)
 // Every rank runs every test in the same order (own main, not discovered). Ranks without a GPU of
 // their own (no device, or fewer devices on the node than ranks on it) skip, all together.
 #include <gtest/gtest.h>

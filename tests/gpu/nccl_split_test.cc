@@ -1,0 +1,163 @@
+// The CUDA backend's communicators built once and its stream-ordered requests, one GPU per rank,
+// under mpirun (linked into cuda_collectives_test, whose main initialises MPI):
+//   mpirun -np <ranks> build/tests/bin/cuda_collectives_test --gtest_filter='NcclSplit*'
+// Ranks without a GPU of their own skip, all together.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "autopar/backend/cuda_backend.h"
+#include "autopar/backend/group.h"
+#include "autopar/backend/timer.h"
+
+namespace autopar::backend {
+namespace {
+
+// True on every rank iff every rank has a GPU of its own.
+bool EveryRankHasAGpu() {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local_size = 1;
+  MPI_Comm_size(node, &local_size);
+  MPI_Comm_free(&node);
+  int mine = CudaDeviceCount() >= local_size ? 1 : 0;
+  int all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+class NcclSplitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!EveryRankHasAGpu()) GTEST_SKIP() << "needs one CUDA device per rank";
+    CudaBackendOptions options;
+    options.timeout_s = 30.0;
+    StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(options);
+    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+    backend_ = std::move(backend).value();
+    StatusOr<Group> world = Group::World();
+    ASSERT_TRUE(world.ok()) << world.status().ToString();
+    world_ = std::move(world).value();
+  }
+  void TearDown() override {
+    buffers_.clear();
+    backend_.reset();
+  }
+  Device& dev() { return backend_->device(); }
+  Tensor Put(const std::vector<float>& host) {
+    StatusOr<Buffer> buf = dev().Allocate(static_cast<std::int64_t>(host.size()), DType::kF32);
+    EXPECT_TRUE(buf.ok());
+    buffers_.push_back(std::move(buf).value());
+    EXPECT_TRUE(dev().Upload(buffers_.back().tensor(), host).ok());
+    return buffers_.back().tensor();
+  }
+  // The sum over `group` of rank + 1, checked through an all-reduce on `c`.
+  void ExpectSumOfRanks(Collectives& c, const Group& group) {
+    const Tensor t = Put({static_cast<float>(world_.rank() + 1)});
+    ASSERT_TRUE(c.AllReduce(t, t, ReduceOp::kSum).ok());
+    StatusOr<std::vector<float>> got = dev().Download<float>(t);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    float want = 0;
+    for (int r : group.world_ranks()) want += static_cast<float>(r + 1);
+    EXPECT_EQ((*got)[0], want);
+  }
+
+  std::unique_ptr<Backend> backend_;
+  Group world_;
+  std::vector<Buffer> buffers_;
+};
+
+TEST_F(NcclSplitTest, SplitGroupsWorkAndAreReusedByMembers) {
+  // Pairs of neighbouring ranks (a single rank alone where the world is odd), twice: the second
+  // round finds every group cached and must cost no NCCL set-up.
+  double first_s = 0, again_s = 0;
+  for (int round = 0; round < 2; ++round) {
+    StatusOr<Group> pair = world_.Split(world_.rank() / 2, world_.rank());
+    ASSERT_TRUE(pair.ok());
+    WallTimer timer;
+    StatusOr<std::unique_ptr<Collectives>> c = backend_->ConnectSplit(world_, *pair);
+    (round == 0 ? first_s : again_s) = timer.Seconds();
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_NE(*c, nullptr);
+    EXPECT_TRUE((*c)->stream_ordered());
+    EXPECT_EQ((*c)->size(), pair->size());
+    EXPECT_EQ((*c)->rank(), pair->rank());
+    ExpectSumOfRanks(**c, *pair);
+  }
+  // A cached connection is an MPI all-reduce of two ints; a split is NCCL initialisation.
+  EXPECT_LT(again_s, first_s) << "first " << first_s << " s, again " << again_s << " s";
+}
+
+TEST_F(NcclSplitTest, RanksOutsideEveryGroupStillTakePart) {
+  // Only world rank 0 and the last rank form a group; the others pass an empty group.
+  const int last = world_.size() - 1;
+  const bool member = world_.rank() == 0 || world_.rank() == last;
+  StatusOr<Group> ends = world_.Split(member ? 0 : -1, world_.rank());
+  ASSERT_TRUE(ends.ok());
+  StatusOr<std::unique_ptr<Collectives>> c = backend_->ConnectSplit(world_, *ends);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  if (!member) {
+    EXPECT_EQ(*c, nullptr);
+    return;
+  }
+  ASSERT_NE(*c, nullptr);
+  ExpectSumOfRanks(**c, *ends);
+}
+
+TEST_F(NcclSplitTest, TheWholeWorldUsesTheWorldCommunicator) {
+  StatusOr<std::unique_ptr<Collectives>> c = backend_->ConnectSplit(world_, world_);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ExpectSumOfRanks(**c, world_);
+}
+
+TEST_F(NcclSplitTest, OrderOnDeviceOrdersLaterOpsWithoutAHostWait) {
+  StatusOr<std::unique_ptr<Collectives>> c = backend_->ConnectSplit(world_, world_);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const Tensor t = Put(std::vector<float>(1 << 20, 1.0f));
+  StatusOr<std::unique_ptr<Request>> request = (*c)->IAllReduce(t, t, ReduceOp::kSum);
+  ASSERT_TRUE(request.ok()) << request.status().ToString();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  ASSERT_TRUE((*request)->OrderOnDevice(deadline).ok());
+  StatusOr<bool> done = (*request)->Test();
+  ASSERT_TRUE(done.ok());
+  EXPECT_TRUE(*done);  // complete from the host's point of view: ordered on the device
+  // The scale runs on the compute stream after the all-reduce.
+  ASSERT_TRUE(dev().Scale(t, 0.5f).ok());
+  request->reset();
+  StatusOr<std::vector<float>> got = dev().Download<float>(t);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->front(), 0.5f * static_cast<float>(world_.size()));
+  EXPECT_EQ(got->back(), 0.5f * static_cast<float>(world_.size()));
+}
+
+TEST_F(NcclSplitTest, NonTensorBytesCountTheCommunicators) {
+  StatusOr<std::size_t> before = dev().NonTensorBytes();
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  StatusOr<std::unique_ptr<Collectives>> c = backend_->ConnectSplit(world_, world_);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ExpectSumOfRanks(**c, world_);  // NCCL connects at the first collective
+  StatusOr<std::size_t> after = dev().NonTensorBytes();
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_GT(*after, 0u);
+  EXPECT_GE(*after, *before);
+}
+
+TEST_F(NcclSplitTest, TheBudgetLeavesTheReserve) {
+  // The default reserve: the budget is below the device's total.
+  std::size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  EXPECT_LE(dev().budget_bytes(), total_bytes - CudaBackendOptions{}.memory_reserve_bytes);
+  // An allocation that would eat into the reserve is an oom, and the device stays usable.
+  StatusOr<Buffer> too_big = dev().Allocate(free_bytes - (1 << 20));
+  EXPECT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().outcome(), Outcome::kOom);
+  EXPECT_TRUE(dev().Synchronize().ok());
+}
+
+}  // namespace
+}  // namespace autopar::backend

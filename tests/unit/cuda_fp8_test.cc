@@ -1,0 +1,96 @@
+// FP8 GEMMs through cuBLASLt on GPUs with fp8 (compute capability 8.9+), against an fp32 host
+// product with the error bound of the formats: each operand is rounded to e4m3 (3 mantissa bits:
+// relative error at most 2^-4) or e5m2 (2 bits: 2^-3) after scaling, so every term of the sum is
+// off by at most about (1 + e_a)(1 + e_b) - 1 of its magnitude. Skips without such a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "tests/unit/cuda_test_util.h"
+
+namespace autopar::backend {
+namespace {
+
+using cuda_test::Random;
+
+float RelativeError(Fp8Operand f) { return f == Fp8Operand::kE5M2 ? 0.125f : 0.0625f; }
+
+class CudaFp8Gemm : public cuda_test::CudaTest {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    if (IsSkipped()) return;
+    if (!dev().SupportsFp8()) GTEST_SKIP() << dev().name() << " has no fp8";
+  }
+
+  // C = alpha op(A) op(B) + beta C on the device in fp8 and on the host in fp32, compared with
+  // the fp8 bound plus the output's rounding.
+  void Check(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+             Fp8Operand fa, Fp8Operand fb, DType c_dtype, float beta) {
+    const std::vector<float> a = Random(11, m * k, 2.0f, -1.0f);
+    const std::vector<float> b = Random(12, k * n, 2.0f, -1.0f);
+    const std::vector<float> c0 = Random(13, m * n, 2.0f, -1.0f);
+    const std::vector<float> a_s = cuda_test::Stored(DType::kBF16, a);
+    const std::vector<float> b_s = cuda_test::Stored(DType::kBF16, b);
+    const std::vector<float> c_s = cuda_test::Stored(c_dtype, c0);
+    GemmDesc d;
+    d.trans_a = trans_a;
+    d.trans_b = trans_b;
+    d.m = m;
+    d.n = n;
+    d.k = k;
+    d.beta = beta;
+    d.fp8_a = fa;
+    d.fp8_b = fb;
+    const Tensor ta = Put(DType::kBF16, a), tb = Put(DType::kBF16, b), tc = Put(c_dtype, c0);
+    const Status s = dev().Gemm(d, ta, tb, tc);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    const std::vector<float> got = Get(tc);
+    const float term_error = (1 + RelativeError(fa)) * (1 + RelativeError(fb)) - 1;
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        double want = beta * c_s[i * n + j], magnitude = 0;
+        for (std::int64_t p = 0; p < k; ++p) {
+          const float av = trans_a ? a_s[p * m + i] : a_s[i * k + p];
+          const float bv = trans_b ? b_s[j * k + p] : b_s[p * n + j];
+          want += double{av} * bv;
+          magnitude += std::fabs(double{av} * bv);
+        }
+        const double out_rounding = c_dtype == DType::kBF16 ? std::fabs(want) / 256 : 0;
+        const double bound = term_error * magnitude + out_rounding + 1e-5;
+        ASSERT_NEAR(got[i * n + j], want, bound) << "at (" << i << ", " << j << ")";
+      }
+    }
+  }
+};
+
+TEST_F(CudaFp8Gemm, LinearForwardInE4M3) {
+  Check(false, true, 64, 48, 32, Fp8Operand::kE4M3, Fp8Operand::kE4M3, DType::kBF16, 0.0f);
+}
+
+TEST_F(CudaFp8Gemm, InputGradientWithE5M2Gradients) {
+  Check(false, false, 64, 32, 48, Fp8Operand::kE5M2, Fp8Operand::kE4M3, DType::kBF16, 0.0f);
+}
+
+TEST_F(CudaFp8Gemm, WeightGradientAccumulatesIntoF32) {
+  Check(true, false, 48, 32, 64, Fp8Operand::kE5M2, Fp8Operand::kE4M3, DType::kF32, 1.0f);
+}
+
+TEST_F(CudaFp8Gemm, RefusesShapesCublasLtCannotRun) {
+  GemmDesc d;
+  d.trans_b = true;
+  d.m = 64;
+  d.n = 48;
+  d.k = 40;  // not a multiple of 16
+  d.fp8_a = d.fp8_b = Fp8Operand::kE4M3;
+  const Tensor a = Zeros(DType::kBF16, 64 * 40), b = Zeros(DType::kBF16, 48 * 40);
+  const Tensor c = Zeros(DType::kBF16, 64 * 48);
+  const Status s = dev().Gemm(d, a, b, c);
+  EXPECT_EQ(s.outcome(), Outcome::kInvalid) << s.ToString();
+  EXPECT_NE(s.message().find("--fp8-format"), std::string::npos) << s.ToString();
+}
+
+}  // namespace
+}  // namespace autopar::backend

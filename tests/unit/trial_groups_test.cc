@@ -1,0 +1,144 @@
+// Which process groups a configuration connects, and how fp8 trials are set up or refused: pure
+// decisions of src/trial, tested without MPI or a GPU.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "autopar/spec/parse.h"
+#include "src/trial/linear.h"
+#include "src/trial/shard.h"
+
+namespace autopar::trial {
+namespace {
+
+using backend::Fp8Operand;
+
+ParallelConfig Config(int tp, int pp, int dp, int cp = 1, int up = 1, int ep = 1) {
+  ParallelConfig c;
+  c.tp = tp;
+  c.pp = pp;
+  c.dp = dp;
+  c.cp = cp;
+  c.up = up;
+  c.ep = ep;
+  return c;
+}
+
+TEST(UsedGroups, DenseModelsConnectNoExpertGroups) {
+  const GroupUse use = UsedGroups(Config(2, 2, 2), /*moe=*/false, /*tied_embedding=*/false);
+  EXPECT_TRUE(use.tp);
+  EXPECT_TRUE(use.pp);
+  EXPECT_TRUE(use.dp);
+  EXPECT_FALSE(use.up);
+  EXPECT_FALSE(use.cp);
+  EXPECT_FALSE(use.ep);
+  EXPECT_FALSE(use.edp);
+  EXPECT_FALSE(use.seq);
+  EXPECT_FALSE(use.embedding);  // untied: the output layer has weights of its own
+}
+
+TEST(UsedGroups, GroupsOfOneRankAreNotConnected) {
+  EXPECT_EQ(UsedGroups(Config(1, 1, 1), true, true), GroupUse{});
+  const GroupUse use = UsedGroups(Config(1, 1, 4), false, true);
+  EXPECT_TRUE(use.dp);
+  EXPECT_FALSE(use.tp);
+  EXPECT_FALSE(use.pp);
+  EXPECT_FALSE(use.embedding);  // tied, but pp = 1: one stage holds both ends
+}
+
+TEST(UsedGroups, ReplicasCountUlyssesAndContextRanks) {
+  // dp = 1, but cp and up ranks hold the same dense weights.
+  const GroupUse use = UsedGroups(Config(1, 1, 1, /*cp=*/2, /*up=*/2), false, false);
+  EXPECT_TRUE(use.dp);
+  EXPECT_TRUE(use.cp);
+  EXPECT_TRUE(use.up);
+}
+
+TEST(UsedGroups, MixtureOfExpertsConnectsExpertAndSampleGroups) {
+  GroupUse use = UsedGroups(Config(2, 1, 4, 1, 1, /*ep=*/4), /*moe=*/true, false);
+  EXPECT_TRUE(use.ep);
+  EXPECT_FALSE(use.edp);  // dp / ep = 1 replica of each expert
+  EXPECT_TRUE(use.seq);   // tp = 2 ranks per sample share the router statistics
+  use = UsedGroups(Config(1, 1, 4, 1, 1, /*ep=*/2), true, false);
+  EXPECT_TRUE(use.ep);
+  EXPECT_TRUE(use.edp);
+  EXPECT_FALSE(use.seq);  // one rank per sample
+  use = UsedGroups(Config(1, 1, 4, 1, 1, /*ep=*/1), true, false);
+  EXPECT_FALSE(use.ep);
+  EXPECT_TRUE(use.edp);
+}
+
+TEST(UsedGroups, TiedEmbeddingsOverStagesConnectTheEndStages) {
+  EXPECT_TRUE(UsedGroups(Config(1, 4, 1), false, true).embedding);
+  EXPECT_FALSE(UsedGroups(Config(1, 4, 1), false, false).embedding);
+}
+
+TEST(Fp8Unsupported, RefusesDevicesWithoutFp8NamingTheFlag) {
+  EXPECT_EQ(Fp8Unsupported(false, false, "cpu"), "");
+  EXPECT_EQ(Fp8Unsupported(true, true, "cuda:0 (NVIDIA H100 80GB HBM3)"), "");
+  const std::string cpu = Fp8Unsupported(true, false, "cpu");
+  EXPECT_NE(cpu.find("--fp8-format"), std::string::npos) << cpu;
+  EXPECT_NE(cpu.find("cpu"), std::string::npos) << cpu;
+  EXPECT_NE(cpu.find("--backend cuda"), std::string::npos) << cpu;
+  EXPECT_NE(cpu.find("8.9"), std::string::npos) << cpu;
+  const std::string a100 = Fp8Unsupported(true, false, "cuda:0 (NVIDIA A100-SXM4-80GB)");
+  EXPECT_NE(a100.find("A100"), std::string::npos) << a100;
+}
+
+ModelSpec SmallModel() {
+  ModelSpec m;
+  m.num_layers = 2;
+  m.hidden_size = 64;
+  m.num_attention_heads = 4;
+  m.num_query_groups = 4;
+  m.ffn_hidden_size = 256;
+  m.vocab_size = 128;
+  m.max_position_embeddings = 64;
+  return m;
+}
+
+TEST(Fp8Shapes, HybridPutsGradientsInE5M2) {
+  const MegatronArgs args = ApplyMegatronFlags(
+      {"--global-batch-size", "8", "--seq-length", "64", "--bf16", "--fp8-format", "hybrid"},
+      ModelSpec(), TrainSpec());
+  EXPECT_EQ(args.train.precision, Precision::kFP8);
+  EXPECT_EQ(args.train.fp8_format, TrainSpec::Fp8Format::kHybrid);
+  const Shapes s = Shapes::Of(SmallModel(), args.train, Config(1, 1, 1), 0);
+  EXPECT_TRUE(s.fp8.on());
+  EXPECT_EQ(s.fp8.fwd, Fp8Operand::kE4M3);
+  EXPECT_EQ(s.fp8.grad, Fp8Operand::kE5M2);
+}
+
+TEST(Fp8Shapes, E4M3PutsEverythingInE4M3AndBf16NothingInFp8) {
+  const MegatronArgs args =
+      ApplyMegatronFlags({"--global-batch-size", "8", "--seq-length", "64", "--fp8-format", "e4m3"},
+                         ModelSpec(), TrainSpec());
+  EXPECT_EQ(args.train.fp8_format, TrainSpec::Fp8Format::kE4M3);
+  Shapes s = Shapes::Of(SmallModel(), args.train, Config(1, 1, 1), 0);
+  EXPECT_EQ(s.fp8.fwd, Fp8Operand::kE4M3);
+  EXPECT_EQ(s.fp8.grad, Fp8Operand::kE4M3);
+  TrainSpec bf16 = args.train;
+  bf16.precision = Precision::kBF16;
+  s = Shapes::Of(SmallModel(), bf16, Config(1, 1, 1), 0);
+  EXPECT_FALSE(s.fp8.on());
+  EXPECT_EQ(s.fp8.grad, Fp8Operand::kNone);
+}
+
+TEST(Fp8Linear, GradientsTakeTheGradientFormatAndWeightsTheForwardOne) {
+  const Fp8Formats hybrid{Fp8Operand::kE4M3, Fp8Operand::kE5M2};
+  backend::GemmDesc d = Linear(64, 32, 16, 0, hybrid);
+  EXPECT_EQ(d.fp8_a, Fp8Operand::kE4M3);  // x
+  EXPECT_EQ(d.fp8_b, Fp8Operand::kE4M3);  // W
+  d = LinearInputGrad(64, 32, 16, 0, hybrid);
+  EXPECT_EQ(d.fp8_a, Fp8Operand::kE5M2);  // dy
+  EXPECT_EQ(d.fp8_b, Fp8Operand::kE4M3);  // W
+  d = LinearWeightGrad(64, 32, 16, hybrid);
+  EXPECT_EQ(d.fp8_a, Fp8Operand::kE5M2);  // dy
+  EXPECT_EQ(d.fp8_b, Fp8Operand::kE4M3);  // x
+  d = Linear(64, 32, 16);
+  EXPECT_EQ(d.fp8_a, Fp8Operand::kNone);
+  EXPECT_EQ(d.fp8_b, Fp8Operand::kNone);
+}
+
+}  // namespace
+}  // namespace autopar::trial
