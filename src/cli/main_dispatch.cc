@@ -14,6 +14,7 @@ constexpr const char* kUsage = R"(usage: autopar-tune [COMMAND] [FLAGS]
 commands:
   tune       (the default) the online search: --study DIR [--resume] [--seed N] [--budget 8h]
              [--max-trials N] [--trial-timeout 600] [--backend cpu|cuda|replay]
+             [--p2p-semantics mpi|nccl]: the CPU backend's collectives as MPI or as NCCL runs them
              [--replay-table FILE.csv] [--searcher thompson|random|grid|analytic] [--quiet]
              [--max-p-oom 0.5]: never propose a configuration at least this likely to OOM
              [--warmup-iterations 2] [--timed-iterations 5] [--min-timed-seconds 0.5]: a trial
@@ -24,7 +25,8 @@ commands:
   predict    one configuration: --config SPEC (tp=8,pp=4,dp=2,cp=1,up=1,ep=1,vpp=1,mbs=1,
              sp=on,recompute=selective,dist_opt=on; omitted keys take defaults)
   trial      under mpirun: one timed trial of --config SPEC's real training step
-             [--backend cpu|cuda] [--trial-timeout S] [--warmup N] [--iters N]
+             [--backend cpu|cuda] [--p2p-semantics mpi|nccl] [--trial-timeout S] [--warmup N]
+             [--iters N]
              [--min-timed-seconds S] [--max-microbatches N|-1] [--seed N]; exit 1 when its
              outcome is not ok
   probe      under mpirun: GEMM, attention and collective micro-benchmarks vs the model

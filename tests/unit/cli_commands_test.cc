@@ -162,6 +162,16 @@ TEST(Cli, BadInputNamesTheFlagAndExitsTwo) {
   ExpectBadInput({"frobnicate"}, "plan, predict");
   ExpectBadInput({"plan", "--model", "/nonexistent/model.yaml", "--global-batch-size", "8"},
                  "--model");
+  // --p2p-semantics: named with its allowed values, before MPI or the study is touched.
+  const std::vector<std::string> tiny = {"--model", "tiny", "--nnodes", "2", "--nproc-per-node",
+                                         "2", "--global-batch-size", "16"};
+  std::vector<std::string> trial = {"trial", "--config", "pp=2", "--p2p-semantics", "tcp"};
+  trial.insert(trial.end(), tiny.begin(), tiny.end());
+  ExpectBadInput(trial, "--p2p-semantics");
+  ExpectBadInput(trial, "mpi, nccl");
+  std::vector<std::string> cuda_mpi = {"trial", "--backend", "cuda", "--p2p-semantics", "mpi"};
+  cuda_mpi.insert(cuda_mpi.end(), tiny.begin(), tiny.end());
+  ExpectBadInput(cuda_mpi, "--p2p-semantics");
 }
 
 // The first ranked line's step time of `predict --config SPEC` for the tiny model on 4 cpu ranks.
