@@ -104,7 +104,13 @@ StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaBackendOption
       DeviceBudgetBytes(total_bytes, options.memory_reserve_bytes, options.memory_budget_bytes);
   // The destructor releases whatever was made before a failure below.
   std::unique_ptr<CudaDevice> device(new CudaDevice(options, options.device_index, budget));
-  device->used_at_start_bytes_ = total_bytes - free_bytes;
+  // The runtime cannot read device memory before it has made the context, so what was in use
+  // before our context is unknowable here (NVML's per-process figure would be needed). Nothing is
+  // subtracted: the trial counts everything on the device beyond its tensors — the context
+  // included — as non-tensor memory. On a training node (one rank per GPU) that is exactly the
+  // context, workspaces and NCCL buffers; anything a foreign process holds would shrink the real
+  // job's memory just the same.
+  device->used_at_start_bytes_ = 0;
   AUTOPAR_RETURN_IF_ERROR(device->Activate());
   AUTOPAR_CHECK_CUDA(cudaDeviceGetAttribute(
       &device->max_smem_optin_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device->index_));
