@@ -134,14 +134,16 @@ class TrialRankRunner : public coord::RankRunner {
     trial::ProbeOptions options;
     options.repetitions = std::max(1, request.timed_iterations());
     options.tp_values = in_.space.tp;
+    trial::ProbeOverheads overheads;
     auto samples = trial::RunProbe(*backend_, world_, in_.model, in_.train, in_.cluster, cost,
-                                   options);
+                                   options, &overheads);
     if (!samples.ok()) {
       r.set_status(ToStatus(samples.status().outcome()));
       r.set_message(samples.status().ToString());
       return r;
     }
     r.set_status(pb::OK);
+    r.set_non_tensor_gib(overheads.non_tensor_gib);
     for (const trial::ProbeSample& s : *samples) {
       pb::ProbeMeasurement* m = r.add_measurements();
       m->set_name(s.name);

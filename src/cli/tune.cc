@@ -276,6 +276,7 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
 
   search::SearchSettings settings = search::SearchSettings::Default(*candidates);
   settings.max_p_oom = flags.max_p_oom;
+  settings.modelled_non_tensor_gib = in.constants.mem.runtime_overhead_gib;
   flags.tuner.seed = sd.seed();
   ProgressPrinter progress(err, *candidates, flags.tuner, flags.quiet,
                            &err == &std::cerr && isatty(STDERR_FILENO));

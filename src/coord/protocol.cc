@@ -98,15 +98,18 @@ pb::TrialResult MergeRankResults(const pb::TrialRequest& request,
 pb::ProbeRecorded ProbeRatios(const std::vector<pb::Report>& reports) {
   // feature → benchmark name → ratios over ranks.
   std::map<std::string, std::map<std::string, std::vector<double>>> by_feature;
+  double non_tensor_gib = 0;
   for (const pb::Report& report : reports) {
     Expect(report.has_probe(), "a rank sent no probe result");
     if (report.probe().status() != pb::OK) continue;  // a failed probe leaves the prior alone
+    non_tensor_gib = std::max(non_tensor_gib, report.probe().non_tensor_gib());
     for (const pb::ProbeMeasurement& m : report.probe().measurements()) {
       const double ratio = m.measured_s() / m.predicted_s();
       if (std::isfinite(ratio) && ratio > 0) by_feature[m.feature()][m.name()].push_back(ratio);
     }
   }
   pb::ProbeRecorded out;
+  out.set_non_tensor_gib(non_tensor_gib);
   for (const auto& [feature, benchmarks] : by_feature) {
     pb::ProbeRecorded::Feature* f = out.add_features();
     f->set_feature(feature);

@@ -70,6 +70,12 @@ void Tuner::BuildState(const pb::ProbeRecorded& probe) {
     if (k < 0 || f.ratios().empty()) continue;  // a feature this build does not model
     settings_.time_prior.Tighten(k, {f.ratios().begin(), f.ratios().end()});
   }
+  // The measured non-tensor memory replaces the model's assumed runtime overhead in the memory
+  // prior's offset; the memory posterior then learns the rest from measured peaks.
+  if (probe.non_tensor_gib() > 0) {
+    settings_.memory_prior.offset_mean_gib =
+        probe.non_tensor_gib() - settings_.modelled_non_tensor_gib;
+  }
   state_.emplace(candidates_, settings_);
 }
 

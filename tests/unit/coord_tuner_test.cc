@@ -253,5 +253,45 @@ TEST(Tuner, NonFiniteResultsBecomeNonfiniteTrialsAndProbeTightensThePrior) {
   EXPECT_EQ(t.state().measured_count(), 0);
 }
 
+// The probe's measured non-tensor memory moves the memory prior's offset by what the analytic
+// peak did not already count, and a resumed study gets the same prior from the journal.
+class OverheadProbe : public TrialBackend {
+ public:
+  OverheadProbe(TrialBackend& inner, double non_tensor_gib)
+      : inner_(inner), non_tensor_gib_(non_tensor_gib) {}
+  std::string name() const override { return "overhead"; }
+  pb::ProbeRecorded Probe() override {
+    pb::ProbeRecorded p;
+    p.set_non_tensor_gib(non_tensor_gib_);
+    return p;
+  }
+  pb::TrialResult Run(const pb::TrialRequest& request) override { return inner_.Run(request); }
+
+ private:
+  TrialBackend& inner_;
+  double non_tensor_gib_;
+};
+
+TEST(Tuner, MeasuredNonTensorMemoryShiftsTheMemoryPrior) {
+  Fixture f;
+  ReplayBackend replay(f.table);
+  search::SearchSettings settings = f.Settings();
+  settings.modelled_non_tensor_gib = 1.0;
+  const double nominal = f.c.candidates->nominal_memory_gib(0);
+  // The prior alone (the probe record, as a resumed study reads it from the journal): the
+  // offset is the measured 3 GiB less the 1 GiB the analytic peak already counts.
+  auto prior_mean = [&](double non_tensor_gib) {
+    OverheadProbe backend(replay, non_tensor_gib);
+    MemoryJournal journal;
+    Tuner t(*f.c.candidates, f.searcher, settings, f.options, journal, backend);
+    pb::JournalRecord probe;
+    *probe.mutable_probe() = backend.Probe();
+    t.Replay({probe});
+    return t.state().memory().PredictMean(nominal);
+  };
+  EXPECT_NEAR(prior_mean(3.0) - prior_mean(0.0), 2.0, 1e-9);
+  EXPECT_NEAR(prior_mean(0.0), nominal, 1e-9);  // unmeasured: the analytic peak as it is
+}
+
 }  // namespace
 }  // namespace autopar::coord

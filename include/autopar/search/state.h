@@ -52,6 +52,9 @@ struct Observation {
 struct SearchSettings {
   TimePrior time_prior;
   MemoryPrior memory_prior;
+  // What the analytic peak already counts for memory besides tensors (the cost model's
+  // runtime_overhead_gib); a probe's measured figure moves the prior's offset by the difference.
+  double modelled_non_tensor_gib = 0;
   // Candidates at or above this predicted P(OOM) are never proposed. Below it, Thompson sampling
   // weighs the risk itself (it draws the memory model too); the baselines take them as they come.
   double max_p_oom = 0.5;
