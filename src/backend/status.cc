@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -61,6 +63,18 @@ std::string Status::ToString() const {
 Status Status::WithFrame(const char* file, int line) && {
   if (!ok()) message_ += std::string(" <- ") + Basename(file) + ":" + std::to_string(line);
   return std::move(*this);
+}
+
+void DieOfBrokenInvariant(const char* what, const char* file, int line) {
+  std::fprintf(stderr, "[%s] %s:%d: internal invariant broken: %s\n", HostPidTag().c_str(),
+               Basename(file), line, what);
+  std::abort();
+}
+
+void DieOfEmptyStatusOr(const Status& status) {
+  std::fprintf(stderr, "[%s] StatusOr::value() of an error: %s\n", HostPidTag().c_str(),
+               status.ToString().c_str());
+  std::abort();
 }
 
 }  // namespace autopar::backend

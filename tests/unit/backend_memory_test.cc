@@ -41,6 +41,20 @@ TEST(BackendStatus, CarriesOutcomeOriginAndFrames) {
   EXPECT_STREQ(OutcomeName(Outcome::kNonfinite), "nonfinite");
 }
 
+TEST(BackendStatusDeathTest, ValueOfAnErrorAbortsNamingTheError) {
+  const StatusOr<int> error = Status(Outcome::kOom, "no room for the activations");
+  EXPECT_DEATH((void)error.value(), "StatusOr::value\\(\\) of an error: oom: no room");
+  EXPECT_DEATH((void)*error, "no room for the activations");
+  const StatusOr<int> fine = 7;
+  EXPECT_EQ(fine.value(), 7);
+}
+
+TEST(BackendStatusDeathTest, BrokenInvariantAbortsNamingTheCondition) {
+  const int slots = 0;
+  EXPECT_DEATH(AUTOPAR_INVARIANT(slots > 0), "internal invariant broken: slots > 0");
+  AUTOPAR_INVARIANT(slots == 0);  // holds: nothing happens
+}
+
 TEST(BackendStatus, AssignOrReturnPropagates) {
   int out = 0;
   EXPECT_TRUE(Quarter(12, &out).ok());

@@ -43,6 +43,11 @@ class [[nodiscard]] Status {
 
 inline Status OkStatus() { return Status(); }
 
+// Prints `what` (with the status, when one is given) to stderr and aborts: the end of a broken
+// internal invariant, never of bad input or a failed external call (those are Status values).
+[[noreturn]] void DieOfBrokenInvariant(const char* what, const char* file, int line);
+[[noreturn]] void DieOfEmptyStatusOr(const Status& status);
+
 // A value or the error that prevented it. Building one from an ok Status is a programming error
 // and yields kInvalid rather than an empty value.
 template <typename T>
@@ -56,15 +61,26 @@ class [[nodiscard]] StatusOr {
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
 
-  // Only valid when ok().
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return std::move(*value_); }
-  T& operator*() & { return *value_; }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
+  // The value; reading it from an error aborts with the error (DieOfEmptyStatusOr), so a missed
+  // ok() check is a loud crash naming the cause, never undefined behaviour.
+  T& value() & { return Checked(); }
+  const T& value() const& { return Checked(); }
+  T&& value() && { return std::move(Checked()); }
+  T& operator*() & { return Checked(); }
+  const T& operator*() const& { return Checked(); }
+  T* operator->() { return &Checked(); }
+  const T* operator->() const { return &Checked(); }
 
  private:
+  T& Checked() {
+    if (!value_) DieOfEmptyStatusOr(status_);
+    return *value_;
+  }
+  const T& Checked() const {
+    if (!value_) DieOfEmptyStatusOr(status_);
+    return *value_;
+  }
+
   Status status_;
   std::optional<T> value_;
 };
@@ -95,6 +111,13 @@ const std::string& HostPidTag();  // "host:pid"
     return ::autopar::backend::Status(tmp.status()).WithFrame(__FILE__, __LINE__); \
   }                                                                                \
   lhs = std::move(tmp).value()
+
+// An internal invariant: when `cond` is false the program is wrong, and it aborts naming the
+// condition and the place (DieOfBrokenInvariant). Not for input or external calls.
+#define AUTOPAR_INVARIANT(cond)                                                \
+  do {                                                                         \
+    if (!(cond)) ::autopar::backend::DieOfBrokenInvariant(#cond, __FILE__, __LINE__); \
+  } while (0)
 
 // Argument and shape checks: a failed one is the caller's bug, reported as kInvalid.
 #define AUTOPAR_CHECK_ARG(cond, what)                                                              \
