@@ -62,7 +62,7 @@ class CudaBackend final : public Backend {
 //  b. One host all-reduce (MAX) over `world` makes both answers the job's.
 //  c. If any family is unusable, every rank drops its family and makes a new world
 //     communicator, so no rank splits from a parent its peers have given up.
-//  d. If any group needs a communicator, every rank synchronizes its device (a split needs the
+//  d. If any group needs a communicator (or (c) made a new family), every rank synchronizes its device (a split needs the
 //     parent idle) and calls ncclCommSplit: a rank whose group needs one passes the group's
 //     color (its lowest world rank) and its group rank as key, the others NCCL_SPLIT_NOCOLOR.
 //     All members of a group reach the same answer in (a), since they built and cached it
@@ -92,8 +92,8 @@ StatusOr<std::unique_ptr<Collectives>> CudaBackend::ConnectSplit(const Group& wo
     world_ = std::move(made);
     world_members_ = world.world_ranks();
   }
-  // (d)
-  if (flags[1] != 0) {
+  // (d) A new family has no groups yet: every rank that needs one splits it again.
+  if (flags[0] != 0 || flags[1] != 0) {
     AUTOPAR_RETURN_IF_ERROR(device_->Synchronize());
     const bool mine = !group.empty() && !whole_world && groups_.Find(members) == nullptr;
     AUTOPAR_ASSIGN_OR_RETURN(

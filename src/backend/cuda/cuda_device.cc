@@ -176,21 +176,17 @@ Status CudaDevice::CheckWatched(const char* what, double started_s) {
   }
   const double now_s = SteadySeconds();
   const double waited_s = now_s - started_s;
-  if (now_s > ordered_deadline_s_) {
+  const bool past_ordered = now_s > ordered_deadline_s_;
+  if (past_ordered || waited_s > timeout_s_) {
     for (CommWatch* comm : comms) comm->Abort();
-    // Spent: the aborts end that work, and a later wait must not inherit the old deadline.
+    // Spent either way: the aborts end that work, and a later wait must not inherit the old
+    // deadline.
     ordered_deadline_s_ = std::numeric_limits<double>::infinity();
+    const std::string why = past_ordered
+                                ? ": stream-ordered collectives not done by their deadline"
+                                : " not done after " + std::to_string(waited_s) + " s";
     return Status::Error(Outcome::kTimeout,
-                         std::string(what) +
-                             ": stream-ordered collectives not done by their deadline; aborted " +
-                             std::to_string(comms.size()) + " NCCL communicator(s)",
-                         __FILE__, __LINE__);
-  }
-  if (waited_s > timeout_s_) {
-    for (CommWatch* comm : comms) comm->Abort();
-    return Status::Error(Outcome::kTimeout,
-                         std::string(what) + " not done after " + std::to_string(waited_s) +
-                             " s; aborted " + std::to_string(comms.size()) +
+                         std::string(what) + why + "; aborted " + std::to_string(comms.size()) +
                              " NCCL communicator(s)",
                          __FILE__, __LINE__);
   }
