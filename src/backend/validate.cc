@@ -139,14 +139,20 @@ StatusOr<HashFill> ResolveHashFill(const HashFill& fill, std::int64_t numel) {
   return f;
 }
 
+Status CheckPeer(const char* op, int peer, int group_size) {
+  AUTOPAR_CHECK_ARG(peer >= 0 && peer < group_size, std::string(op) + ": peer " +
+                                                         std::to_string(peer) +
+                                                         " not in group of " +
+                                                         std::to_string(group_size));
+  return OkStatus();
+}
+
 Status CheckBatch(std::span<const P2POp> ops, int group_size, std::int64_t max_count) {
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const P2POp& op = ops[i];
     const char* name = op.kind == P2POp::kSend ? "IBatchSendRecv send" : "IBatchSendRecv recv";
     AUTOPAR_RETURN_IF_ERROR(CheckView(name, op.buf, max_count));
-    AUTOPAR_CHECK_ARG(op.peer >= 0 && op.peer < group_size,
-                      std::string(name) + ": peer " + std::to_string(op.peer) +
-                          " not in group of " + std::to_string(group_size));
+    AUTOPAR_RETURN_IF_ERROR(CheckPeer(name, op.peer, group_size));
     for (std::size_t j = 0; j < i; ++j) {
       const bool writes = op.kind == P2POp::kRecv || ops[j].kind == P2POp::kRecv;
       AUTOPAR_CHECK_ARG(!writes || !Overlaps(op.buf, ops[j].buf),

@@ -37,6 +37,9 @@ Status CheckView(const char* op, const Tensor& t, std::int64_t max_count);
 Status CheckPair(const char* op, const Tensor& send, const Tensor& recv, std::int64_t num,
                  std::int64_t den, std::int64_t max_count);
 
+// kInvalid unless `peer` is a rank of a group of `group_size`; the message names `op`.
+Status CheckPeer(const char* op, int peer, int group_size);
+
 // A batch of sends and receives (IBatchSendRecv): every view passes CheckView, every peer is in
 // [0, group_size), and no received view overlaps another view of the batch.
 Status CheckBatch(std::span<const P2POp> ops, int group_size, std::int64_t max_count);

@@ -80,17 +80,6 @@ Status Comm::SendRecv(std::span<const backend::P2POp> ops) {
   return backend::OkStatus();
 }
 
-Status Comm::StartSendRecv(std::span<const backend::P2POp> ops,
-                           std::unique_ptr<backend::Request>& pending) {
-  AUTOPAR_RETURN_IF_ERROR(Wait(pending));
-  if (ops.empty()) return backend::OkStatus();
-  if (!c_) return NotConnected(__FILE__, __LINE__);
-  auto request = c_->IBatchSendRecv(ops);
-  if (!request.ok()) return request.status();
-  pending = std::move(*request);
-  return backend::OkStatus();
-}
-
 #define AUTOPAR_START(start_expr)                     \
   do {                                                \
     AUTOPAR_RETURN_IF_ERROR(Wait(pending));           \
@@ -99,6 +88,13 @@ Status Comm::StartSendRecv(std::span<const backend::P2POp> ops,
     if (!request_.ok()) return request_.status();     \
     pending = std::move(*request_);                   \
   } while (0)
+
+Status Comm::StartSendRecv(std::span<const backend::P2POp> ops,
+                           std::unique_ptr<backend::Request>& pending) {
+  if (ops.empty()) return Wait(pending);
+  AUTOPAR_START(c_->IBatchSendRecv(ops));
+  return backend::OkStatus();
+}
 
 Status Comm::StartAllReduce(Tensor buf, std::unique_ptr<backend::Request>& pending) {
   if (!active()) return Wait(pending);

@@ -38,7 +38,7 @@
 //  * Memory: tensors may take min(memory_budget_bytes, total − memory_reserve_bytes), and no
 //    allocation may leave less than memory_reserve_bytes free on the device (what the context,
 //    cuBLAS and NCCL hold counts); NonTensorBytes() is the process's device memory (cudaMemGetInfo)
-//    less its tensors and less what the device used when the backend was made.
+//    less its tensors (the CUDA context included).
 #pragma once
 
 #include <cstddef>

@@ -196,9 +196,7 @@ class MpiCollectives final : public Collectives {
   Status Send(Tensor buf, int peer, int tag) override {
     AUTOPAR_RETURN_IF_ERROR(CheckView("Send", buf, kMaxCount));
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("Send", peer));
-    AUTOPAR_CHECK_MPI((nccl_matching_ ? MPI_Ssend : MPI_Send)(buf.data, Count(buf),
-                                                              MpiType(buf.dtype), peer,
-                                                              Tag(tag), comm()));
+    AUTOPAR_CHECK_MPI(MPI_Send(buf.data, Count(buf), MpiType(buf.dtype), peer, tag, comm()));
     return OkStatus();
   }
 
@@ -207,7 +205,7 @@ class MpiCollectives final : public Collectives {
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("Recv", peer));
     MPI_Status status;
     AUTOPAR_CHECK_MPI(
-        MPI_Recv(buf.data, Count(buf), MpiType(buf.dtype), peer, Tag(tag), comm(), &status));
+        MPI_Recv(buf.data, Count(buf), MpiType(buf.dtype), peer, tag, comm(), &status));
     return CheckReceived("Recv", status, buf);
   }
 
@@ -218,9 +216,8 @@ class MpiCollectives final : public Collectives {
     AUTOPAR_RETURN_IF_ERROR(CheckPeer("SendRecv", src));
     AUTOPAR_CHECK_ARG(!Overlaps(send, recv), "SendRecv: send and recv overlap");
     MPI_Status status;
-    AUTOPAR_CHECK_MPI(MPI_Sendrecv(send.data, Count(send), MpiType(send.dtype), dst, Tag(tag),
-                                   recv.data, Count(recv), MpiType(recv.dtype), src, Tag(tag),
-                                   comm(), &status));
+    AUTOPAR_CHECK_MPI(MPI_Sendrecv(send.data, Count(send), MpiType(send.dtype), dst, tag, recv.data,
+                                   Count(recv), MpiType(recv.dtype), src, tag, comm(), &status));
     return CheckReceived("SendRecv", status, recv);
   }
 
@@ -314,7 +311,9 @@ class MpiCollectives final : public Collectives {
   MPI_Comm comm() const { return group_.comm(); }
 
   // Under NCCL matching a message matches by order per peer pair, whatever its tag (NCCL has no
-  // tags), and a send completes only once its receive is posted (MPI's synchronous mode).
+  // tags), and a send completes only once its receive is posted (MPI's synchronous mode). Only
+  // the non-blocking point-to-point forms need it: the stream-order layer (stream_order.h) runs
+  // every send and receive through them.
   int Tag(int tag) const { return nccl_matching_ ? 0 : tag; }
   Status StartSend(const Tensor& buf, int peer, int tag, MPI_Request* request) const {
     AUTOPAR_CHECK_MPI((nccl_matching_ ? MPI_Issend : MPI_Isend)(
@@ -393,10 +392,7 @@ class MpiCollectives final : public Collectives {
   }
 
   Status CheckPeer(const char* op, int peer) const {
-    AUTOPAR_CHECK_ARG(peer >= 0 && peer < size(), std::string(op) + ": peer " +
-                                                      std::to_string(peer) + " not in group of " +
-                                                      std::to_string(size()));
-    return OkStatus();
+    return backend::CheckPeer(op, peer, size());
   }
 
   // A shorter message than the buffer is a protocol error between ranks, not a transport one.

@@ -28,6 +28,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
   explicit Stream(std::unique_ptr<Collectives> inner) : inner_(std::move(inner)) {}
 
   Collectives& inner() { return *inner_; }
+  const Collectives& inner() const { return *inner_; }
 
   std::shared_ptr<Op> Enqueue(Start start) {
     auto op = std::make_shared<Op>();
@@ -171,16 +172,15 @@ class QueuedRequest final : public Request {
 class StreamOrdered final : public Collectives {
  public:
   explicit StreamOrdered(std::unique_ptr<Collectives> inner)
-      : stream_(std::make_shared<Stream>(std::move(inner))), rank_(stream_->inner().rank()),
-        size_(stream_->inner().size()) {}
+      : stream_(std::make_shared<Stream>(std::move(inner))) {}
   ~StreamOrdered() override {
     // Like ncclCommDestroy after the stream's work: wait for what is queued.
     const Status s = Drain();
     if (!s.ok()) std::fprintf(stderr, "~StreamOrdered: %s\n", s.ToString().c_str());
   }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
+  int rank() const override { return stream_->inner().rank(); }
+  int size() const override { return stream_->inner().size(); }
 
   // ---- non-blocking: enqueued, started on `inner` when they reach the head ----
   StatusOr<std::unique_ptr<Request>> IBatchSendRecv(std::span<const P2POp> ops) override {
@@ -265,7 +265,6 @@ class StreamOrdered final : public Collectives {
   }
 
   std::shared_ptr<Stream> stream_;
-  int rank_, size_;
 };
 
 }  // namespace

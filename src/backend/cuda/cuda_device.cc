@@ -104,13 +104,6 @@ StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaBackendOption
       DeviceBudgetBytes(total_bytes, options.memory_reserve_bytes, options.memory_budget_bytes);
   // The destructor releases whatever was made before a failure below.
   std::unique_ptr<CudaDevice> device(new CudaDevice(options, options.device_index, budget));
-  // The runtime cannot read device memory before it has made the context, so what was in use
-  // before our context is unknowable here (NVML's per-process figure would be needed). Nothing is
-  // subtracted: the trial counts everything on the device beyond its tensors — the context
-  // included — as non-tensor memory. On a training node (one rank per GPU) that is exactly the
-  // context, workspaces and NCCL buffers; anything a foreign process holds would shrink the real
-  // job's memory just the same.
-  device->used_at_start_bytes_ = 0;
   AUTOPAR_RETURN_IF_ERROR(device->Activate());
   AUTOPAR_CHECK_CUDA(cudaDeviceGetAttribute(
       &device->max_smem_optin_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device->index_));
@@ -220,7 +213,12 @@ StatusOr<std::size_t> CudaDevice::NonTensorBytes() {
   AUTOPAR_RETURN_IF_ERROR(Activate());
   std::size_t free_bytes = 0, total_bytes = 0;
   AUTOPAR_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
-  return autopar::backend::NonTensorBytes(total_bytes, free_bytes, used_at_start_bytes_,
+  // The runtime cannot read device memory before it has made the context, so what was in use
+  // before our context is unknowable (NVML's per-process figure would be needed). Nothing is
+  // subtracted: everything on the device beyond the tensors counts, the context included. On a
+  // training node (one rank per GPU) that is the context, workspaces and NCCL buffers; anything
+  // a foreign process holds would shrink the real job's memory just the same.
+  return autopar::backend::NonTensorBytes(total_bytes, free_bytes, /*used_at_start_bytes=*/0,
                                           bytes_in_use());
 }
 
@@ -407,7 +405,7 @@ Status CudaDevice::Gemm(const GemmDesc& desc, Tensor a, Tensor b, Tensor c) {
                                " has no fp8 tensor cores (compute capability 8.9 or newer needed)",
                            __FILE__, __LINE__);
     }
-    return fp8_.Run(stream_, d, a, b, c, reserve_bytes_);
+    return fp8_.Run(stream_, d, ab_t, a, b, c, reserve_bytes_);
   }
   const kc::Storage c_t = c.dtype == DType::kF32 ? kc::Storage::kF32 : kc::Storage::kBF16;
   if (d.k == 0) {  // alpha * (empty sum) + beta * C; cuBLAS is not asked to handle k = 0

@@ -170,7 +170,6 @@ class CudaDevice final : public Device {
   std::string name_;
   double timeout_s_ = 300.0;
   std::size_t reserve_bytes_ = 0;        // kept free on the device (CudaBackendOptions)
-  std::size_t used_at_start_bytes_ = 0;  // device use not ours (see Create: counted as ours)
   // SteadySeconds() by which the work ordered with OrderAfter must be done; +inf when none is
   // pending (cleared by a successful Synchronize, which has waited for all of it).
   double ordered_deadline_s_ = std::numeric_limits<double>::infinity();

@@ -140,7 +140,6 @@ StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(cudaStream_t st
 }
 
 std::size_t CudnnAttention::cached_plans() const { return impl_->plans.size(); }
-std::size_t CudnnAttention::arena_bytes() const { return impl_->arena.bytes(); }
 
 StatusOr<CudnnAttention::Attempt> CudnnAttention::Forward(const SdpaKey& key, float scale,
                                                           const void* q, const void* k,
@@ -263,7 +262,6 @@ StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(cudaStream_t, c
 }
 
 std::size_t CudnnAttention::cached_plans() const { return 0; }
-std::size_t CudnnAttention::arena_bytes() const { return 0; }
 
 StatusOr<CudnnAttention::Attempt> CudnnAttention::Forward(const SdpaKey&, float, const void*,
                                                           const void*, const void*, void*, float*) {

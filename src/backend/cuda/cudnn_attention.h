@@ -74,8 +74,6 @@ class CudnnAttention {
 
   // Plans built so far (including declined ones), for tests.
   std::size_t cached_plans() const;
-  // Bytes the scratch arena holds now.
-  std::size_t arena_bytes() const;
 
  private:
   struct Impl;

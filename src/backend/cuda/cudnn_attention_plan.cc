@@ -3,17 +3,14 @@
 #include <climits>
 #include <string>
 
+#include "src/backend/validate.h"
+
 namespace autopar::backend {
 namespace {
 
 std::size_t AlignUp(std::size_t bytes) {
   constexpr std::size_t a = SdpaScratch::kScratchAlignment;
   return (bytes + a - 1) / a * a;
-}
-
-// Rows of d elements starting every `row_stride` elements.
-std::int64_t Extent(std::int64_t rows, std::int64_t used, std::int64_t row_stride) {
-  return (rows - 1) * row_stride + used;
 }
 
 }  // namespace
@@ -42,9 +39,6 @@ SdpaDecision DecideSdpa(const AttentionDesc& d, DType dtype, SdpaDirection direc
     return no("head_dim " + std::to_string(d.head_dim) + " (cuDNN needs a multiple of " +
               std::to_string(kSdpaHeadDimMultiple) + " up to " + std::to_string(kSdpaMaxHeadDim) +
               ")");
-  }
-  if (d.heads_kv <= 0 || d.heads_q % d.heads_kv != 0) {
-    return no("heads_q not a multiple of heads_kv");
   }
   if (d.seq_q == 1 && d.seq_kv == 1) return no("seq_q = seq_kv = 1 (refused by cuDNN's backward)");
   // 16-byte rows: a row stride in elements of a 2-byte type must keep every row aligned.
@@ -127,11 +121,11 @@ SdpaLayout SdpaFullHeadKvGradLayout(const SdpaKey& k) {
 SdpaLayout SdpaScalarLayout() { return {{1, 1, 1, 1}, {1, 1, 1, 1}}; }
 
 std::int64_t SdpaQExtent(const SdpaKey& k) {
-  return Extent(k.seq_q * k.batch, k.heads_q * k.head_dim, k.q_stride);
+  return MatrixExtent(k.seq_q * k.batch, k.heads_q * k.head_dim, k.q_stride);
 }
 
 std::int64_t SdpaKvExtent(const SdpaKey& k) {
-  return Extent(k.seq_kv * k.batch, k.heads_kv * k.head_dim, k.kv_stride);
+  return MatrixExtent(k.seq_kv * k.batch, k.heads_kv * k.head_dim, k.kv_stride);
 }
 
 SdpaScratch PlanSdpaScratch(const SdpaKey& k, std::size_t workspace_bytes, bool accumulate) {

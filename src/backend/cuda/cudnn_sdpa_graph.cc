@@ -281,6 +281,19 @@ Status BuildForward(const SdpaKey& k, GraphBuilder& g) {
 
 // dV = P^T dO, dS = P (dO V^T - rowsum(dO O)) scale, dK = dS^T Q, dQ = dS K, with P = exp(scale
 // Q K^T [masked] - stats) recomputed; GQA's per-query-head dK, dV are summed over each group.
+// A key/value-side gradient, out = scores^T rhs (dV = P^T dO, dK = dS^T Q): the scores
+// [b, h_q, s_q, s_kv] are reshaped to their transpose; with GQA the product is formed per query
+// head and then summed over each kv head's group of query heads, as cudnn-frontend does.
+Status KvGrad(GraphBuilder& g, const SdpaKey& k, cudnnDataType_t io, Raw scores, Raw rhs,
+              Raw out) {
+  AUTOPAR_ASSIGN_OR_RETURN(const Raw transposed, g.Virtual(io, SdpaScoreTransposedLayout(k)));
+  AUTOPAR_RETURN_IF_ERROR(g.Reshape(scores, transposed));
+  if (k.heads_q == k.heads_kv) return g.Matmul(transposed, rhs, out);
+  AUTOPAR_ASSIGN_OR_RETURN(const Raw per_query_head, g.Virtual(io, SdpaFullHeadKvGradLayout(k)));
+  AUTOPAR_RETURN_IF_ERROR(g.Matmul(transposed, rhs, per_query_head));
+  return g.Reduce(CUDNN_REDUCE_TENSOR_ADD, per_query_head, out);
+}
+
 Status BuildBackward(const SdpaKey& k, GraphBuilder& g) {
   const cudnnDataType_t io = IoType(k.dtype);
   const SdpaLayout scores = SdpaScoreLayout(k), rows = SdpaRowStatsLayout(k);
@@ -320,17 +333,8 @@ Status BuildBackward(const SdpaKey& k, GraphBuilder& g) {
   AUTOPAR_ASSIGN_OR_RETURN(const Raw p, g.Virtual(kF32, scores));
   AUTOPAR_RETURN_IF_ERROR(g.Unary(CUDNN_POINTWISE_EXP, shifted, p));
 
-  const bool grouped = k.heads_q != k.heads_kv;
-  // dV = P^T dO, per query head first when grouped.
-  AUTOPAR_ASSIGN_OR_RETURN(const Raw pt, g.Virtual(io, SdpaScoreTransposedLayout(k)));
-  AUTOPAR_RETURN_IF_ERROR(g.Reshape(p, pt));
-  if (grouped) {
-    AUTOPAR_ASSIGN_OR_RETURN(const Raw dv_full, g.Virtual(io, SdpaFullHeadKvGradLayout(k)));
-    AUTOPAR_RETURN_IF_ERROR(g.Matmul(pt, d_o, dv_full));
-    AUTOPAR_RETURN_IF_ERROR(g.Reduce(CUDNN_REDUCE_TENSOR_ADD, dv_full, dv));
-  } else {
-    AUTOPAR_RETURN_IF_ERROR(g.Matmul(pt, d_o, dv));
-  }
+  // dV = P^T dO.
+  AUTOPAR_RETURN_IF_ERROR(KvGrad(g, k, io, p, d_o, dv));
 
   // dS = P (dO V^T - softmax_sum) scale.
   AUTOPAR_ASSIGN_OR_RETURN(const Raw dp, g.Virtual(kF32, scores));
@@ -342,16 +346,8 @@ Status BuildBackward(const SdpaKey& k, GraphBuilder& g) {
   AUTOPAR_ASSIGN_OR_RETURN(const Raw ds, g.Virtual(kF32, scores));
   AUTOPAR_RETURN_IF_ERROR(g.Binary(CUDNN_POINTWISE_MUL, ds_unscaled, scale, ds));
 
-  // dK = dS^T Q, per query head first when grouped.
-  AUTOPAR_ASSIGN_OR_RETURN(const Raw dst, g.Virtual(io, SdpaScoreTransposedLayout(k)));
-  AUTOPAR_RETURN_IF_ERROR(g.Reshape(ds, dst));
-  if (grouped) {
-    AUTOPAR_ASSIGN_OR_RETURN(const Raw dk_full, g.Virtual(io, SdpaFullHeadKvGradLayout(k)));
-    AUTOPAR_RETURN_IF_ERROR(g.Matmul(dst, q, dk_full));
-    AUTOPAR_RETURN_IF_ERROR(g.Reduce(CUDNN_REDUCE_TENSOR_ADD, dk_full, dk));
-  } else {
-    AUTOPAR_RETURN_IF_ERROR(g.Matmul(dst, q, dk));
-  }
+  // dK = dS^T Q.
+  AUTOPAR_RETURN_IF_ERROR(KvGrad(g, k, io, ds, q, dk));
 
   // dQ = dS K, accumulated in f32 and then converted into dq.
   AUTOPAR_ASSIGN_OR_RETURN(const Raw k_rows, g.Virtual(io, kv));

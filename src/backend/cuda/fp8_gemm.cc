@@ -37,15 +37,6 @@ kc::Fp8Format KernelFormat(Fp8Operand f) {
   return f == Fp8Operand::kE5M2 ? kc::Fp8Format::kE5M2 : kc::Fp8Format::kE4M3;
 }
 
-StatusOr<kc::Storage> StorageOf(const char* arg, const Tensor& t) {
-  if (t.dtype == DType::kBF16) return kc::Storage::kBF16;
-  if (t.dtype == DType::kF32) return kc::Storage::kF32;
-  return Status::Error(
-      Outcome::kInvalid,
-      std::string("FP8 Gemm: `") + arg + "` is " + DTypeName(t.dtype) + ", expected bf16 or f32",
-      __FILE__, __LINE__);
-}
-
 // cuBLASLt descriptors, destroyed however Run returns.
 struct LtDescriptors {
   cublasLtMatmulDesc_t op = nullptr;
@@ -106,12 +97,8 @@ Status Fp8Gemm::Reserve(std::size_t bytes, std::size_t reserve_bytes) {
   return OkStatus();
 }
 
-Status Fp8Gemm::Run(cudaStream_t stream, const GemmDesc& d, Tensor a, Tensor b, Tensor c,
-                    std::size_t reserve_bytes) {
-  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage a_t, StorageOf("a", a));
-  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage b_t, StorageOf("b", b));
-  AUTOPAR_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kF32,
-                    "FP8 Gemm: `c` must be bf16 or f32");
+Status Fp8Gemm::Run(cudaStream_t stream, const GemmDesc& d, kc::Storage ab_t, Tensor a, Tensor b,
+                    Tensor c, std::size_t reserve_bytes) {
   const std::int64_t c_bytes = static_cast<std::int64_t>(DTypeSize(c.dtype));
   if (const std::string why = Fp8GemmUnsupported(d, c_bytes); !why.empty()) {
     return Status::Error(Outcome::kInvalid, "--fp8-format: " + why, __FILE__, __LINE__);
@@ -133,9 +120,9 @@ Status Fp8Gemm::Run(cudaStream_t stream, const GemmDesc& d, Tensor a, Tensor b, 
   void* qb = base + scales_bytes + qa_bytes;
   void* lt_workspace = base + scales_bytes + qa_bytes + qb_bytes;
 
-  AUTOPAR_CHECK_CUDA(kc::QuantizeFp8(stream, a_t, a.data, p.a_rows, p.a_cols, p.a_ld, p.a_transpose,
+  AUTOPAR_CHECK_CUDA(kc::QuantizeFp8(stream, ab_t, a.data, p.a_rows, p.a_cols, p.a_ld, p.a_transpose,
                                      KernelFormat(d.fp8_a), a_scales, qa));
-  AUTOPAR_CHECK_CUDA(kc::QuantizeFp8(stream, b_t, b.data, p.b_rows, p.b_cols, p.b_ld, p.b_transpose,
+  AUTOPAR_CHECK_CUDA(kc::QuantizeFp8(stream, ab_t, b.data, p.b_rows, p.b_cols, p.b_ld, p.b_transpose,
                                      KernelFormat(d.fp8_b), b_scales, qb));
 
   // cuBLASLt's A is our b side, its B our a side (fp8_gemm_plan.h).

@@ -17,6 +17,7 @@
 #include "autopar/backend/ops.h"
 #include "autopar/backend/status.h"
 #include "autopar/backend/tensor.h"
+#include "kernels/cuda_kernels.cuh"
 
 namespace autopar::backend {
 
@@ -27,10 +28,11 @@ class Fp8Gemm {
   Fp8Gemm& operator=(const Fp8Gemm&) = delete;
   ~Fp8Gemm() { Reset(); }
 
-  // `d` resolved; a and b bf16 or f32, c bf16 or f32. A workspace that must grow is only grown
-  // when the device keeps `reserve_bytes` free afterwards (else kOom).
-  Status Run(cudaStream_t stream, const GemmDesc& d, Tensor a, Tensor b, Tensor c,
-             std::size_t reserve_bytes);
+  // `d` and the views checked by CudaDevice::Gemm (ResolveGemm): a and b of storage `ab_t`
+  // (bf16 or f32), c f32 or the same. A workspace that must grow is only grown when the device
+  // keeps `reserve_bytes` free afterwards (else kOom).
+  Status Run(cudaStream_t stream, const GemmDesc& d, kernels::cuda::Storage ab_t, Tensor a,
+             Tensor b, Tensor c, std::size_t reserve_bytes);
   // Frees the handle and the workspace (waits for the device: cudaFree).
   void Reset();
 

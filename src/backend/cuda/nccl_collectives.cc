@@ -272,10 +272,7 @@ class NcclCollectives final : public Collectives {
   }
 
   Status CheckPeer(const char* op, int peer) const {
-    AUTOPAR_CHECK_ARG(peer >= 0 && peer < size(), std::string(op) + ": peer " +
-                                                      std::to_string(peer) + " not in group of " +
-                                                      std::to_string(size()));
-    return OkStatus();
+    return backend::CheckPeer(op, peer, size());
   }
 
   // Device scratch of at least `bytes` (in-place all-to-all, barrier), kept for reuse and
