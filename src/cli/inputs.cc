@@ -308,23 +308,19 @@ void ApplyCpuBackend(const std::string& backend, Inputs& in) {
   }
 }
 
-std::string ReadP2PSemantics(Args& args, const std::string& backend) {
+backend::P2PSemantics ReadP2PSemantics(Args& args, const std::string& backend) {
   const auto value = args.Value("--p2p-semantics");
-  if (backend == "replay") {
-    if (value) throw InputError("--p2p-semantics", "not with --backend replay: it runs no trials");
-    return "mpi";
+  if (backend == "replay" && value) {
+    throw InputError("--p2p-semantics", "not with --backend replay: it runs no trials");
   }
-  if (backend == "cuda") {
-    if (value && *value != "nccl") {
-      throw InputError("--p2p-semantics", "--backend cuda runs NCCL; allowed: nccl; got '" +
-                                              *value + "'");
-    }
-    return "nccl";
+  const std::string name = value.value_or(backend == "cuda" ? "nccl" : "mpi");
+  const backend::StatusOr<backend::P2PSemantics> semantics = backend::ParseP2PSemantics(name);
+  if (!semantics.ok()) throw InputError("--p2p-semantics", "allowed: mpi, nccl; got '" + name + "'");
+  if (backend == "cuda" && *semantics != backend::P2PSemantics::kNccl) {
+    throw InputError("--p2p-semantics", "--backend cuda runs NCCL; allowed: nccl; got '" + name +
+                                            "'");
   }
-  if (value && *value != "mpi" && *value != "nccl") {
-    throw InputError("--p2p-semantics", "allowed: mpi, nccl; got '" + *value + "'");
-  }
-  return value.value_or("mpi");
+  return *semantics;
 }
 
 Inputs ReadInputs(Args& args) {

@@ -79,7 +79,7 @@ int RunPredict(const std::vector<std::string>& argv, std::ostream& out, std::ost
   const SpaceOptions& pins = in.space;
   if (pins.overlap_grad_reduce.size() == 1) {
     c.overlap_grad_reduce = pins.overlap_grad_reduce[0];
-    c.overlap_param_gather = c.overlap_param_gather && c.overlap_grad_reduce;
+    c.overlap_param_gather = c.overlap_param_gather && OverlapParamGatherAllowed(c);
   }
   if (pins.overlap_param_gather.size() == 1) {
     c.overlap_param_gather = pins.overlap_param_gather[0] && OverlapParamGatherAllowed(c);

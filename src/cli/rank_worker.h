@@ -20,8 +20,8 @@ struct RankWorker {
 // naming --nnodes otherwise), and starts `backend` with the GPU's memory as the rank's budget on
 // the GPU of the rank's place in its node (InputError naming --backend when it cannot start).
 // Throws std::runtime_error when MPI cannot give the world group.
-// `p2p_semantics` is ReadP2PSemantics' value.
+// `p2p_semantics`: ReadP2PSemantics' value.
 RankWorker StartRankWorker(const std::string& backend, const ClusterSpec& cluster,
-                           const std::string& p2p_semantics);
+                           backend::P2PSemantics p2p_semantics);
 
 }  // namespace autopar::cli

@@ -28,7 +28,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // Flags every MPI command takes besides the planning inputs.
 struct WorkerFlags {
   std::string backend = "cpu";
-  std::string p2p_semantics = "mpi";
+  backend::P2PSemantics p2p_semantics = backend::P2PSemantics::kMpi;
   trial::TrialOptions options;
 };
 
@@ -119,7 +119,7 @@ void PrintTrial(std::ostream& out, Format format, const ParallelConfig& c, const
 }  // namespace
 
 RankWorker StartRankWorker(const std::string& name, const ClusterSpec& cluster,
-                           const std::string& p2p_semantics) {
+                           backend::P2PSemantics p2p_semantics) {
   EnsureMpi();
   const int world_size = MpiWorldSize();
   if (world_size != cluster.world_size()) {
@@ -130,11 +130,9 @@ RankWorker StartRankWorker(const std::string& name, const ClusterSpec& cluster,
   }
   auto world = backend::Group::World();
   if (!world.ok()) throw std::runtime_error(world.status().ToString());
-  auto semantics = backend::ParseP2PSemantics(p2p_semantics);
-  if (!semantics.ok()) throw InputError("--p2p-semantics", semantics.status().message());
   auto device = trial::MakeBackend(name, static_cast<size_t>(cluster.gpu.memory_gib * kGiB),
                                    world->rank() % static_cast<int>(cluster.gpus_per_node),
-                                   *semantics);
+                                   p2p_semantics);
   if (!device.ok()) throw InputError("--backend", device.status().message());
   return {std::move(*world), std::move(*device)};
 }

@@ -20,7 +20,7 @@ struct TuneFlags {
   bool resume = false;
   std::optional<uint64_t> seed;  // unset: 0 for a new study, the study's own when resuming
   std::string backend;
-  std::string p2p_semantics = "mpi";  // ReadP2PSemantics
+  backend::P2PSemantics p2p_semantics = backend::P2PSemantics::kMpi;
   std::optional<std::string> replay_table;
   std::string searcher;
   double max_p_oom = 0.5;

@@ -107,8 +107,9 @@ pb::SpaceDesc Describe(const SpaceOptions& s, const search::CandidateSet& candid
   for (bool v : s.overlap_grad_reduce) d.add_overlap_grad_reduce(v);
   for (bool v : s.overlap_param_gather) d.add_overlap_param_gather(v);
   for (GradReduceDtype v : s.grad_reduce_dtype) {
-    d.add_grad_reduce_dtype(v == GradReduceDtype::kBF16 ? pb::GRAD_REDUCE_BF16
-                                                        : pb::GRAD_REDUCE_FP32);
+    ParallelConfig c;
+    c.grad_reduce_dtype = v;
+    d.add_grad_reduce_dtype(ToProto(c).grad_reduce_dtype());
   }
   for (Recompute r : s.recompute) {
     ParallelConfig c;

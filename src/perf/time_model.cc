@@ -29,63 +29,72 @@ void AddScaled(std::array<double, kNumFeatures>& to, const std::array<double, kN
   for (int k = 0; k < kNumFeatures; ++k) to[k] += scale * x[k];
 }
 
-// Megatron's bucket count for parameters of these sizes (in layout order): walking backwards, a
-// bucket closes once it holds at least `bucket_size`; what is left forms the last one.
-int64_t GreedyBuckets(const std::vector<double>& sizes, double bucket_size) {
-  int64_t closed = 0;
-  double held = 0;
-  for (size_t i = sizes.size(); i-- > 1;) {
-    held += sizes[i];
-    if (held >= bucket_size) {
-      ++closed;
-      held = 0;
+// Megatron's bucket count over parameters fed in reverse layout order: a bucket closes once it
+// holds at least `bucket_size`; what is left, with the first parameter of the layout (never
+// tested: it is fed last), forms the last bucket. Allocation-free: Time runs per candidate.
+class ReverseBucketCount {
+ public:
+  explicit ReverseBucketCount(double bucket_size) : bucket_size_(bucket_size) {}
+  void Add(double size, int64_t times = 1) {
+    for (int64_t i = 0; i < times; ++i) {
+      if (fed_) Hold(pending_);
+      pending_ = size;
+      fed_ = true;
     }
   }
-  return sizes.empty() ? 1 : closed + 1;
-}
+  int64_t buckets() const { return fed_ ? closed_ + 1 : 0; }
 
-// The first pipeline stage's parameters tensor by tensor, in the order the trial lays them out
-// (embedding, then per layer norm, qkv, proj, norm, MLP or router and shared experts, then the
-// final norm and output layer on a single stage), split into the dense buffer and the routed
-// experts' buffer, each bucketed on its own.
+ private:
+  void Hold(double size) {
+    held_ += size;
+    if (held_ >= bucket_size_) {
+      ++closed_;
+      held_ = 0;
+    }
+  }
+  double bucket_size_, held_ = 0, pending_ = 0;
+  int64_t closed_ = 0;
+  bool fed_ = false;
+};
+
+// The first pipeline stage's buckets, tensor by tensor in reverse of the order the trial lays
+// them out (embedding, then per layer norm, qkv, proj, norm, MLP or router and shared experts,
+// then the final norm and output layer on a single stage), the dense buffer and the routed
+// experts' buffer each bucketed on its own (an empty dense list still forms one bucket).
 int64_t FirstStageBuckets(const ModelSpec& m, const ParallelConfig& c, double bucket_size) {
   const double t = c.tp, h = m.hidden_size, d = m.head_dim();
   const double fc1_factor = m.activation == Activation::kSwiGLU ? 2 : 1;
   const int64_t layers = m.num_layers / c.pp;
-  std::vector<double> dense = {static_cast<double>(m.vocab_size) / t * h +
-                               (m.position_embedding == PositionEmbedding::kLearned
-                                    ? static_cast<double>(m.max_position_embeddings) * h
-                                    : 0.0)};
-  std::vector<double> experts;
-  auto norm = [&] {
-    dense.push_back(h);
-    if (m.norm == NormKind::kLayerNorm) dense.push_back(h);  // the bias
-  };
-  for (int64_t layer = 0; layer < layers; ++layer) {
+  ReverseBucketCount dense(bucket_size), experts(bucket_size);
+  auto norm = [&] { dense.Add(h, m.norm == NormKind::kLayerNorm ? 2 : 1); };  // weight (+ bias)
+  if (c.pp == 1) {
+    if (m.untie_embeddings) dense.Add(static_cast<double>(m.vocab_size) / t * h);
     norm();
-    dense.push_back(h * d * (m.num_attention_heads + 2.0 * m.num_query_groups) / t);
-    dense.push_back(h * d * m.num_attention_heads / t);
-    norm();
+  }
+  for (int64_t layer = layers; layer-- > 0;) {
     const bool moe = m.is_moe() && layer >= m.moe_first_dense_layers;
-    const double ffn = moe ? m.moe_shared_expert_intermediate_size : m.ffn_hidden_size;
-    if (moe) dense.push_back(static_cast<double>(m.num_experts) * h);  // the router
-    if (ffn > 0) {
-      dense.push_back(fc1_factor * ffn * h / t);
-      dense.push_back(ffn * h / t);
-    }
     if (moe) {
       for (int64_t e = 0; e < m.num_experts / c.ep; ++e) {
-        experts.push_back(fc1_factor * m.moe_ffn_hidden_size * h / t);
-        experts.push_back(static_cast<double>(m.moe_ffn_hidden_size) * h / t);
+        experts.Add(static_cast<double>(m.moe_ffn_hidden_size) * h / t);
+        experts.Add(fc1_factor * m.moe_ffn_hidden_size * h / t);
       }
     }
-  }
-  if (c.pp == 1) {
+    const double ffn = moe ? m.moe_shared_expert_intermediate_size : m.ffn_hidden_size;
+    if (ffn > 0) {
+      dense.Add(ffn * h / t);
+      dense.Add(fc1_factor * ffn * h / t);
+    }
+    if (moe) dense.Add(static_cast<double>(m.num_experts) * h);  // the router
     norm();
-    if (m.untie_embeddings) dense.push_back(static_cast<double>(m.vocab_size) / t * h);
+    dense.Add(h * d * m.num_attention_heads / t);
+    dense.Add(h * d * (m.num_attention_heads + 2.0 * m.num_query_groups) / t);
+    norm();
   }
-  return GreedyBuckets(dense, bucket_size) +
-         (experts.empty() ? 0 : GreedyBuckets(experts, bucket_size));
+  dense.Add(static_cast<double>(m.vocab_size) / t * h +
+            (m.position_embedding == PositionEmbedding::kLearned
+                 ? static_cast<double>(m.max_position_embeddings) * h
+                 : 0.0));
+  return dense.buckets() + experts.buckets();
 }
 
 }  // namespace
@@ -327,9 +336,11 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   // its own. The parameter all-gather mirrors it under the first micro-batch's forward: the
   // first bucket's gather waits at the first layer, each later one is dispatched when the one
   // before it completes. No overlap hides more than dp_overlap of a collective.
-  const int64_t bucket_size =
-      stack.ddp_bucket_size > 0 ? stack.ddp_bucket_size : MegatronDdpBucketSize(c.dp);
-  const int64_t buckets = FirstStageBuckets(m, c, static_cast<double>(bucket_size));
+  const int64_t bucket_size = DdpBucketSize(stack.ddp_bucket_size, c.dp);
+  const bool gather_overlapped = c.overlap_param_gather && OverlapParamGatherAllowed(c);
+  const int64_t buckets = c.overlap_grad_reduce || gather_overlapped
+                              ? FirstStageBuckets(m, c, static_cast<double>(bucket_size))
+                              : 1;  // unused without overlap
   auto exposed = [&](double comm, double window, int64_t n) {
     return std::max({comm * (1 - e.dp_overlap), comm / n, comm - window * (n - 1) / n});
   };
@@ -342,7 +353,7 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     }
   }
   double gather_exposed = gather_time;
-  if (c.overlap_param_gather && OverlapParamGatherAllowed(c)) {
+  if (gather_overlapped) {
     out.param_gather_buckets = buckets;
     gather_exposed = exposed(gather_time, fwd, c.pp == 1 ? buckets : 1);
   }

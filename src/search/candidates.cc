@@ -44,11 +44,10 @@ constexpr Knob kKnobs[] = {
 std::string LevelName(const char* knob, const ParallelConfig& c) {
   const std::string k = knob;
   std::string value;
-  if (k == "sp" || k == "dist_opt") {
-    value = (k == "sp" ? c.sp : c.dist_opt) ? "on" : "off";
-  } else if (k == "overlap_grad_reduce" || k == "overlap_param_gather") {
-    value = (k == "overlap_grad_reduce" ? c.overlap_grad_reduce : c.overlap_param_gather) ? "on"
-                                                                                          : "off";
+  if (k == "sp" || k == "dist_opt" || k == "overlap_grad_reduce" || k == "overlap_param_gather") {
+    for (const Knob& q : kKnobs) {
+      if (k == q.name) value = q.key(c) != 0 ? "on" : "off";
+    }
   } else if (k == "grad_reduce_dtype") {
     value = ToString(c.grad_reduce_dtype);
   } else if (k == "recompute") {

@@ -294,16 +294,17 @@ Status ContextAttention::RingBackward(Tensor qkv_ul, Tensor o_ul, Tensor lse, Te
   for (int step = 0; step < cp; ++step) {
     const int src = (me - step + cp) % cp;
     const Tensor cur = kv_[step == 0 ? 0 : 1 + (step - 1) % 2];
-    std::vector<P2POp> shift;
+    P2POp shift[4];
+    size_t n = 0;
     if (step + 1 < cp) {
-      shift.push_back({P2POp::kSend, cur, next, kKvTag});
-      shift.push_back({P2POp::kRecv, kv_[1 + step % 2], prev, kKvTag});
+      shift[n++] = {P2POp::kSend, cur, next, kKvTag};
+      shift[n++] = {P2POp::kRecv, kv_[1 + step % 2], prev, kKvTag};
     }
     if (step > 0) {
-      shift.push_back({P2POp::kSend, dkv_[(step - 1) % 2], next, kDkvTag});
-      shift.push_back({P2POp::kRecv, incoming, prev, kDkvTag});
+      shift[n++] = {P2POp::kSend, dkv_[(step - 1) % 2], next, kDkvTag};
+      shift[n++] = {P2POp::kRecv, incoming, prev, kDkvTag};
     }
-    AUTOPAR_RETURN_IF_ERROR(g_.cp.StartSendRecv(shift, ring));
+    AUTOPAR_RETURN_IF_ERROR(g_.cp.StartSendRecv(std::span(shift, n), ring));
     const Tensor part = dkv_[step % 2];
     AUTOPAR_RETURN_IF_ERROR(dev_.Fill(part, 0.0f));
     for (const Pair p : VisiblePairs(step, src, me)) {

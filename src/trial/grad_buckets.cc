@@ -90,7 +90,7 @@ Status GradBuckets::StartReduce(size_t b, Comm& group, Tensor grads, const Prepa
 }
 
 Status GradBuckets::Ready(int unit, Comm& group, Tensor grads, const Prepare& prepare) {
-  if (!overlap_ || microbatches_ == 0) return OkStatus();
+  if (!overlapping()) return OkStatus();
   if (++ready_counts_[static_cast<size_t>(unit)] != microbatches_) return OkStatus();
   // Megatron's register_grad_ready(): a bucket goes once every gradient in it is final.
   for (int b : buckets_of_unit_[static_cast<size_t>(unit)]) {
@@ -144,9 +144,7 @@ Status GradBuckets::AwaitParams(int unit, Comm& group, Tensor weights) {
     size_t b = buckets_.size();
     while (!gather_pending_[b - 1]) --b;
     --b;
-    if (!gather_[b]) AUTOPAR_RETURN_IF_ERROR(StartGather(b, group, weights));
-    AUTOPAR_RETURN_IF_ERROR(group.Wait(gather_[b]));
-    gather_pending_[b] = false;
+    AUTOPAR_RETURN_IF_ERROR(CompleteGather(b, group, weights));
     ++gathered_late_;
     // finish_param_sync(): the next bucket's gather goes while this bucket's layers run.
     if (b > 0 && gather_pending_[b - 1] && !gather_[b - 1]) {
@@ -158,11 +156,15 @@ Status GradBuckets::AwaitParams(int unit, Comm& group, Tensor weights) {
 
 Status GradBuckets::FinishGather(Comm& group, Tensor weights) {
   for (size_t b = buckets_.size(); b-- > 0;) {
-    if (!gather_pending_[b]) continue;
-    if (!gather_[b]) AUTOPAR_RETURN_IF_ERROR(StartGather(b, group, weights));
-    AUTOPAR_RETURN_IF_ERROR(group.Wait(gather_[b]));
-    gather_pending_[b] = false;
+    if (gather_pending_[b]) AUTOPAR_RETURN_IF_ERROR(CompleteGather(b, group, weights));
   }
+  return OkStatus();
+}
+
+Status GradBuckets::CompleteGather(size_t b, Comm& group, Tensor weights) {
+  if (!gather_[b]) AUTOPAR_RETURN_IF_ERROR(StartGather(b, group, weights));
+  AUTOPAR_RETURN_IF_ERROR(group.Wait(gather_[b]));
+  gather_pending_[b] = false;
   return OkStatus();
 }
 

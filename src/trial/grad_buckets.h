@@ -94,6 +94,8 @@ class GradBuckets {
   void BeginStep(int microbatches);
   // One micro-batch's gradient of `unit` is complete. On its last micro-batch, starts (after
   // `prepare`) the reduction of every bucket whose units are all complete, in bucket order.
+  // Whether Ready may start a reduction this step (overlap on and BeginStep called).
+  bool overlapping() const { return overlap_ && microbatches_ > 0; }
   Status Ready(int unit, Comm& group, Tensor grads, const Prepare& prepare);
   // Starts the reductions not started yet and waits for all of them.
   Status FinishReduce(Comm& group, Tensor grads, const Prepare& prepare);
@@ -116,6 +118,8 @@ class GradBuckets {
  private:
   Status StartReduce(size_t b, Comm& group, Tensor grads, const Prepare& prepare);
   Status StartGather(size_t b, Comm& group, Tensor weights);
+  // Starts bucket b's pending gather if it has not started, waits for it, and clears it.
+  Status CompleteGather(size_t b, Comm& group, Tensor weights);
 
   std::vector<GradBucket> buckets_;
   std::vector<OwnedRange> owned_;

@@ -18,6 +18,15 @@ using backend::Status;
 using backend::StatusOr;
 using backend::Tensor;
 
+// The maximum over ranks of a host value.
+StatusOr<double> Slowest(const backend::Group& world, double mine) {
+  double slowest = 0;
+  if (MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, world.comm()) != MPI_SUCCESS) {
+    return Status(Outcome::kCommError, "probe: MPI_Allreduce failed");
+  }
+  return slowest;
+}
+
 // Median over repetitions (after one warm-up) of `run`, then the maximum over ranks.
 template <class Fn>
 StatusOr<double> Time(backend::Device& dev, const backend::Group& world, int repetitions, Fn run) {
@@ -31,20 +40,7 @@ StatusOr<double> Time(backend::Device& dev, const backend::Group& world, int rep
     times.push_back(timer.Seconds());
   }
   std::sort(times.begin(), times.end());
-  double median = times[times.size() / 2], slowest = 0;
-  if (MPI_Allreduce(&median, &slowest, 1, MPI_DOUBLE, MPI_MAX, world.comm()) != MPI_SUCCESS) {
-    return Status(Outcome::kCommError, "probe: MPI_Allreduce failed");
-  }
-  return slowest;
-}
-
-// The maximum over ranks of a host value.
-StatusOr<double> Slowest(const backend::Group& world, double mine) {
-  double slowest = 0;
-  if (MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, world.comm()) != MPI_SUCCESS) {
-    return Status(Outcome::kCommError, "probe: MPI_Allreduce failed");
-  }
-  return slowest;
+  return Slowest(world, times[times.size() / 2]);
 }
 
 }  // namespace

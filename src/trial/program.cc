@@ -326,8 +326,12 @@ Status StageProgram::Backward(int microbatch, int chunk) {
 }
 
 Status StageProgram::Exchange(std::span<const PipelineTransfer> transfers) {
-  std::vector<backend::P2POp> ops;
-  ops.reserve(transfers.size());
+  // A step sends and receives at most a forward's and a backward's tensor each.
+  backend::P2POp ops[4];
+  if (transfers.size() > std::size(ops)) {
+    return Status(Outcome::kInvalid, "trial: more than 4 pipeline transfers in one step");
+  }
+  size_t n = 0;
   for (const PipelineTransfer& t : transfers) {
     Tensor buf;
     if (t.kind == PipelineTransfer::kSend) {
@@ -341,11 +345,10 @@ Status StageProgram::Exchange(std::span<const PipelineTransfer> transfers) {
       }
       buf = slots_[free_slots_.back()].layers[0].x;
     }
-    ops.push_back({t.kind == PipelineTransfer::kSend ? backend::P2POp::kSend
-                                                     : backend::P2POp::kRecv,
-                   buf, t.peer, Tag(t.microbatch, t.stage, t.backward)});
+    ops[n++] = {t.kind == PipelineTransfer::kSend ? backend::P2POp::kSend : backend::P2POp::kRecv,
+                buf, t.peer, Tag(t.microbatch, t.stage, t.backward)};
   }
-  return g_.pp.SendRecv(ops);
+  return g_.pp.SendRecv(std::span(ops, n));
 }
 
 double StageProgram::TakeLossSum() {

@@ -172,7 +172,7 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
       AUTOPAR_RETURN_IF_ERROR(program.Exchange(exchanges.back()));
       AUTOPAR_RETURN_IF_ERROR(dev.Synchronize());
       const double pipeline = timer.Seconds();
-      AUTOPAR_RETURN_IF_ERROR(shard.Step(dev, groups, c, options.learning_rate, options.adam_eps, it + 1));
+      AUTOPAR_RETURN_IF_ERROR(shard.Step(dev, groups, options.learning_rate, options.adam_eps, it + 1));
       AUTOPAR_RETURN_IF_ERROR(dev.Synchronize());
       const double loss = program.TakeLossSum();
       if (!std::isfinite(loss)) return Status(Outcome::kNonfinite, "the loss is not finite");
@@ -197,7 +197,7 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
     }
     overlapped = {shard.grad_buckets_overlapped(), shard.param_buckets_overlapped()};
     if (options.fingerprint) {
-      AUTOPAR_ASSIGN_OR_RETURN(fingerprint, shard.Fingerprint(dev, groups.at, options.seed));
+      AUTOPAR_ASSIGN_OR_RETURN(fingerprint, shard.Fingerprint(dev, groups, options.seed));
     }
     return OkStatus();
   }();

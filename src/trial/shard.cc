@@ -69,11 +69,6 @@ Status FillPieces(Device& device, const std::vector<Piece>& pieces, Tensor targe
 StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, const Shapes& s,
                                         const ParallelConfig& c, const Coordinates& at,
                                         uint64_t seed, int64_t ddp_bucket_size) {
-  // Refused before anything is allocated, as `invalid` (the runner agrees on set-up outcomes).
-  if (const std::string why = Fp8Unsupported(s.fp8.on(), device.SupportsFp8(), device.name());
-      !why.empty()) {
-    return backend::Status::Error(backend::Outcome::kInvalid, why, __FILE__, __LINE__);
-  }
   ModelShard shard;
   shard.layers_per_chunk_ = s.layers_per_chunk;
   shard.units_ = static_cast<int>(s.vpp * s.layers_per_chunk) + 2;
@@ -197,15 +192,13 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
   // backward pass).
   const bool bucketed = c.overlap_grad_reduce && at.pp == 0;
   const int64_t bucket_size =
-      !bucketed ? 0 : ddp_bucket_size > 0 ? ddp_bucket_size : MegatronDdpBucketSize(c.dp);
+      bucketed ? DdpBucketSize(ddp_bucket_size, c.dp) : 0;
   AUTOPAR_RETURN_IF_ERROR(shard.Allocate(device, shard.parts_[kDense], c.dist_opt ? replicas : 1,
-                                         at.up + c.up * k, bucket_size, c.overlap_grad_reduce,
-                                         s.tied && s.pp > 1));
+                                         at.up + c.up * k, bucket_size, c.overlap_grad_reduce));
   AUTOPAR_RETURN_IF_ERROR(shard.Allocate(device, shard.parts_[kExperts],
                                          c.dist_opt ? replicas / c.ep : 1,
                                          at.up + c.up * at.ep_block, bucket_size,
-                                         c.overlap_grad_reduce, false));
-  shard.tied_ = s.tied;
+                                         c.overlap_grad_reduce));
   shard.sp_ = c.sp;
   shard.device_ = &device;
   // fp32 training reduces its fp32 gradients whatever the knob says, as Megatron does (the
@@ -274,11 +267,9 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
 }
 
 Status ModelShard::Allocate(Device& device, Partition& p, int shards, int shard,
-                            int64_t bucket_size, bool overlap, bool hold_tied) {
+                            int64_t bucket_size, bool overlap) {
   if (p.padded_numel == 0) return OkStatus();  // a dense model has no experts
   if (shards == 1) shard = 0;  // every replica updates the whole partition
-  p.shards = shards;
-  p.shard = shard;
   p.padded_numel = (p.padded_numel + shards - 1) / shards * shards;
   const int64_t n = p.padded_numel, owned = n / shards;
   // Buckets close between parameters, not inside one (q, k, v are one parameter, as in Megatron).
@@ -294,7 +285,8 @@ Status ModelShard::Allocate(Device& device, Partition& p, int shards, int shard,
   std::vector<bool> held(buckets.size(), false);
   for (size_t b = 0; b < buckets.size(); ++b) {
     for (const Piece& piece : p.pieces) {
-      held[b] = held[b] || (hold_tied && piece.tied && piece.offset < buckets[b].end &&
+      // Pieces are marked tied only when the tied embedding is summed over stages (pp > 1).
+      held[b] = held[b] || (piece.tied && piece.offset < buckets[b].end &&
                             piece.offset + piece.numel > buckets[b].begin);
     }
   }
@@ -323,17 +315,12 @@ Status ModelShard::Allocate(Device& device, Partition& p, int shards, int shard,
   return OkStatus();
 }
 
-Status ModelShard::ZeroGrads(Device& device) {
+Status ModelShard::BeginStep(Device& device, int microbatches) {
   for (Partition& p : parts_) {
+    p.sync.BeginStep(microbatches);
     if (p.padded_numel > 0) AUTOPAR_RETURN_IF_ERROR(device.Fill(p.grads.tensor(), 0.0f));
   }
   return OkStatus();
-}
-
-Status ModelShard::BeginStep(Device& device, int microbatches) {
-  for (Partition& p : parts_) p.sync.BeginStep(microbatches);
-  program_hooks_ = true;
-  return ZeroGrads(device);
 }
 
 // Before a bucket's data-parallel reduction, in the order the knob-off step has always used:
@@ -383,7 +370,7 @@ Status ModelShard::RoundToBf16(Tensor x) {
 Status ModelShard::GradsReady(ProcessGroups& g, int unit) {
   for (int part : {kDense, kExperts}) {
     Partition& p = parts_[part];
-    if (p.padded_numel == 0) continue;
+    if (p.padded_numel == 0 || !p.sync.overlapping()) continue;  // no Prepare built per layer
     AUTOPAR_RETURN_IF_ERROR(
         p.sync.Ready(unit, GroupOf(part, g), p.grads.tensor(), PrepareOf(p, g)));
   }
@@ -391,7 +378,7 @@ Status ModelShard::GradsReady(ProcessGroups& g, int unit) {
 }
 
 Status ModelShard::AwaitParams(ProcessGroups& g, int unit) {
-  if (!defer_gather_ || !program_hooks_) return OkStatus();
+  if (!defer_gather_) return OkStatus();
   for (int part : {kDense, kExperts}) {
     Partition& p = parts_[part];
     if (p.padded_numel == 0) continue;
@@ -408,10 +395,7 @@ int ModelShard::param_buckets_overlapped() const {
   return parts_[kDense].sync.gathered_late() + parts_[kExperts].sync.gathered_late();
 }
 
-Status ModelShard::Step(Device& device, ProcessGroups& g, const ParallelConfig& c, float lr,
-                        float eps, int64_t step) {
-  (void)c;  // the knobs were fixed by Create
-  last_groups_ = &g;
+Status ModelShard::Step(Device& device, ProcessGroups& g, float lr, float eps, int64_t step) {
   backend::AdamParams adam;
   adam.lr = lr;
   adam.eps = eps;
@@ -452,22 +436,20 @@ Status ModelShard::StepPartition(Device& device, Partition& p, Comm& group,
       AUTOPAR_RETURN_IF_ERROR(device.AdamStep(adam, mine, my_grads, exp_avg, exp_avg_sq, {}));
     }
   }
-  if (defer_gather_ && program_hooks_) {
+  if (defer_gather_) {
     p.sync.DeferGather();
     return OkStatus();
   }
   return p.sync.GatherNow(group, weights);
 }
 
-StatusOr<std::pair<double, double>> ModelShard::Fingerprint(Device& device, const Coordinates& at,
+StatusOr<std::pair<double, double>> ModelShard::Fingerprint(Device& device, ProcessGroups& g,
                                                             uint64_t seed) {
-  if (last_groups_ != nullptr) {
-    for (int part : {kDense, kExperts}) {
-      Partition& p = parts_[part];
-      if (p.padded_numel == 0) continue;
-      AUTOPAR_RETURN_IF_ERROR(
-          p.sync.FinishGather(GroupOf(part, *last_groups_), p.weights.tensor()));
-    }
+  const Coordinates& at = g.at;
+  for (int part : {kDense, kExperts}) {
+    Partition& p = parts_[part];
+    if (p.padded_numel == 0) continue;
+    AUTOPAR_RETURN_IF_ERROR(p.sync.FinishGather(GroupOf(part, g), p.weights.tensor()));
   }
   double sum = 0, projection = 0;
   for (int part : {kDense, kExperts}) {

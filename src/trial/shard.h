@@ -57,11 +57,6 @@ struct ProcessGroups {
   static StatusOr<ProcessGroups> Create(backend::Backend& backend, const backend::Group& world,
                                         const ParallelConfig& c, Deadline deadline,
                                         const GroupUse& use);
-  // Every group of more than one rank: UsedGroups(c, /*moe=*/true, /*tied_embedding=*/true).
-  static StatusOr<ProcessGroups> Create(backend::Backend& backend, const backend::Group& world,
-                                        const ParallelConfig& c, Deadline deadline) {
-    return Create(backend, world, c, deadline, UsedGroups(c, true, true));
-  }
 };
 
 // Per-rank shapes (elements). T (`tokens`): the rows of a micro-batch this rank's tensor-parallel
@@ -157,10 +152,8 @@ class ModelShard {
   Tensor final_norm, final_norm_bias, d_final_norm, d_final_norm_bias;  // last stage
   Tensor output, d_output;  // last stage (the embedding itself when tied)
 
-  // Zeroes the gradients: a step without data-parallel overlap whatever the knobs.
-  Status ZeroGrads(Device& device);
-  // ZeroGrads for a step of `microbatches` micro-batches whose program calls GradsReady and
-  // AwaitParams: the overlap the knobs ask for.
+  // Zeroes the gradients for a step of `microbatches` micro-batches whose program calls
+  // GradsReady and AwaitParams: the overlap the knobs ask for.
   Status BeginStep(Device& device, int microbatches);
 
   // The units of the data-parallel overlap: what one call of the step program completes.
@@ -180,11 +173,10 @@ class ModelShard {
   // data-parallel group, or reduce-scatter + all-gather (distributed optimizer): dense parameters
   // over g.dp, experts over g.edp. Buckets started by GradsReady are waited for; with
   // overlap_param_gather the all-gather is left to the next step's AwaitParams.
-  Status Step(Device& device, ProcessGroups& g, const ParallelConfig& c, float lr, float eps,
-              int64_t step);
+  Status Step(Device& device, ProcessGroups& g, float lr, float eps, int64_t step);
   // Sharding-invariant checksums of the weights, summed over `g`'s world by the caller. Completes
-  // a deferred all-gather first (on the groups of the last Step).
-  StatusOr<std::pair<double, double>> Fingerprint(Device& device, const Coordinates& at,
+  // a deferred all-gather first.
+  StatusOr<std::pair<double, double>> Fingerprint(Device& device, ProcessGroups& g,
                                                   uint64_t seed);
 
   // The overlap as it ran in the step since the last BeginStep, over both partitions: buckets
@@ -198,14 +190,13 @@ class ModelShard {
   struct Partition {
     std::vector<Piece> pieces;
     int64_t padded_numel = 0;
-    int shards = 1, shard = 0;  // distributed-optimizer shards and this rank's
     Buffer weights, grads, master, exp_avg, exp_avg_sq;
     GradBuckets sync;            // its buckets and what this rank owns of them
     std::vector<bool> tp_summed;  // per piece: its TP sum is done this step
   };
   static constexpr int kDense = 0, kExperts = 1;
   Status Allocate(Device& device, Partition& p, int shards, int shard, int64_t bucket_size,
-                  bool overlap, bool hold_tied);
+                  bool overlap);
   Status StepPartition(Device& device, Partition& p, Comm& group, const backend::AdamParams& adam,
                        const GradBuckets::Prepare& prepare);
   // The reductions of a bucket's gradients that precede the data-parallel one.
@@ -214,11 +205,9 @@ class ModelShard {
 
   Partition parts_[2];
   bool separate_master_ = false;
-  bool tied_ = false;
   bool sp_ = false;
   bool defer_gather_ = false;
   bool embedding_summed_ = false;  // this step
-  bool program_hooks_ = false;     // BeginStep was called: the program calls the hooks
   // grad_reduce_dtype=bf16 with 16-bit weights: gradients are rounded to bf16 before and after
   // their reduction (RoundToBf16), the precision Megatron's --grad-reduce-in-bf16 reduces in.
   bool round_grads_ = false;
@@ -227,7 +216,6 @@ class ModelShard {
   Status RoundToBf16(Tensor x);
   int64_t layers_per_chunk_ = 1;
   int units_ = 2;
-  ProcessGroups* last_groups_ = nullptr;
 };
 
 }  // namespace autopar::trial

@@ -14,6 +14,7 @@
 #include "autopar/backend/collectives.h"
 #include "autopar/backend/device.h"
 #include "autopar/backend/group.h"
+#include "autopar/backend/p2p_semantics.h"
 #include "autopar/backend/status.h"
 
 namespace autopar::backend {
@@ -38,20 +39,6 @@ class Backend {
     return Connect(group);
   }
 };
-
-// How the CPU backend's collectives run (`--p2p-semantics`).
-//  kMpi:  as MPI runs them: operations on a communicator progress independently, and a send
-//         completes once MPI has buffered it.
-//  kNccl: as NCCL runs them on one CUDA stream per communicator: each communicator executes its
-//         operations one at a time in issue order, an operation starts only when the one before
-//         it has completed, and a send completes only when the peer's matching receive is
-//         executing, unless both are in one IBatchSendRecv group. Messages match by order per
-//         peer pair (NCCL has no tags). A schedule that deadlocks on NCCL deadlocks here, and the
-//         trial's deadline reports it as `timeout`.
-enum class P2PSemantics { kMpi, kNccl };
-// "mpi" or "nccl"; kInvalid naming --p2p-semantics and the allowed values otherwise.
-StatusOr<P2PSemantics> ParseP2PSemantics(std::string_view name);
-std::string_view P2PSemanticsName(P2PSemantics semantics);
 
 struct CpuBackendOptions {
   // Per-rank device memory budget (`--device-memory-gib`); allocations past it are kOom.

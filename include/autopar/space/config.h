@@ -68,6 +68,10 @@ inline bool OverlapParamGatherAllowed(const ParallelConfig& c) {
 inline int64_t MegatronDdpBucketSize(int64_t dp) {
   return dp * 1000000 > 40000000 ? dp * 1000000 : 40000000;
 }
+// The bucket size a run uses: `configured` (--ddp-bucket-size) when positive, else Megatron's.
+inline int64_t DdpBucketSize(int64_t configured, int64_t dp) {
+  return configured > 0 ? configured : MegatronDdpBucketSize(dp);
+}
 
 // Canonical text. Every key is printed; `recompute_layers` only when it is non-zero, the overlap
 // and dtype keys only when they differ from their defaults.

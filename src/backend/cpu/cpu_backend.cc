@@ -29,17 +29,6 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-StatusOr<P2PSemantics> ParseP2PSemantics(std::string_view name) {
-  if (name == "mpi") return P2PSemantics::kMpi;
-  if (name == "nccl") return P2PSemantics::kNccl;
-  return Status(Outcome::kInvalid,
-                "--p2p-semantics: unknown value '" + std::string(name) + "'; allowed: mpi, nccl");
-}
-
-std::string_view P2PSemanticsName(P2PSemantics semantics) {
-  return semantics == P2PSemantics::kNccl ? "nccl" : "mpi";
-}
-
 StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const CpuBackendOptions& options) {
   AUTOPAR_CHECK_ARG(options.blas_threads >= 1, "blas_threads must be at least 1");
   AUTOPAR_CHECK_ARG(options.attention_block_q >= 1 && options.attention_block_kv >= 1,
