@@ -90,6 +90,7 @@ std::string ResultJson(const TuneReport& r) {
   j.Field("stop_reason", search::ToString(r.summary.stop.reason));
   j.Field("stop_on_measured", r.summary.stop.on_measured);
   j.Field("stop_p_improvement", r.summary.stop.p_improvement);
+  j.Field("stop_recent_error", r.summary.stop.recent_error);
   const auto ranked = MeasuredByTime(r.tuner);
   j.Key("best");
   if (ranked.empty()) {
@@ -131,12 +132,14 @@ std::string ResultJson(const TuneReport& r) {
     coefficient(cs.level_name(l), search::kNumCoefficients + l);
   }
   j.EndObject();
-  // How much the data ask of the level effects: the posterior weight of each scale.
-  j.Key("level_scale_weights").BeginObject();
-  for (size_t m = 0; m < s.time().level_scales().size(); ++m) {
-    std::ostringstream scale;
-    scale << s.time().level_scales()[m];
-    j.Field(scale.str(), s.time().weights()[m]);
+  // How much structure the data ask for: the posterior weight of each (level scale,
+  // interaction scale) hypothesis, keyed "levels=0.05,interactions=0".
+  j.Key("scale_weights").BeginObject();
+  for (size_t m = 0; m < s.time().hypotheses().size(); ++m) {
+    std::ostringstream key;
+    key << "levels=" << s.time().hypotheses()[m].level_scale
+        << ",interactions=" << s.time().hypotheses()[m].interaction_scale;
+    j.Field(key.str(), s.time().weights()[m]);
   }
   j.EndObject();
   j.Field("relative_noise_sd", s.time().noise_sd());
@@ -307,8 +310,6 @@ void ProgressPrinter::OnStopped(const search::StopCheck& check, const search::Se
   err_ << " after " << state.trials() << " trials\n";
 }
 
-
-
 void StatusObserver::Publish(const search::SearchState& state) {
   snapshot_.trials_done = state.trials();
   snapshot_.candidates = candidates_.size();
@@ -347,8 +348,7 @@ void StatusObserver::OnStopCheck(const search::StopCheck& check, const search::S
   // Progress of the convergence rule: the share of draws already landing on measured
   // configurations against the share that stops the search.
   if (!std::isnan(check.on_measured)) {
-    snapshot_.stop_progress =
-        std::min(1.0, check.on_measured / options_.stop.converged_fraction);
+    snapshot_.stop_progress = std::min(1.0, check.on_measured / options_.stop.converged_fraction);
   }
   board_.Update(snapshot_);
   next_.OnStopCheck(check, state);

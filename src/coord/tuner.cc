@@ -76,6 +76,8 @@ void Tuner::BuildState(const pb::ProbeRecorded& probe) {
     settings_.memory_prior.offset_mean_gib =
         probe.non_tensor_gib() - settings_.modelled_non_tensor_gib;
   }
+  // A searcher that does not follow the time posterior does not pay for it.
+  settings_.learn_time = searcher_.uses_posterior();
   state_.emplace(candidates_, settings_);
 }
 
@@ -142,8 +144,7 @@ pb::TrialStarted Tuner::Propose(int64_t candidate) {
   s.set_candidate(candidate);
   s.set_spec(ToSpec(candidates_.config(candidate)));
   s.set_predicted_step_time_s(state_->time().PredictMean(candidates_, candidate));
-  s.set_predicted_memory_gib(
-      state_->memory().PredictMean(candidates_.nominal_memory_gib(candidate)));
+  s.set_predicted_memory_gib(state_->memory().PredictMean(state_->memory_row(candidate)));
   s.set_p_oom(state_->POom(candidate));
   return s;
 }

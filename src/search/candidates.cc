@@ -118,10 +118,41 @@ CandidateSet::CandidateSet(std::vector<ParallelConfig> configs, const CostModel&
           static_cast<uint16_t>(levels[q].at(varying[q]->key(configs_[i]))));
     }
   }
+  std::vector<int> values_per_knob;
+  for (const auto& values : levels) values_per_knob.push_back(static_cast<int>(values.size()));
+  BuildInteractions(values_per_knob);
   if (n > 0) {
     std::vector<double> sorted = nominal_time_s_;
     std::nth_element(sorted.begin(), sorted.begin() + n / 2, sorted.end());
     median_time_s_ = sorted[n / 2];
+  }
+}
+
+void CandidateSet::BuildInteractions(const std::vector<int>& count) {
+  // Per knob, its first level coefficient.
+  std::vector<int> first(varying_knobs_, kNumCoefficients);
+  for (int q = 1; q < varying_knobs_; ++q) first[q] = first[q - 1] + count[q - 1];
+  const size_t n = configs_.size();
+  num_pairs_ = varying_knobs_ * (varying_knobs_ - 1) / 2;
+  interaction_coefficient_.assign(n * num_pairs_, 0);
+  uint32_t next = static_cast<uint32_t>(kNumCoefficients + num_levels());
+  int p = 0;
+  for (int q = 0; q < varying_knobs_; ++q) {
+    for (int r = q + 1; r < varying_knobs_; ++r, ++p) {
+      // Cells of this pair numbered in order of first appearance, after the previous pairs'.
+      std::vector<int64_t> cell(static_cast<size_t>(count[q]) * count[r], -1);
+      for (size_t i = 0; i < n; ++i) {
+        const int a = level_coefficient(static_cast<int64_t>(i), q) - first[q];
+        const int b = level_coefficient(static_cast<int64_t>(i), r) - first[r];
+        int64_t& id = cell[static_cast<size_t>(a) * count[r] + b];
+        if (id < 0) {
+          id = next++;
+          interaction_names_.push_back(level_names_[first[q] - kNumCoefficients + a] + "*" +
+                                       level_names_[first[r] - kNumCoefficients + b]);
+        }
+        interaction_coefficient_[i * num_pairs_ + p] = static_cast<uint32_t>(id);
+      }
+    }
   }
 }
 
@@ -142,6 +173,25 @@ void CandidateSet::Row(int64_t i, double* row) const {
   for (int k = 0; k < kNumFeatures; ++k) row[k] = columns_[k][i];
   row[kIntercept] = 1;
   for (int q = 0; q < varying_knobs_; ++q) row[level_coefficient(i, q)] = nominal_time_s_[i];
+  for (int p = 0; p < num_pairs_; ++p) row[interaction_coefficient(i, p)] = nominal_time_s_[i];
+}
+
+SparseRow CandidateSet::RelativeRow(int64_t i) const {
+  SparseRow row = KnobRow(i, kNumCoefficients);
+  const double nominal = nominal_time_s_[i];
+  row.dense.resize(kNumCoefficients);
+  for (int k = 0; k < kNumFeatures; ++k) row.dense[k] = columns_[k][i] / nominal;
+  row.dense[kIntercept] = 1 / nominal;
+  return row;
+}
+
+SparseRow CandidateSet::KnobRow(int64_t i, uint32_t first) const {
+  SparseRow row;
+  row.ones.reserve(static_cast<size_t>(varying_knobs_ + num_pairs_));
+  const uint32_t shift = static_cast<uint32_t>(kNumCoefficients) - first;
+  for (int q = 0; q < varying_knobs_; ++q) row.ones.push_back(level_coefficient(i, q) - shift);
+  for (int p = 0; p < num_pairs_; ++p) row.ones.push_back(interaction_coefficient(i, p) - shift);
+  return row;
 }
 
 void CandidateSet::Predict(const double* theta, std::vector<double>* out) const {
@@ -150,9 +200,11 @@ void CandidateSet::Predict(const double* theta, std::vector<double>* out) const 
   double* t = out->data();
   // The level effects first, as one relative factor per candidate...
   const uint16_t* level = level_coefficient_.data();
-  for (size_t i = 0; i < n; ++i, level += varying_knobs_) {
+  const uint32_t* cell = interaction_coefficient_.data();
+  for (size_t i = 0; i < n; ++i, level += varying_knobs_, cell += num_pairs_) {
     double relative = 0;
     for (int q = 0; q < varying_knobs_; ++q) relative += theta[level[q]];
+    for (int p = 0; p < num_pairs_; ++p) relative += theta[cell[p]];
     t[i] = theta[kIntercept] + relative * nominal_time_s_[i];
   }
   // ...then the feature columns.
@@ -166,10 +218,10 @@ void CandidateSet::Predict(const double* theta, std::vector<double>* out) const 
 double CandidateSet::PredictOne(int64_t i, const double* theta) const {
   double t = theta[kIntercept];
   for (int k = 0; k < kNumFeatures; ++k) t += theta[k] * columns_[k][i];
-  for (int q = 0; q < varying_knobs_; ++q) {
-    t += theta[level_coefficient(i, q)] * nominal_time_s_[i];
-  }
-  return t;
+  double relative = 0;
+  for (int q = 0; q < varying_knobs_; ++q) relative += theta[level_coefficient(i, q)];
+  for (int p = 0; p < num_pairs_; ++p) relative += theta[interaction_coefficient(i, p)];
+  return t + relative * nominal_time_s_[i];
 }
 
 }  // namespace autopar::search

@@ -89,27 +89,48 @@ void TimePrior::Tighten(int feature, const std::vector<double>& ratios) {
 }
 
 TimePosterior::TimePosterior(const TimePrior& prior, const CandidateSet& candidates)
-    : dim_(candidates.num_coefficients()), scales_(prior.level_scales) {
-  if (scales_.empty()) throw std::invalid_argument("TimePrior: no level scales");
+    : dim_(candidates.num_coefficients()) {
+  if (prior.level_scales.empty() || prior.interaction_scales.empty()) {
+    throw std::invalid_argument("TimePrior: no level or interaction scales");
+  }
+  for (const std::vector<double>* list : {&prior.level_scales, &prior.interaction_scales}) {
+    for (double scale : *list) {
+      if (!(scale >= 0) || !std::isfinite(scale)) {
+        throw std::invalid_argument("TimePrior: scale " + std::to_string(scale));
+      }
+    }
+  }
   const int levels = candidates.num_levels();
   const double per_level = 1 / std::sqrt(std::max(candidates.varying_knobs(), 1));
-  for (double scale : scales_) {
-    if (!(scale >= 0) || !std::isfinite(scale)) {
-      throw std::invalid_argument("TimePrior: level scale " + std::to_string(scale));
+  const double per_pair = 1 / std::sqrt(std::max(candidates.num_pairs(), 1));
+  // V = Λ₀⁻¹ = sd²/σ₀²: then θ_k | σ² = σ₀² has standard deviation sd_k.
+  const double noise2 = prior.noise_sd * prior.noise_sd;
+  if (prior.interaction_weights.size() != prior.interaction_scales.size()) {
+    throw std::invalid_argument("TimePrior: one prior weight per interaction scale");
+  }
+  for (double level : prior.level_scales) {
+    for (size_t m = 0; m < prior.interaction_scales.size(); ++m) {
+      const double interaction = prior.interaction_scales[m];
+      CheckPositive("interaction scale weight", prior.interaction_weights[m]);
+      log_prior_.push_back(std::log(prior.interaction_weights[m]));
+      std::vector<double> mean(prior.mean.begin(), prior.mean.end());
+      std::vector<double> variance(static_cast<size_t>(dim_));
+      for (int k = 0; k < dim_; ++k) {
+        const double sd = k < kNumCoefficients            ? prior.sd[k]
+                          : k < kNumCoefficients + levels ? level * per_level
+                                                          : interaction * per_pair;
+        variance[k] = sd * sd / noise2;
+      }
+      mean.resize(dim_, 0.0);
+      hypotheses_.push_back({level, interaction});
+      models_.emplace_back(std::move(mean), std::move(variance), prior.noise_a0,
+                           PriorB(prior.noise_sd, prior.noise_a0));
     }
-    // τ = 0: no level coefficients (and no candidate set has level effects without levels).
-    const int d = kNumCoefficients + (scale > 0 ? levels : 0);
-    std::vector<double> mean(prior.mean.begin(), prior.mean.end());
-    std::vector<double> sd(prior.sd.begin(), prior.sd.end());
-    mean.resize(d, 0.0);
-    sd.resize(d, scale * per_level);
-    models_.emplace_back(std::move(mean), DiagonalPrecision(sd.data(), d, prior.noise_sd),
-                         prior.noise_a0, PriorB(prior.noise_sd, prior.noise_a0));
   }
   Refresh();
 }
 
-void TimePosterior::Observe(const CandidateSet& candidates, int64_t i, double measured_s) {
+double TimePosterior::Observe(const CandidateSet& candidates, int64_t i, double measured_s) {
   CheckPositive("measured step time", measured_s);
   const double nominal = candidates.nominal_time_s(i);
   CheckPositive("analytic step time", nominal);
@@ -118,20 +139,29 @@ void TimePosterior::Observe(const CandidateSet& candidates, int64_t i, double me
                                 std::to_string(candidates.num_coefficients()) +
                                 " coefficients for a posterior over " + std::to_string(dim_));
   }
-  std::vector<double> u(static_cast<size_t>(dim_));
-  candidates.Row(i, u.data());
-  for (double& v : u) v /= nominal;
-  // A model without level coefficients takes the leading part of the row.
-  for (NigRegression& m : models_) m.Add(u.data(), measured_s / nominal);
+  const SparseRow row = candidates.RelativeRow(i);
+  const double z = measured_s / nominal;
+  // The mixture's predictive mean and variance (a Student-t's variance is s²·ν/(ν − 2)).
+  double mean = 0, second = 0;
+  for (size_t m = 0; m < models_.size(); ++m) {
+    const double mu = models_[m].PredictMean(row);
+    const double s = models_[m].PredictScale(row, /*with_noise=*/true);
+    const double nu = models_[m].dof();
+    mean += weights_[m] * mu;
+    second += weights_[m] * (s * s * nu / (nu - 2) + mu * mu);
+  }
+  const double error = (z - mean) / std::sqrt(std::max(second - mean * mean, 1e-300));
+  for (DualNigRegression& m : models_) m.Add(row, z);
   Refresh();
+  return error;
 }
 
 void TimePosterior::Refresh() {
-  // Weights ∝ evidence (equal priors), normalised in the log domain.
+  // Weights ∝ prior × evidence, normalised in the log domain.
   weights_.resize(models_.size());
   double top = -std::numeric_limits<double>::infinity();
   for (size_t m = 0; m < models_.size(); ++m) {
-    weights_[m] = models_[m].LogEvidence();
+    weights_[m] = log_prior_[m] + models_[m].LogEvidence();
     top = std::max(top, weights_[m]);
   }
   double total = 0;
@@ -148,18 +178,15 @@ double TimePosterior::Draw(Rng& rng, double* theta) const {
   double u = rng.Uniform();
   size_t pick = 0;
   while (pick + 1 < models_.size() && u >= weights_[pick]) u -= weights_[pick++];
-  const NigRegression& m = models_[pick];
-  std::fill(theta + m.dim(), theta + dim_, 0.0);
-  const double sigma2 = m.Draw(rng, theta);
+  const double sigma2 = models_[pick].Draw(rng, theta);
   for (int k = 0; k < kNumFeatures; ++k) theta[k] = std::max(theta[k], kMinTheta);
   return std::sqrt(sigma2);
 }
 
 double TimePosterior::MarginalSd(int k) const {
-  // Law of total variance over the mixture; a model without θ_k holds it at 0.
+  // Law of total variance over the mixture.
   double second = 0;
   for (size_t m = 0; m < models_.size(); ++m) {
-    if (k >= models_[m].dim()) continue;
     const double sd = models_[m].MarginalSd(k), mu = models_[m].mean()[k];
     second += weights_[m] * (sd * sd + mu * mu);
   }
@@ -179,58 +206,98 @@ double TimePosterior::noise_sd() const {
 }
 
 void TimePosterior::AddToDigest(Hasher* h) const {
-  for (const NigRegression& m : models_) m.AddToDigest(h);
+  for (const DualNigRegression& m : models_) m.AddToDigest(h);
 }
 
-MemoryPosterior::MemoryPosterior(const MemoryPrior& prior)
-    : regression_(
-          {prior.scale_mean, prior.offset_mean_gib},
+MemoryPosterior::MemoryPosterior(const MemoryPrior& prior, int levels, int varying_knobs)
+    : levels_(levels),
+      regression_(
           [&] {
-            const double sd[2] = {prior.scale_sd, prior.offset_sd_gib};
-            return DiagonalPrecision(sd, 2, prior.noise_sd);
+            std::vector<double> mean(2 + static_cast<size_t>(levels), 0.0);
+            mean[0] = prior.scale_mean;
+            mean[1] = prior.offset_mean_gib;
+            return mean;
+          }(),
+          [&] {
+            std::vector<double> sd(2 + static_cast<size_t>(levels),
+                                   prior.level_sd / std::sqrt(std::max(varying_knobs, 1)));
+            sd[0] = prior.scale_sd;
+            sd[1] = prior.offset_sd_gib;
+            return DiagonalPrecision(sd.data(), static_cast<int>(sd.size()), prior.noise_sd);
           }(),
           prior.noise_a0, PriorB(prior.noise_sd, prior.noise_a0)) {}
 
-void MemoryPosterior::ObservePeak(double nominal_gib, double measured_gib) {
-  CheckPositive("analytic peak memory", nominal_gib);
-  CheckPositive("measured peak memory", measured_gib);
-  const double u[2] = {1, 1 / nominal_gib};
-  regression_.Add(u, measured_gib / nominal_gib);
+void MemoryPosterior::Row(const MemoryRow& row, double* u) const {
+  std::fill(u, u + 2 + levels_, 0.0);
+  u[0] = 1;
+  u[1] = 1 / row.nominal_gib;
+  for (int q = 0; q < row.num_levels; ++q) u[2 + row.levels[q] - kNumCoefficients] = 1;
 }
 
-bool MemoryPosterior::ObserveOom(double nominal_gib, double capacity_gib) {
-  CheckPositive("analytic peak memory", nominal_gib);
+double MemoryPosterior::RelativeMean(const MemoryRow& row) const {
+  const std::vector<double>& mu = regression_.mean();
+  double z = mu[0] + mu[1] / row.nominal_gib;
+  for (int q = 0; q < row.num_levels; ++q) z += mu[2 + row.levels[q] - kNumCoefficients];
+  return z;
+}
+
+void MemoryPosterior::ObservePeak(const MemoryRow& row, double measured_gib) {
+  CheckPositive("analytic peak memory", row.nominal_gib);
+  CheckPositive("measured peak memory", measured_gib);
+  std::vector<double> u(2 + static_cast<size_t>(levels_));
+  Row(row, u.data());
+  regression_.Add(u.data(), measured_gib / row.nominal_gib);
+  oom_run_ = 0;
+}
+
+bool MemoryPosterior::ObserveOom(const MemoryRow& row, double capacity_gib) {
+  CheckPositive("analytic peak memory", row.nominal_gib);
   CheckPositive("memory capacity", capacity_gib);
-  const double u[2] = {1, 1 / nominal_gib};
-  const double mu = regression_.PredictMean(u);
-  const double s = regression_.PredictScale(u, /*with_noise=*/true);
-  const double a = (capacity_gib / nominal_gib - mu) / s;
-  if (1 - StudentTCdf(a, regression_.dof()) < kSurpriseOom) return false;
+  std::vector<double> u(2 + static_cast<size_t>(levels_));
+  Row(row, u.data());
+  const double mu = regression_.PredictMean(u.data());
+  const double s = regression_.PredictScale(u.data(), /*with_noise=*/true);
+  const double bound = capacity_gib / row.nominal_gib;
+  const double a = (bound - mu) / s;
+  const bool surprise = 1 - StudentTCdf(a, regression_.dof()) < kSurpriseOom;
+  const bool lone = oom_run_++ == 0;
+  if (surprise && lone) return false;
   const double tail = 1 - NormalCdf(a);
-  const double imputed = tail > 1e-12 ? mu + s * NormalPdf(a) / tail : capacity_gib / nominal_gib;
-  regression_.Add(u, std::max(imputed, capacity_gib / nominal_gib));
+  const double imputed = tail > 1e-12 ? mu + s * NormalPdf(a) / tail : bound;
+  regression_.Add(u.data(), std::max(imputed, bound));
   return true;
 }
 
+bool MemoryPosterior::Sample::Fits(const MemoryRow& row, double capacity_gib,
+                                   double epsilon) const {
+  double z = beta[0] + beta[1] / row.nominal_gib + sigma * epsilon;
+  for (int q = 0; q < row.num_levels; ++q) z += beta[2 + row.levels[q] - kNumCoefficients];
+  return z <= capacity_gib / row.nominal_gib;
+}
+
 MemoryPosterior::Sample MemoryPosterior::Draw(Rng& rng) const {
-  double ab[2];
-  const double sigma2 = regression_.Draw(rng, ab);
-  return {ab[0], ab[1], std::sqrt(sigma2)};
+  Sample sample;
+  sample.beta.resize(2 + static_cast<size_t>(levels_));
+  sample.sigma = std::sqrt(regression_.Draw(rng, sample.beta.data()));
+  return sample;
 }
 
-double MemoryPosterior::PredictMean(double nominal_gib) const {
-  const double u[2] = {1, 1 / nominal_gib};
-  return nominal_gib * regression_.PredictMean(u);
+double MemoryPosterior::PredictMean(const MemoryRow& row) const {
+  return row.nominal_gib * RelativeMean(row);
 }
 
-double MemoryPosterior::Margin(double nominal_gib, double capacity_gib) const {
-  const double u[2] = {1, 1 / nominal_gib};
-  return (capacity_gib / nominal_gib - regression_.PredictMean(u)) /
-         regression_.PredictScale(u, /*with_noise=*/true);
+double MemoryPosterior::Headroom(const MemoryRow& row, double capacity_gib) const {
+  return capacity_gib / row.nominal_gib - RelativeMean(row);
 }
 
-double MemoryPosterior::POom(double nominal_gib, double capacity_gib) const {
-  return 1 - StudentTCdf(Margin(nominal_gib, capacity_gib), regression_.dof());
+double MemoryPosterior::Margin(const MemoryRow& row, double capacity_gib) const {
+  std::vector<double> u(2 + static_cast<size_t>(levels_));
+  Row(row, u.data());
+  return Headroom(row, capacity_gib) / regression_.PredictScale(u.data(), /*with_noise=*/true);
+}
+
+double MemoryPosterior::POom(const MemoryRow& row, double capacity_gib) const {
+  return 1 - StudentTCdf(Margin(row, capacity_gib), regression_.dof());
 }
 
 double MemoryPosterior::FitQuantile(double max_p_oom) const {

@@ -43,7 +43,7 @@ std::optional<int64_t> ThompsonSearcher::Propose(const SearchState& state, uint6
     const int64_t best = EligibleArgmin(state, t);
     if (best < 0) return std::nullopt;
     if (rejected == kMaxRejections ||
-        memory.Fits(cs.nominal_memory_gib(best), cs.capacity_gib(), rng.Normal())) {
+        memory.Fits(state.memory_row(best), cs.capacity_gib(), rng.Normal())) {
       return best;
     }
     t[best] = std::numeric_limits<double>::infinity();

@@ -1,7 +1,6 @@
 #include "autopar/search/state.h"
 
 #include <algorithm>
-
 #include <climits>
 #include <cmath>
 #include <stdexcept>
@@ -70,7 +69,7 @@ SearchState::SearchState(const CandidateSet& candidates, SearchSettings settings
     : candidates_(candidates),
       settings_(std::move(settings)),
       time_(settings_.time_prior, candidates),
-      memory_(settings_.memory_prior) {
+      memory_(settings_.memory_prior, candidates.num_levels(), candidates.varying_knobs()) {
   if (!(settings_.max_p_oom > 0 && settings_.max_p_oom < 1)) {
     throw std::invalid_argument("max_p_oom must be in (0, 1)");
   }
@@ -87,8 +86,12 @@ double SearchState::best_time_s() const {
   return best_ < 0 ? std::numeric_limits<double>::infinity() : measured_time_s_[best_];
 }
 
+MemoryRow SearchState::memory_row(int64_t i) const {
+  return {candidates_.nominal_memory_gib(i), candidates_.levels_of(i), candidates_.varying_knobs()};
+}
+
 double SearchState::POom(int64_t i) const {
-  return memory_.POom(candidates_.nominal_memory_gib(i), candidates_.capacity_gib());
+  return memory_.POom(memory_row(i), candidates_.capacity_gib());
 }
 
 void SearchState::RefreshEligible(int64_t i) {
@@ -101,7 +104,13 @@ void SearchState::RefreshMemoryFit() {
   const double q = memory_.FitQuantile(settings_.max_p_oom);
   const double capacity = candidates_.capacity_gib();
   for (int64_t i = 0; i < candidates_.size(); ++i) {
-    const bool fits = memory_.Margin(candidates_.nominal_memory_gib(i), capacity) > q;
+    // The headroom's sign often decides alone (always at max_p_oom = 0.5, where q = 0): the
+    // predictive scale costs a triangular solve per candidate.
+    const MemoryRow row = memory_row(i);
+    const double headroom = memory_.Headroom(row, capacity);
+    const bool fits = (q >= 0 && headroom <= 0)  ? false
+                      : (q <= 0 && headroom > 0) ? true
+                                                 : memory_.Margin(row, capacity) > q;
     flags_[i] = static_cast<uint8_t>(fits ? flags_[i] & ~kUnlikelyFit : flags_[i] | kUnlikelyFit);
     RefreshEligible(i);
   }
@@ -131,15 +140,16 @@ void SearchState::Observe(const Observation& o) {
       if (measured(i)) {
         throw std::invalid_argument(ToSpec(candidates_.config(i)) + " was already measured");
       }
-      time_.Observe(candidates_, i, o.step_time_s);
+      if (settings_.learn_time) {
+        time_errors_.push_back(time_.Observe(candidates_, i, o.step_time_s));
+      }
       flags_[i] |= kMeasured;
       measured_time_s_[i] = o.step_time_s;
       ++measured_count_;
       if (best_ < 0 || o.step_time_s < measured_time_s_[best_]) best_ = i;
       break;
     case Outcome::kOom:
-      memory_changed =
-          memory_.ObserveOom(candidates_.nominal_memory_gib(i), candidates_.capacity_gib());
+      memory_changed = memory_.ObserveOom(memory_row(i), candidates_.capacity_gib());
       flags_[i] |= kRetired;
       for (int64_t j = 0; j < candidates_.size(); ++j) {
         if (j != i && NeedsAtLeastAsMuchMemory(candidates_.config(j), candidates_.config(i))) {
@@ -156,7 +166,7 @@ void SearchState::Observe(const Observation& o) {
   // A peak is a measurement of the memory model whatever the time outcome (not for an OOM,
   // whose reported figure is what it tried to allocate, not what it held).
   if (has_peak && o.outcome != Outcome::kOom) {
-    memory_.ObservePeak(candidates_.nominal_memory_gib(i), o.peak_memory_gib);
+    memory_.ObservePeak(memory_row(i), o.peak_memory_gib);
     memory_changed = true;
   }
   RefreshEligible(i);

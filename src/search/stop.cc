@@ -20,6 +20,8 @@ void Validate(const StopSettings& s) {
   }
   if (!(s.epsilon >= 0 && s.epsilon < 1)) throw std::invalid_argument("epsilon must be in [0, 1)");
   if (!(s.delta > 0 && s.delta <= 1)) throw std::invalid_argument("delta must be in (0, 1]");
+  if (s.recent < 0) throw std::invalid_argument("recent must be >= 0");
+  if (!(s.recent_bound > 0)) throw std::invalid_argument("recent_bound must be > 0");
 }
 
 }  // namespace
@@ -57,6 +59,11 @@ StopCheck EvaluateDraws(const SearchState& state, const StopSettings& settings, 
     sigma[j] = state.time().Draw(rng, one.data());
     for (int k = 0; k < d; ++k) theta[static_cast<size_t>(k) * draws + j] = one[k];
   }
+  // Draws from hypotheses without interactions hold them at 0: when every draw does, skip them.
+  const ptrdiff_t first = static_cast<ptrdiff_t>(kNumCoefficients + cs.num_levels()) * draws;
+  const auto first_interaction = theta.begin() + first;
+  const bool interactions =
+      std::any_of(first_interaction, theta.end(), [](double v) { return v != 0; });
   // log Π_i P(y_i ≥ τ) per draw for τ = best (converged) and τ = (1 − ε)·best (improvement).
   const double thresholds[2] = {best, (1 - settings.epsilon) * best};
   std::vector<double> log_none[2] = {std::vector<double>(draws, 0.0),
@@ -77,6 +84,9 @@ StopCheck EvaluateDraws(const SearchState& state, const StopSettings& settings, 
       if (cs.feature(i, k) != 0) add(k, cs.feature(i, k));
     }
     for (int q = 0; q < cs.varying_knobs(); ++q) add(cs.level_coefficient(i, q), scale);
+    for (int p = 0; interactions && p < cs.num_pairs(); ++p) {
+      add(static_cast<int>(cs.interaction_coefficient(i, p)), scale);
+    }
     for (int r = 0; r < 2; ++r) {
       for (int j = 0; j < draws; ++j) {
         // P(i fits and y_i < τ) = p_fit·Φ(z); below z = -8 it is under 1e-15 and the candidate
@@ -116,6 +126,14 @@ StopCheck CheckStop(const SearchState& state, const StopSettings& settings, bool
   }
   if (!model_rules || state.measured_count() < settings.min_measured) return check;
   check = EvaluateDraws(state, settings, seed, trials_done);
+  // The model rules trust the posterior only while it predicts what is measured.
+  const std::vector<double>& errors = state.time_errors();
+  check.recent_error = 0;
+  for (size_t k = errors.size() - std::min<size_t>(errors.size(), settings.recent);
+       k < errors.size(); ++k) {
+    check.recent_error = std::max(check.recent_error, std::abs(errors[k]));
+  }
+  if (check.recent_error > settings.recent_bound) return check;
   if (check.on_measured >= settings.converged_fraction) {
     check.reason = StopReason::kConverged;
   } else if (check.p_improvement < settings.delta) {

@@ -287,7 +287,7 @@ TEST(Tuner, MeasuredNonTensorMemoryShiftsTheMemoryPrior) {
     pb::JournalRecord probe;
     *probe.mutable_probe() = backend.Probe();
     t.Replay({probe});
-    return t.state().memory().PredictMean(nominal);
+    return t.state().memory().PredictMean({nominal});
   };
   EXPECT_NEAR(prior_mean(3.0) - prior_mean(0.0), 2.0, 1e-9);
   EXPECT_NEAR(prior_mean(0.0), nominal, 1e-9);  // unmeasured: the analytic peak as it is

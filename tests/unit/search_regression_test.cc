@@ -4,6 +4,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "autopar/search/dual_regression.h"
 #include "autopar/search/math.h"
 #include "autopar/search/posterior.h"
 #include "autopar/search/regression.h"
@@ -115,8 +116,8 @@ TEST(NigRegression, EvidenceIsTheMarginalDensityOfTheData) {
   const double d1 = z[0] - u[0] * mu0, d2 = z[1] - u[1] * mu0;
   const double quad = (c22 * d1 * d1 - 2 * c12 * d1 * d2 + c11 * d2 * d2) / det;
   const double p = 2;
-  const double expected = std::lgamma((nu + p) / 2) - std::lgamma(nu / 2) -
-                          p / 2 * std::log(nu) + p / 2 * std::log(2.0) - 0.5 * std::log(det) -
+  const double expected = std::lgamma((nu + p) / 2) - std::lgamma(nu / 2) - p / 2 * std::log(nu) +
+                          p / 2 * std::log(2.0) - 0.5 * std::log(det) -
                           (nu + p) / 2 * std::log1p(quad / nu);
   // The t density has −p/2·log(νπ); the evidence leaves out −p/2·log(2π): add back p/2·log 2
   // (done above) and compare.
@@ -140,14 +141,95 @@ TEST(Distributions, StudentTMatchesTables) {
 // the probability 1 − POom says.
 TEST(MemoryPosterior, DrawsFitWithTheProbabilityPOomGives) {
   MemoryPosterior m(MemoryPrior{});
-  for (double nominal : {20.0, 30.0, 40.0, 60.0}) m.ObservePeak(nominal, 1.04 * nominal + 0.3);
+  for (double nominal : {20.0, 30.0, 40.0, 60.0}) m.ObservePeak({nominal}, 1.04 * nominal + 0.3);
   Rng rng(3, 0, Purpose::kProposal);
   for (double nominal : {70.0, 75.0, 78.0}) {
     const int n = 40000;
     int fits = 0;
-    for (int i = 0; i < n; ++i) fits += m.Draw(rng).Fits(nominal, 80, rng.Normal());
-    EXPECT_NEAR(static_cast<double>(fits) / n, 1 - m.POom(nominal, 80), 0.01) << nominal;
+    for (int i = 0; i < n; ++i) fits += m.Draw(rng).Fits({nominal}, 80, rng.Normal());
+    EXPECT_NEAR(static_cast<double>(fits) / n, 1 - m.POom({nominal}, 80), 0.01) << nominal;
   }
+}
+
+// The observation-space form is the same model as the primal one: on rows with a dense head and
+// unit entries, both give the same posterior mean, b_n, evidence, predictive and marginals.
+TEST(DualNigRegression, MatchesThePrimalForm) {
+  const int d = 7;  // 3 dense coefficients, 4 indicators
+  const std::vector<double> mean0 = {1.0, 0.5, 0.0, 0.0, 0.0, 0.1, 0.0};
+  const std::vector<double> variance = {0.3, 2.0, 0.5, 0.05, 0.05, 0.2, 0.01};
+  std::vector<double> precision(d * d, 0.0);
+  for (int k = 0; k < d; ++k) precision[k * d + k] = 1 / variance[k];
+  DualNigRegression dual(mean0, variance, 2.0, 0.02);
+  NigRegression primal(mean0, precision, 2.0, 0.02);
+  Rng rng(11, 0, Purpose::kSynthetic);
+  auto make_row = [&](Rng& r) {
+    SparseRow row;
+    row.dense = {1.0, 0.2 + r.Uniform(), r.Normal()};
+    for (uint32_t k = 3; k < d; ++k) {
+      if (r.Uniform() < 0.5) row.ones.push_back(k);
+    }
+    return row;
+  };
+  auto dense = [&](const SparseRow& row) {
+    std::vector<double> u(d, 0.0);
+    for (size_t k = 0; k < row.dense.size(); ++k) u[k] = row.dense[k];
+    for (uint32_t k : row.ones) u[k] = 1;
+    return u;
+  };
+  for (int n = 0; n < 12; ++n) {
+    const SparseRow row = make_row(rng);
+    const double z = 1.1 + 0.3 * row.dense[1] + 0.05 * rng.Normal();
+    dual.Add(row, z);
+    primal.Add(dense(row).data(), z);
+  }
+  EXPECT_NEAR(dual.b(), primal.b(), 1e-12);
+  EXPECT_NEAR(dual.LogEvidence(), primal.LogEvidence(), 1e-9);
+  for (int k = 0; k < d; ++k) {
+    EXPECT_NEAR(dual.mean()[k], primal.mean()[k], 1e-10) << k;
+    EXPECT_NEAR(dual.MarginalSd(k), primal.MarginalSd(k), 1e-10) << k;
+  }
+  for (int n = 0; n < 5; ++n) {
+    const SparseRow row = make_row(rng);
+    EXPECT_NEAR(dual.PredictMean(row), primal.PredictMean(dense(row).data()), 1e-10);
+    for (bool noise : {true, false}) {
+      EXPECT_NEAR(dual.PredictScale(row, noise), primal.PredictScale(dense(row).data(), noise),
+                  1e-10);
+    }
+  }
+  SparseRow bad;
+  bad.dense = {1.0};
+  bad.ones = {5, 4};
+  EXPECT_THROW(dual.Add(bad, 1.0), std::invalid_argument);
+  EXPECT_THROW(dual.Add(make_row(rng), std::numeric_limits<double>::infinity()),
+               std::invalid_argument);
+}
+
+// Matheron's rule draws from the posterior: over many draws, the mean and spread of every
+// coefficient are the posterior's (a coefficient with prior variance 0 never moves).
+TEST(DualNigRegression, PathwiseDrawsHaveThePosteriorMoments) {
+  DualNigRegression r({1.0, 0.0, 0.0, 0.0}, {0.5, 0.2, 0.2, 0.0}, 3.0, 0.01);
+  Rng data(2, 0, Purpose::kSynthetic);
+  for (int n = 0; n < 6; ++n) {
+    SparseRow row{{1.0}, {static_cast<uint32_t>(1 + n % 2), 3}};
+    r.Add(row, 1.0 + (n % 2 ? 0.1 : -0.05) + 0.02 * data.Normal());
+  }
+  Rng rng(4, 0, Purpose::kProposal);
+  const int draws = 40000;
+  double sum[4] = {}, sq[4] = {};
+  std::vector<double> beta(4);
+  for (int j = 0; j < draws; ++j) {
+    r.Draw(rng, beta.data());
+    for (int k = 0; k < 4; ++k) {
+      sum[k] += beta[k];
+      sq[k] += beta[k] * beta[k];
+    }
+  }
+  for (int k = 0; k < 3; ++k) {
+    const double mean = sum[k] / draws, sd = std::sqrt(sq[k] / draws - mean * mean);
+    EXPECT_NEAR(mean, r.mean()[k], 0.03 * r.MarginalSd(k) + 1e-12) << k;
+    EXPECT_NEAR(sd, r.MarginalSd(k), 0.03 * r.MarginalSd(k)) << k;
+  }
+  EXPECT_EQ(sum[3], 0.0);
 }
 
 TEST(TimePrior, CommunicationIsWiderAndProbeTightens) {
@@ -167,19 +249,59 @@ TEST(TimePrior, CommunicationIsWiderAndProbeTightens) {
 
 TEST(MemoryPosterior, LearnsScaleFromPeaksAndOomRaisesRisk) {
   MemoryPosterior m(MemoryPrior{});
-  EXPECT_NEAR(m.PredictMean(40), 40, 1e-9);
-  for (double nominal : {20.0, 30.0, 40.0, 50.0, 60.0}) m.ObservePeak(nominal, 1.2 * nominal);
+  EXPECT_NEAR(m.PredictMean({40}), 40, 1e-9);
+  for (double nominal : {20.0, 30.0, 40.0, 50.0, 60.0}) m.ObservePeak({nominal}, 1.2 * nominal);
   EXPECT_NEAR(m.scale(), 1.2, 0.03);
-  EXPECT_GT(m.POom(70, 80), 0.5);  // 84 GiB expected
-  EXPECT_LT(m.POom(50, 80), 0.01);
+  EXPECT_GT(m.POom({70}, 80), 0.5);  // 84 GiB expected
+  EXPECT_LT(m.POom({50}, 80), 0.01);
 
   MemoryPosterior fresh(MemoryPrior{});
-  const double before = fresh.POom(70, 80);
-  EXPECT_TRUE(fresh.ObserveOom(72, 80));  // plausible: imputed
-  EXPECT_GT(fresh.POom(70, 80), before);
-  EXPECT_FALSE(fresh.ObserveOom(10, 80));  // a surprise: left to pruning
-  EXPECT_THROW(fresh.ObservePeak(10, std::numeric_limits<double>::infinity()),
+  const double before = fresh.POom({70}, 80);
+  EXPECT_TRUE(fresh.ObserveOom({72}, 80));  // plausible: imputed
+  EXPECT_GT(fresh.POom({70}, 80), before);
+  fresh.ObservePeak({30}, 30);
+  EXPECT_FALSE(fresh.ObserveOom({10}, 80));  // a lone surprise: left to pruning
+  EXPECT_THROW(fresh.ObservePeak({10}, std::numeric_limits<double>::infinity()),
                std::invalid_argument);
+}
+
+// A run of OOMs the model thought impossible says the model is wrong: the first is a surprise,
+// the second and later are learnt, and the posterior widens (the predictive scale grows).
+TEST(MemoryPosterior, ARunOfSurpriseOomsWidensThePosterior) {
+  MemoryPosterior m(MemoryPrior{});
+  for (double nominal : {20.0, 30.0, 40.0}) m.ObservePeak({nominal}, nominal);
+  const double before = m.Margin({30}, 80);
+  EXPECT_FALSE(m.ObserveOom({12}, 80));
+  EXPECT_TRUE(m.ObserveOom({14}, 80));
+  EXPECT_TRUE(m.ObserveOom({16}, 80));
+  EXPECT_EQ(m.oom_run(), 3);
+  EXPECT_LT(m.Margin({30}, 80), 0.5 * before);
+  m.ObservePeak({25}, 25);  // a measured peak ends the run
+  EXPECT_EQ(m.oom_run(), 0);
+}
+
+// Memory structure per knob value: a per-tp overhead the scale/offset model cannot express is
+// learnt as a level effect, and predicts the tp=8 configurations it has not seen.
+TEST(MemoryPosterior, LearnsAPerKnobValueOverhead) {
+  // Two knobs with two values each: level coefficients kNumCoefficients + {0, 1} (tp=1, tp=8)
+  // and + {2, 3} (mbs=1, mbs=2).
+  const uint16_t k = kNumCoefficients;
+  const uint16_t tp1mbs1[] = {k, static_cast<uint16_t>(k + 2)};
+  const uint16_t tp8mbs1[] = {static_cast<uint16_t>(k + 1), static_cast<uint16_t>(k + 2)};
+  const uint16_t tp8mbs2[] = {static_cast<uint16_t>(k + 1), static_cast<uint16_t>(k + 3)};
+  MemoryPosterior m(MemoryPrior{}, 4, 2);
+  for (double nominal : {20.0, 30.0, 40.0, 50.0}) {
+    m.ObservePeak({nominal, tp1mbs1, 2}, nominal);
+    m.ObservePeak({nominal, tp8mbs1, 2}, 1.08 * nominal);
+  }
+  const MemoryRow unseen{45.0, tp8mbs2, 2};
+  EXPECT_GT(m.PredictMean(unseen), 1.04 * 45);
+  MemoryPosterior plain(MemoryPrior{});
+  for (double nominal : {20.0, 30.0, 40.0, 50.0}) {
+    plain.ObservePeak({nominal}, nominal);
+    plain.ObservePeak({nominal}, 1.08 * nominal);
+  }
+  EXPECT_LT(plain.PredictMean({45.0}), 1.05 * 45);
 }
 
 }  // namespace

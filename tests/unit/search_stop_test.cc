@@ -34,7 +34,8 @@ TEST(Stop, ExhaustedWhenNothingIsEligible) {
   SearchState s(cs, SearchSettings::Default(cs));
   int64_t trial = 0;
   for (int64_t i = 0; i < cs.size(); ++i) {
-    if (s.eligible(i)) s.Observe({i, Outcome::kOk, cs.nominal_time_s(i)});
+    // Two failures retire a configuration as surely as a measurement, and cost no regression.
+    for (int k = 0; k < 2 && s.eligible(i); ++k) s.Observe({i, Outcome::kTimeout});
     ++trial;
   }
   EXPECT_EQ(s.eligible_count(), 0);
@@ -73,6 +74,37 @@ TEST(Stop, ConvergesOnceTheFastestAreMeasured) {
   EXPECT_EQ(CheckStop(s, st, false, 1, trials, 0).reason, StopReason::kNone);
   st.min_measured = 1000;
   EXPECT_EQ(CheckStop(s, st, true, 1, trials, 0).reason, StopReason::kNone);
+}
+
+// The model rules do not fire while the posterior is being surprised: a last measurement far
+// outside its predictive vetoes a stop the draws alone would make.
+TEST(Stop, ARecentSurpriseVetoesTheModelRules) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  std::vector<int64_t> order(cs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](int64_t a, int64_t b) { return cs.nominal_time_s(a) < cs.nominal_time_s(b); });
+  StopSettings st;
+  st.min_measured = 1;
+  auto run = [&](double last_factor) {
+    SearchState s(cs, SearchSettings::Default(cs));
+    int64_t trials = 0;
+    for (int64_t i : order) {
+      if (!s.eligible(i)) continue;
+      ++trials;
+      const double factor = trials == 25 ? last_factor : 1.0;
+      s.Observe({i, Outcome::kOk, factor * cs.nominal_time_s(i), cs.nominal_memory_gib(i)});
+      if (trials == 25) break;
+    }
+    return CheckStop(s, st, true, 1, trials, 0);
+  };
+  const StopCheck calm = run(1.0);
+  EXPECT_NE(calm.reason, StopReason::kNone);
+  EXPECT_LT(calm.recent_error, st.recent_bound);
+  const StopCheck surprised = run(1.6);  // the 25th is 60% slower than the model says
+  EXPECT_GT(surprised.recent_error, st.recent_bound);
+  EXPECT_EQ(surprised.reason, StopReason::kNone);
 }
 
 TEST(Stop, ReasonNames) {

@@ -83,12 +83,16 @@ TEST(CandidateSet, LevelEffectsAreOneRelativeCoefficientPerKnobValue) {
   for (int l = 0; l < cs.num_levels(); ++l) tp_values += cs.level_name(l).rfind("tp=", 0) == 0;
   EXPECT_GE(tp_values, 2);
   EXPECT_EQ(cs.level_name(0), "tp=1");
-  EXPECT_EQ(cs.num_coefficients(), kNumCoefficients + cs.num_levels());
+  EXPECT_EQ(cs.num_pairs(), cs.varying_knobs() * (cs.varying_knobs() - 1) / 2);
+  EXPECT_GT(cs.num_interactions(), cs.num_pairs());
+  EXPECT_EQ(cs.num_coefficients(), kNumCoefficients + cs.num_levels() + cs.num_interactions());
   // θ = 1 on the features, θ₀ = 0.1 s, δ_l = 0.01·(l + 1): every path gives the same prediction,
   // the analytic one times 1 + Σ of the candidate's δ, plus θ₀.
   std::vector<double> theta(static_cast<size_t>(cs.num_coefficients()), 1.0);
   theta[kIntercept] = 0.1;
   for (int l = 0; l < cs.num_levels(); ++l) theta[kNumCoefficients + l] = 0.01 * (l + 1);
+  const int first_interaction = kNumCoefficients + cs.num_levels();
+  for (int m = 0; m < cs.num_interactions(); ++m) theta[first_interaction + m] = 0.001 * (m % 7);
   std::vector<double> all, row(theta.size());
   cs.Predict(theta.data(), &all);
   for (int64_t i = 0; i < cs.size(); i += 7) {
@@ -98,6 +102,21 @@ TEST(CandidateSet, LevelEffectsAreOneRelativeCoefficientPerKnobValue) {
       ASSERT_GE(k, kNumCoefficients);
       relative += theta[k];
     }
+    uint32_t previous = 0;
+    for (int p = 0; p < cs.num_pairs(); ++p) {
+      const uint32_t k = cs.interaction_coefficient(i, p);
+      ASSERT_GE(k, static_cast<uint32_t>(first_interaction));
+      ASSERT_GT(k, previous);  // ascending, one per pair
+      previous = k;
+      relative += theta[k];
+    }
+    // The sparse relative row is the dense row divided by the analytic time.
+    const SparseRow sparse = cs.RelativeRow(i);
+    double sparse_dot = 0;
+    for (size_t k = 0; k < sparse.dense.size(); ++k) sparse_dot += sparse.dense[k] * theta[k];
+    for (uint32_t k : sparse.ones) sparse_dot += theta[k];
+    EXPECT_NEAR(sparse_dot * cs.nominal_time_s(i), cs.nominal_time_s(i) * (1 + relative) + 0.1,
+                1e-9 * cs.nominal_time_s(i));
     const double expected = cs.nominal_time_s(i) * (1 + relative) + 0.1;
     EXPECT_NEAR(all[i], expected, 1e-9 * expected);
     EXPECT_NEAR(cs.PredictOne(i, theta.data()), expected, 1e-9 * expected);
@@ -140,6 +159,46 @@ TEST(TimePosterior, TheEvidenceDecidesWhetherLevelEffectsAreNeeded) {
   Rng rng(1, 0, Purpose::kProposal);
   plain.Draw(rng, theta.data());
   for (double v : theta) EXPECT_NE(v, -1.0);
+}
+
+// A cluster on which two knobs interact (tp=2 with pp=2 is 15% slower, neither alone is): the
+// evidence moves the weight to an interaction scale above 0 and the posterior predicts the effect
+// on configurations it has not measured. Data with no interaction keep most weight on "none".
+TEST(TimePosterior, LearnsAnInteractionBetweenTwoKnobs) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  const SyntheticTruth truth(cs, 17, /*noise=*/0.01);
+  const TimePrior prior = SearchSettings::Default(cs).time_prior;
+  TimePosterior plain(prior, cs), crossed(prior, cs);
+  auto both = [&](int64_t i) { return cs.config(i).tp == 2 && cs.config(i).pp == 2; };
+  Rng pick(5, 0, Purpose::kRandomSearch);
+  std::vector<bool> seen(static_cast<size_t>(cs.size()), false);
+  for (int n = 0; n < 60; ++n) {
+    const int64_t i = static_cast<int64_t>(pick.Below(static_cast<uint64_t>(cs.size())));
+    if (seen[i]) continue;
+    seen[i] = true;
+    plain.Observe(cs, i, truth.step_time_s[i]);
+    crossed.Observe(cs, i, truth.step_time_s[i] * (both(i) ? 1.15 : 1.0));
+  }
+  auto interaction_weight = [](const TimePosterior& p) {
+    double w = 0;
+    for (size_t m = 0; m < p.hypotheses().size(); ++m) {
+      if (p.hypotheses()[m].interaction_scale > 0) w += p.weights()[m];
+    }
+    return w;
+  };
+  EXPECT_LT(interaction_weight(plain), 0.5);
+  EXPECT_GT(interaction_weight(crossed), 0.9);
+  // Unmeasured tp=2·pp=2 configurations are now predicted slower than the components say.
+  double ratio = 0;
+  int count = 0;
+  for (int64_t i = 0; i < cs.size(); ++i) {
+    if (seen[i] || !both(i)) continue;
+    ratio += crossed.PredictMean(cs, i) / plain.PredictMean(cs, i);
+    ++count;
+  }
+  ASSERT_GT(count, 0);
+  EXPECT_GT(ratio / count, 1.08);
 }
 
 // A candidate that may not fit is proposed only in the draws where it does. The same seeds with

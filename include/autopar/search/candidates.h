@@ -3,7 +3,7 @@
 //
 // The step time of candidate i under coefficients θ is
 //
-//   t_i(θ) = Σ_k θ_k·x_ik + θ₀ + ŷ_i · Σ_q δ_{q, c_i(q)}
+//   t_i(θ) = Σ_k θ_k·x_ik + θ₀ + ŷ_i · (Σ_q δ_{q, c_i(q)} + Σ_{q<r} γ_{qr, c_i(q), c_i(r)})
 //
 // with x_ik the component times of CostModel::Time (seconds, θ = 1 gives the analytic prediction
 // ŷ_i = Σ_k x_ik), θ₀ a constant per-step overhead in seconds, and δ the level effects: for each
@@ -12,7 +12,12 @@
 // cannot express. Recompute costing more than its extra forward, an interleaved schedule filling
 // bubbles with other ranks' work on shared cores, a micro-batch size the kernels like: each is a
 // relative effect shared by every configuration with that value, which the posterior learns from
-// a few of them and carries to the rest. θ = 1, θ₀ = 0, δ = 0 is the analytic model.
+// a few of them and carries to the rest. γ are the pairwise interactions: one relative correction
+// per pair of knob values that occurs together (tp=2 with pp=4, mbs=2 with recompute=full, ...),
+// what a cluster does that is neither the components nor one knob alone (a kernel slow at one
+// shape, a pipeline that suffers at one tensor-parallel width). As a Gaussian process over the
+// configurations, δ and γ are a second-order ANOVA kernel (Duvenaud et al. 2011, "Additive Gaussian
+// processes"). θ = 1, θ₀ = 0, δ = γ = 0 is the analytic model.
 //
 // A proposal evaluates every candidate, so the matrix is stored feature-major: one contiguous
 // column per feature makes X·θ a handful of vectorised axpy passes, plus one gather per knob for
@@ -26,13 +31,15 @@
 #include <vector>
 
 #include "autopar/perf/cost_model.h"
+#include "autopar/search/dual_regression.h"
 #include "autopar/space/config.h"
 #include "autopar/space/space.h"
 
 namespace autopar::search {
 
 // Coefficient layout: θ_k for Feature k in [0, kNumFeatures), then the intercept θ₀, then the
-// candidate set's level effects δ (CandidateSet::num_coefficients() in all).
+// candidate set's level effects δ, then its interactions γ (CandidateSet::num_coefficients() in
+// all).
 inline constexpr int kIntercept = kNumFeatures;
 inline constexpr int kNumCoefficients = kNumFeatures + 1;
 
@@ -65,7 +72,16 @@ class CandidateSet {
   // Level effects: one coefficient per value of every knob that varies over the set, in knob
   // order (tp, pp, dp, cp, up, ep, vpp, mbs, sp, recompute, dist_opt) and ascending value.
   int num_levels() const { return static_cast<int>(level_names_.size()); }
-  int num_coefficients() const { return kNumCoefficients + num_levels(); }
+  // Interactions: one coefficient per pair of values of two varying knobs that occurs in the set,
+  // after the levels; pairs in knob order, so a candidate's coefficients ascend.
+  int num_interactions() const { return static_cast<int>(interaction_names_.size()); }
+  int num_pairs() const { return num_pairs_; }
+  int num_coefficients() const { return kNumCoefficients + num_levels() + num_interactions(); }
+  // "tp=2*pp=4", ... for interaction m (coefficient kNumCoefficients + num_levels() + m).
+  const std::string& interaction_name(int m) const { return interaction_names_[m]; }
+  uint32_t interaction_coefficient(int64_t i, int p) const {
+    return interaction_coefficient_[static_cast<size_t>(i) * num_pairs_ + p];
+  }
   // "tp=2", "recompute=full/2", ... for level l.
   const std::string& level_name(int l) const { return level_names_[l]; }
   // The knobs that vary, and the coefficient index (≥ kNumCoefficients) of candidate i's value of
@@ -74,21 +90,36 @@ class CandidateSet {
   int level_coefficient(int64_t i, int q) const {
     return level_coefficient_[static_cast<size_t>(i) * varying_knobs_ + q];
   }
+  // Candidate i's varying_knobs() level coefficients.
+  const uint16_t* levels_of(int64_t i) const {
+    return level_coefficient_.data() + static_cast<size_t>(i) * varying_knobs_;
+  }
 
-  // The regression row of candidate i: x_ik, 1 for θ₀, ŷ_i for each of its levels, 0 elsewhere
-  // (num_coefficients() values), so that t_i(θ) = rowᵀθ.
+  // The regression row of candidate i: x_ik, 1 for θ₀, ŷ_i for each of its levels and
+  // interactions, 0 elsewhere (num_coefficients() values), so that t_i(θ) = rowᵀθ.
   void Row(int64_t i, double* row) const;
+  // The same row divided by ŷ_i, sparse: x_ik/ŷ_i and 1/ŷ_i dense, the levels and interactions
+  // as unit entries (the time posterior regresses y/ŷ on it).
+  SparseRow RelativeRow(int64_t i) const;
+  // The knob values alone, as unit entries: memory's levels and interactions, numbered from
+  // `first` instead of kNumCoefficients (`dense` is left empty).
+  SparseRow KnobRow(int64_t i, uint32_t first) const;
   // out[i] = t_i(θ) for every candidate; θ has num_coefficients() entries.
   void Predict(const double* theta, std::vector<double>* out) const;
   // t_i(θ) for one candidate.
   double PredictOne(int64_t i, const double* theta) const;
 
  private:
+  void BuildInteractions(const std::vector<int>& values_per_knob);
+
   std::vector<ParallelConfig> configs_;
   std::vector<double> columns_[kNumFeatures];
   std::vector<std::string> level_names_;
   int varying_knobs_ = 0;
   std::vector<uint16_t> level_coefficient_;  // candidate-major, varying_knobs_ per candidate
+  std::vector<std::string> interaction_names_;
+  int num_pairs_ = 0;
+  std::vector<uint32_t> interaction_coefficient_;  // candidate-major, num_pairs_ per candidate
   std::vector<double> nominal_time_s_, nominal_memory_gib_;
   std::unordered_map<std::string, int64_t> index_;
   double capacity_gib_ = 0;

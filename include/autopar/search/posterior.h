@@ -15,9 +15,11 @@
 //   memory scale α, offset β (GiB) prior sd   0.1, 2    the model's overhead term is a guess
 //   relative memory noise σ₀, strength a₀     3%, 2     allocator behaviour varies little
 //   an OOM is a surprise (not imputed) below  1e-3      P(OOM) predicted before it happened
-//   level effects δ: prior sd of their sum    0.05      a configuration's knob values move its
-//     for one configuration (each δ: / √knobs)          step by a few percent beyond what the
-//                                                       components say
+//   level effects δ: prior sd of their sum    0, 0.05,  a configuration's knob values move its
+//     for one configuration (each δ: / √knobs) 0.1, 0.2 step by a few percent beyond what the
+//                                                       components say (weighed by evidence)
+//   interactions γ: prior sd of their sum     0, 0.05,  pairs of knob values that a cluster
+//     (each γ: / √pairs)                      0.15      treats unlike the sum of the two
 //   smallest θ_k a draw may take              0.05      no component of a step takes no time
 // clang-format on
 #pragma once
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "autopar/search/candidates.h"
+#include "autopar/search/dual_regression.h"
 #include "autopar/search/regression.h"
 #include "autopar/search/rng.h"
 
@@ -43,6 +46,12 @@ struct TimePrior {
   // with them). The scale is not known in advance: the posterior weighs these hypotheses by their
   // evidence, 0 being "the components explain everything" (equal prior weights).
   std::vector<double> level_scales = {0, 0.05, 0.1, 0.2};
+  // The same for the pairwise interactions γ (each γ gets scale/√pairs): every combination of a
+  // level scale and an interaction scale is one hypothesis.
+  std::vector<double> interaction_scales = {0, 0.05, 0.15};
+  // Their prior weights (relative): interactions must earn their place, so "none" starts with as
+  // much weight as the others together (the level scales start equal).
+  std::vector<double> interaction_weights = {2, 1, 1};
   double noise_sd = 0.05;  // expected relative noise of a measured step time
   double noise_a0 = 2.0;   // its strength (Inverse-Gamma shape)
 
@@ -57,29 +66,39 @@ struct TimePrior {
   void Tighten(int feature, const std::vector<double>& ratios);
 };
 
-// Posterior over θ (features, intercept and the candidate set's level effects) given measured
-// step times.
+// Posterior over θ (features, intercept, the candidate set's level effects and interactions)
+// given measured step times.
 //
 // Noise is proportional to the step time, so each row is divided by the analytic prediction ŷ_c:
 // the regression is y/ŷ = (x/ŷ)ᵀθ + ε with ε ~ N(0, σ²), i.e. weighted least squares with weights
 // 1/ŷ² (ŷ rather than y so the weights do not depend on the noise they correct for).
 //
-// The level-effect scale τ is a discrete hyperparameter: one Normal–Inverse-Gamma regression per
-// value of TimePrior::level_scales (τ = 0 has no level coefficients at all), each fed every row,
-// weighted by prior × evidence (NigRegression::LogEvidence). A draw first picks a regression by
-// its weight, then θ from it: Thompson sampling over the whole hierarchical posterior. Data with
-// no level structure pull the weight to τ = 0 and the search to the components' model alone.
+// The scales τ of the level effects and of the interactions are discrete hyperparameters: one
+// Normal–Inverse-Gamma regression per pair (τ_level, τ_interaction) of TimePrior's lists (a scale
+// 0 holds those coefficients at 0), each fed every row, weighted by prior × evidence. A draw first
+// picks a regression by its weight, then θ from it: Thompson sampling over the whole hierarchical
+// posterior. Data with no structure beyond the components pull the weight to τ = 0 and the search
+// to the components' model alone; data with structure move it to the scale they need, and widen
+// every prediction accordingly. The regressions work in observation space (DualNigRegression):
+// the interactions have hundreds of coefficients, a study tens of measurements.
 class TimePosterior {
  public:
-  // Over the coefficients of `candidates`: kNumCoefficients from `prior`, then its level effects.
-  // Throws std::invalid_argument on no or negative level scales.
+  struct Hypothesis {
+    double level_scale, interaction_scale;
+  };
+
+  // Over the coefficients of `candidates`. Throws std::invalid_argument on no or negative scales.
   TimePosterior(const TimePrior& prior, const CandidateSet& candidates);
 
-  // Throws std::invalid_argument when the measurement is not finite and positive.
-  void Observe(const CandidateSet& candidates, int64_t i, double measured_s);
+  // Learns a measured step time. Returns its standardised error under the predictive before it
+  // was learnt, (y/ŷ − E)/sd over the mixture: about N(0, 1) while the model describes the
+  // cluster, and large when the cluster surprises it. Throws std::invalid_argument when the
+  // measurement is not finite and positive.
+  double Observe(const CandidateSet& candidates, int64_t i, double measured_s);
 
-  // One draw of θ (dim() values, level effects 0 under τ = 0; feature coefficients floored at
-  // 0.05). Returns the draw's relative noise σ: a step time is then N(t(θ), (σ·ŷ)²).
+  // One draw of θ (dim() values, zeros where the picked hypothesis has scale 0; feature
+  // coefficients floored at 0.05). Returns the draw's relative noise σ: a step time is then
+  // N(t(θ), (σ·ŷ)²).
   double Draw(Rng& rng, double* theta) const;
   int dim() const { return dim_; }
   // The posterior mean and marginal sd of θ over the mixture.
@@ -89,8 +108,8 @@ class TimePosterior {
   double PredictMean(const CandidateSet& candidates, int64_t i) const;
   // E[σ]: the relative noise the data show.
   double noise_sd() const;
-  // The level scales and their posterior weights (summing to 1).
-  const std::vector<double>& level_scales() const { return scales_; }
+  // The hypotheses and their posterior weights (summing to 1).
+  const std::vector<Hypothesis>& hypotheses() const { return hypotheses_; }
   const std::vector<double>& weights() const { return weights_; }
   void AddToDigest(Hasher* h) const;
 
@@ -98,59 +117,83 @@ class TimePosterior {
   void Refresh();
 
   int dim_ = 0;
-  std::vector<double> scales_;
-  std::vector<NigRegression> models_;
-  std::vector<double> weights_, mean_;
+  std::vector<Hypothesis> hypotheses_;
+  std::vector<DualNigRegression> models_;
+  std::vector<double> log_prior_, weights_, mean_;
 };
 
-// Prior of the memory correction: peak = α·m̂ + β with m̂ the analytic peak (GiB).
+// Prior of the memory correction: peak = m̂·(α + β/m̂ + Σ_q δ_q) with m̂ the analytic peak (GiB)
+// and δ one relative effect per knob value, as for the step time (a per-tp workspace, a stage
+// the model loads unevenly, an allocator that rounds one micro-batch size up).
 struct MemoryPrior {
   double scale_mean = 1, scale_sd = 0.1;
   double offset_mean_gib = 0, offset_sd_gib = 2;
+  double level_sd = 0.05;  // prior sd of a configuration's summed level effects
   double noise_sd = 0.03;
   double noise_a0 = 2.0;
 };
 
-// Posterior over (α, β) from measured peaks and OOMs. Rows are divided by m̂ as above:
-// peak/m̂ = α + β/m̂ + ε.
+// A configuration as the memory model sees it: its analytic peak and the CandidateSet level
+// coefficients of its knob values (none for a bare figure).
+struct MemoryRow {
+  double nominal_gib = 0;
+  const uint16_t* levels = nullptr;
+  int num_levels = 0;
+};
+
+// Posterior over (α, β, δ) from measured peaks and OOMs. Rows are divided by m̂ as above:
+// peak/m̂ = α + β/m̂ + Σ δ + ε.
 //
 // An OOM is a censored observation (the peak exceeds the capacity). It enters by single
 // imputation of its conditional mean under the current predictive, E[z | z > cap/m̂] =
-// μ + s·φ(a)/(1 − Φ(a)) with a = (cap/m̂ − μ)/s (the Tobit mean, Amemiya 1984), unless the
-// predictive gave it probability below 1e-3: such a surprise says more about that configuration
-// than about the model, and is left to the dominance pruning of SearchState.
+// μ + s·φ(a)/(1 − Φ(a)) with a = (cap/m̂ − μ)/s (the Tobit mean, Amemiya 1984). A lone OOM the
+// predictive gave probability below 1e-3 is a surprise that says more about that configuration
+// (fragmentation, a driver's reserve) than about the model, and is left to the dominance pruning
+// of SearchState; but a run of OOMs with no measured peak between them says the model is wrong,
+// and from the second on every one is imputed: the residuals widen the posterior (b_n grows) and
+// move the level effects of the knob values that failed.
 class MemoryPosterior {
  public:
-  explicit MemoryPosterior(const MemoryPrior& prior);
+  // `levels` is the number of level coefficients of the candidate set (0: the scale/offset model).
+  explicit MemoryPosterior(const MemoryPrior& prior, int levels = 0, int varying_knobs = 0);
 
   // Throws std::invalid_argument unless both values are finite and positive.
-  void ObservePeak(double nominal_gib, double measured_gib);
-  // Returns whether the OOM was imputed (false: a surprise, ignored by the regression).
-  bool ObserveOom(double nominal_gib, double capacity_gib);
+  void ObservePeak(const MemoryRow& row, double measured_gib);
+  // Returns whether the OOM was imputed (false: a lone surprise, ignored by the regression).
+  bool ObserveOom(const MemoryRow& row, double capacity_gib);
 
-  double PredictMean(double nominal_gib) const;  // E[peak], GiB
-  // One draw of the peak model: (α, β) and σ from the posterior. A candidate's peak in that world
-  // is then m̂·(α + β/m̂ + σ·ε) with its own ε ~ N(0, 1): a draw from the Student-t predictive.
+  double PredictMean(const MemoryRow& row) const;  // E[peak], GiB
+  // One draw of the peak model: its coefficients and σ from the posterior. A candidate's peak in
+  // that world is then m̂·(uᵀβ + σ·ε) with its own ε ~ N(0, 1): a draw from the Student-t
+  // predictive.
   struct Sample {
-    double scale, offset_gib, sigma;
-    bool Fits(double nominal_gib, double capacity_gib, double epsilon) const {
-      return scale + offset_gib / nominal_gib + sigma * epsilon <= capacity_gib / nominal_gib;
-    }
+    std::vector<double> beta;
+    double sigma = 0;
+    bool Fits(const MemoryRow& row, double capacity_gib, double epsilon) const;
   };
   Sample Draw(Rng& rng) const;
   // P(peak > capacity) under the Student-t predictive.
-  double POom(double nominal_gib, double capacity_gib) const;
-  // P(OOM) < max_p ⟺ Margin(m̂, cap) > StudentTQuantile(1 − max_p, dof): the quantile is
+  double POom(const MemoryRow& row, double capacity_gib) const;
+  // P(OOM) < max_p ⟺ Margin(row, cap) > StudentTQuantile(1 − max_p, dof): the quantile is
   // computed once per posterior, the margin per candidate (no special functions in the loop).
-  double Margin(double nominal_gib, double capacity_gib) const;
+  double Margin(const MemoryRow& row, double capacity_gib) const;
   double FitQuantile(double max_p_oom) const;
+  // cap/m̂ − E[peak/m̂]: the sign of Margin without its scale (a cheap first test).
+  double Headroom(const MemoryRow& row, double capacity_gib) const;
 
   double scale() const { return regression_.mean()[0]; }
   double offset_gib() const { return regression_.mean()[1]; }
   const NigRegression& regression() const { return regression_; }
+  int oom_run() const { return oom_run_; }
 
  private:
+  // The relative row u of a configuration (2 + levels values).
+  void Row(const MemoryRow& row, double* u) const;
+  double RelativeMean(const MemoryRow& row) const;
+
+  int levels_;
   NigRegression regression_;
+  int oom_run_ = 0;
 };
 
 }  // namespace autopar::search

@@ -58,7 +58,10 @@ struct SearchSettings {
   // Candidates at or above this predicted P(OOM) are never proposed. Below it, Thompson sampling
   // weighs the risk itself (it draws the memory model too); the baselines take them as they come.
   double max_p_oom = 0.5;
-  int max_failures = 2;     // failures after which a configuration is never proposed again
+  int max_failures = 2;  // failures after which a configuration is never proposed again
+  // Whether measured step times feed the time posterior (O(n²) per measurement). The baselines
+  // that do not follow it (grid, random, analytic) turn it off: they record times all the same.
+  bool learn_time = true;
 
   // Defaults for a candidate set: the time prior's θ₀ scale follows its median step time.
   static SearchSettings Default(const CandidateSet& candidates);
@@ -96,7 +99,11 @@ class SearchState {
 
   const TimePosterior& time() const { return time_; }
   const MemoryPosterior& memory() const { return memory_; }
+  MemoryRow memory_row(int64_t i) const;
   double POom(int64_t i) const;
+  // Per ok trial, in order: the standardised error of its step time under the predictive before
+  // it was learnt (TimePosterior::Observe).
+  const std::vector<double>& time_errors() const { return time_errors_; }
 
   uint64_t Digest() const;
 
@@ -111,6 +118,7 @@ class SearchState {
   MemoryPosterior memory_;
   std::vector<uint8_t> flags_, eligible_, failures_;
   std::vector<double> measured_time_s_;
+  std::vector<double> time_errors_;
   std::vector<Observation> history_;
   int64_t eligible_count_ = 0;
   int64_t measured_count_ = 0;

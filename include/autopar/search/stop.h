@@ -19,6 +19,11 @@
 // draws (a Monte Carlo estimate over θ, exact over the noise). The draws come from
 // Rng(seed, trial, kStopCheck), so the decision replays exactly.
 //
+// Neither fires while the posterior is being surprised: each of the last `recent` (3) measured
+// step times must have fallen within `recent_bound` (2) standard deviations of the predictive it
+// had before it was learnt (SearchState::time_errors). A cluster that differs from the model in a
+// way the posterior has not yet taken in shows up there first, while the draws still look sure.
+//
 // The two model rules are complementary: `converged` asks for near-certainty that nothing is
 // better at all, `no_likely_improvement` for near-certainty that nothing is better by a margin
 // that matters.
@@ -42,6 +47,8 @@ struct StopSettings {
   double epsilon = 0.02;
   double delta = 0.01;
   int64_t min_measured = 5;
+  int recent = 3;
+  double recent_bound = 2.0;
 };
 
 struct StopCheck {
@@ -50,6 +57,8 @@ struct StopCheck {
   // fastest configuration is a measured one, and that an unmeasured one is faster by more than ε.
   double on_measured = std::numeric_limits<double>::quiet_NaN();
   double p_improvement = std::numeric_limits<double>::quiet_NaN();
+  // The largest |standardised error| of the last `recent` measurements (NaN when not checked).
+  double recent_error = std::numeric_limits<double>::quiet_NaN();
 };
 
 // `trials_done` is the number of finished trials, `elapsed_s` the study's tuning time so far.
