@@ -21,6 +21,7 @@ commands:
              times at least that many iterations, more (up to 100) until they add up to 0.5 s
              writes DIR/result.json, trials.csv, best.args
   make-replay-table   a synthetic replay table of the space: --output FILE.csv [--truth-seed N]
+             [--world scaled|interactions|kernel|memory|noisy|near_memory|mixed]
   plan       rank the feasible space with the analytic model (no trials); --top K, --breakdown
   predict    one configuration: --config SPEC (tp=8,pp=4,dp=2,cp=1,up=1,ep=1,vpp=1,mbs=1,
              sp=on,recompute=selective,dist_opt=on; omitted keys take defaults)

@@ -20,6 +20,7 @@
 #include "autopar/coord/replay.h"
 #include "autopar/coord/study.h"
 #include "autopar/coord/tuner.h"
+#include "autopar/coord/worlds.h"
 #include "tune_report.h"
 
 namespace autopar::cli {
@@ -213,8 +214,10 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
 
   // ---- the backend (on ranks other than 0, a real backend runs the worker loop and returns) ----
   std::unique_ptr<coord::TrialBackend> backend;
+  coord::ReplayBackend* replay = nullptr;  // its noise seed is the study's, known below
   if (flags.backend == "replay") {
     backend = std::make_unique<coord::ReplayBackend>(*table);
+    replay = static_cast<coord::ReplayBackend*>(backend.get());
   } else {
     const auto factory = Registry().find(flags.backend);
     if (factory == Registry().end()) {
@@ -278,6 +281,7 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
   settings.max_p_oom = flags.max_p_oom;
   settings.modelled_non_tensor_gib = in.constants.mem.runtime_overhead_gib;
   flags.tuner.seed = sd.seed();
+  if (replay != nullptr) replay->set_noise_seed(sd.seed());
   ProgressPrinter progress(err, *candidates, flags.tuner, flags.quiet,
                            &err == &std::cerr && isatty(STDERR_FILENO));
   // The read-only status endpoint: it only reads the board the observer keeps, so a failure to
@@ -365,6 +369,12 @@ int RunTune(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
 int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
   Args args(argv);
   const auto output = args.Value("--output");
+  const std::string world_name = args.Value("--world").value_or("scaled");
+  const std::optional<coord::WorldFamily> world = coord::ParseWorldFamily(world_name);
+  if (!world) {
+    throw InputError("--world", std::string("allowed: ") + coord::WorldFamilyNames() + "; got '" +
+                                    world_name + "'");
+  }
   coord::SyntheticTruth truth;
   truth.seed = static_cast<uint64_t>(args.Int("--truth-seed", 1, 0));
   auto range = [&](const std::string& flag, double* lo, double* hi) {
@@ -402,7 +412,9 @@ int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, 
     err << "autopar-tune make-replay-table: the space is empty\n";
     return kExitInfeasible;
   }
-  const coord::ReplayTable table = coord::MakeSyntheticTable(candidates, truth);
+  std::string summary;
+  const coord::ReplayTable table = coord::MakeWorldTable(
+      candidates, coord::WorldShape::Of(in.model, in.train), *world, truth, &summary);
   const std::string csv = table.ToCsv();
   int64_t ok = 0;
   for (const coord::ReplayRow& r : table.rows()) ok += r.status == search::Outcome::kOk;
@@ -422,6 +434,7 @@ int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, 
     err << "; best " << ToSpec(best->config) << " " << best->step_time_s << " s";
   }
   err << "\n";
+  if (*world != coord::WorldFamily::kScaled) err << "make-replay-table: " << summary << "\n";
   return kExitOk;
 }
 

@@ -110,8 +110,11 @@ std::string ResultJson(const TuneReport& r) {
     j.Field("rows", static_cast<int64_t>(r.table->rows().size()));
     if (best != nullptr) {
       j.Field("best_config", ToSpec(best->config)).Field("best_step_time_s", best->step_time_s);
-      j.Field("regret",
-              ranked.empty() ? NAN : ranked.front()->result.step_time_s() / best->step_time_s - 1);
+      // The table's (noise-free) time of the configuration the search recommends.
+      const coord::ReplayRow* chosen =
+          ranked.empty() ? nullptr
+                         : r.table->Find(ToSpec(r.candidates.config(ranked.front()->candidate)));
+      j.Field("regret", chosen ? chosen->step_time_s / best->step_time_s - 1 : NAN);
     }
     j.EndObject();
   }

@@ -6,7 +6,6 @@
 
 #include "autopar/common/status.h"
 #include "autopar/coord/convert.h"
-#include "autopar/search/posterior.h"
 #include "autopar/search/rng.h"
 
 namespace autopar::coord {
@@ -151,6 +150,13 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
     row.status = *status;
     row.step_time_s = r.Number("step_time_s", cell("step_time_s"));
     row.peak_memory_gib = r.Number("peak_memory_gib", cell("peak_memory_gib"));
+    if (column.count("noise_sd")) {
+      const double sd = r.Number("noise_sd", cell("noise_sd"));
+      if (!std::isnan(sd) && !(sd >= 0 && sd < 1)) {
+        r.Fail("noise_sd", "must be in [0, 1) or empty, got '" + cell("noise_sd") + "'");
+      }
+      row.noise_sd = std::isnan(sd) ? 0 : sd;
+    }
     if (row.status == search::Outcome::kOk && !(row.step_time_s > 0)) {
       r.Fail("step_time_s",
              "an ok row needs a positive step time, got '" + cell("step_time_s") + "'");
@@ -186,9 +192,13 @@ const ReplayRow* ReplayTable::Best() const {
 }
 
 std::string ReplayTable::ToCsv() const {
+  // The noise column only where it says something, so a noise-free table reads as it always did.
+  bool noisy = false;
+  for (const ReplayRow& r : rows_) noisy = noisy || r.noise_sd > 0;
   std::string out =
       "tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,step_time_s,"
-      "peak_memory_gib,status\n";
+      "peak_memory_gib,status";
+  out += noisy ? ",noise_sd\n" : "\n";
   char line[256];
   auto number = [](double v) {
     char buf[32];
@@ -203,6 +213,10 @@ std::string ReplayTable::ToCsv() const {
                   c.recompute_layers, c.dist_opt ? "on" : "off", number(r.step_time_s).c_str(),
                   number(r.peak_memory_gib).c_str(), search::ToString(r.status));
     out += line;
+    if (noisy) {
+      out.back() = ',';
+      out += number(r.noise_sd) + "\n";
+    }
   }
   return out;
 }
@@ -237,43 +251,20 @@ pb::TrialResult ReplayBackend::Run(const pb::TrialRequest& request) {
     return out;
   }
   out.set_status(ToProto(row->status));
-  if (row->status == search::Outcome::kOk) out.set_step_time_s(row->step_time_s);
+  if (row->status == search::Outcome::kOk) {
+    double step_time_s = row->step_time_s;
+    if (row->noise_sd > 0) {
+      search::Hasher key;
+      key.Add(request.spec().data(), request.spec().size());
+      key.Add(static_cast<uint64_t>(request.attempt()));
+      search::Rng rng(noise_seed_, static_cast<int64_t>(key.value()), search::Purpose::kSynthetic);
+      step_time_s *= std::exp(row->noise_sd * rng.Normal());
+    }
+    out.set_step_time_s(step_time_s);
+  }
   if (!std::isnan(row->peak_memory_gib)) out.set_peak_memory_gib(row->peak_memory_gib);
   if (row->status != search::Outcome::kOk) out.set_failed_rank(0);
   return out;
-}
-
-ReplayTable MakeSyntheticTable(const search::CandidateSet& candidates, const SyntheticTruth& t) {
-  search::Rng rng(t.seed, 0, search::Purpose::kSynthetic);
-  // The truth has no level effects: every component scaled by its own factor.
-  std::vector<double> theta(static_cast<size_t>(candidates.num_coefficients()), 0.0);
-  for (int k = 0; k < kNumFeatures; ++k) {
-    theta[k] = search::IsCommunication(k)
-                   ? t.comm_low * std::exp(rng.Uniform() * std::log(t.comm_high / t.comm_low))
-                   : t.compute_low + rng.Uniform() * (t.compute_high - t.compute_low);
-  }
-  const double memory_scale =
-      t.memory_scale_low + rng.Uniform() * (t.memory_scale_high - t.memory_scale_low);
-  std::vector<ReplayRow> rows;
-  rows.reserve(static_cast<size_t>(candidates.size()));
-  for (int64_t i = 0; i < candidates.size(); ++i) {
-    ReplayRow row;
-    row.config = candidates.config(i);
-    row.line = i + 2;
-    // Draw every variate for every row, so a row's values do not depend on other rows' fates.
-    const double time_noise = std::exp(t.noise * rng.Normal());
-    const double memory_noise = std::exp(t.memory_noise * rng.Normal());
-    const bool surprise = rng.Uniform() < t.surprise_oom;
-    row.peak_memory_gib = memory_scale * candidates.nominal_memory_gib(i) * memory_noise;
-    if (row.peak_memory_gib > candidates.capacity_gib() || surprise) {
-      row.status = search::Outcome::kOom;
-    } else {
-      row.status = search::Outcome::kOk;
-      row.step_time_s = candidates.PredictOne(i, theta.data()) * time_noise;
-    }
-    rows.push_back(row);
-  }
-  return ReplayTable(std::move(rows));
 }
 
 }  // namespace autopar::coord

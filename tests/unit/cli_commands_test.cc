@@ -172,6 +172,21 @@ TEST(Cli, BadInputNamesTheFlagAndExitsTwo) {
   std::vector<std::string> cuda_mpi = {"trial", "--backend", "cuda", "--p2p-semantics", "mpi"};
   cuda_mpi.insert(cuda_mpi.end(), tiny.begin(), tiny.end());
   ExpectBadInput(cuda_mpi, "--p2p-semantics");
+  // make-replay-table --world: named with the families.
+  ExpectBadInput(Cmd("make-replay-table", Llama7bOn(1, {"--world", "wobbly"})), "--world");
+  ExpectBadInput(Cmd("make-replay-table", Llama7bOn(1, {"--world", "wobbly"})),
+                 "scaled, interactions, kernel, memory, noisy, near_memory, mixed");
+}
+
+TEST(Cli, MakeReplayTableWritesAWorld) {
+  const Result scaled = RunCli(Cmd("make-replay-table", Llama7bOn(1)));
+  ASSERT_EQ(scaled.code, kExitOk) << scaled.err;
+  EXPECT_EQ(scaled.out, RunCli(Cmd("make-replay-table", Llama7bOn(1, {"--world", "scaled"}))).out);
+  const Result noisy = RunCli(Cmd("make-replay-table", Llama7bOn(1, {"--world", "noisy"})));
+  ASSERT_EQ(noisy.code, kExitOk) << noisy.err;
+  EXPECT_EQ(noisy.out.substr(0, noisy.out.find('\n')).substr(noisy.out.find(",noise_sd")),
+            ",noise_sd");
+  EXPECT_NE(noisy.err.find("measurement noise sd"), std::string::npos) << noisy.err;
 }
 
 // The first ranked line's step time of `predict --config SPEC` for the tiny model on 4 cpu ranks.

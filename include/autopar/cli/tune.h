@@ -12,9 +12,10 @@
 // 4 study locked or mismatched.
 //
 // make-replay-table: enumerates the space with the analytic model and writes a synthetic replay
-// table whose truth is the model mis-specified (coord::SyntheticTruth):
-//   --output FILE.csv  --truth-seed N  --compute-range LO,HI  --comm-range LO,HI  --noise S
-//   --memory-noise S  --memory-scale-range LO,HI  --surprise-oom P
+// table whose truth is the model mis-specified (coord::SyntheticTruth), or a world built on it
+// (coord::WorldFamily, worlds.h):
+//   --output FILE.csv  --truth-seed N  --world FAMILY (scaled)  --compute-range LO,HI
+//   --comm-range LO,HI  --noise S  --memory-noise S  --memory-scale-range LO,HI  --surprise-oom P
 #pragma once
 
 #include <functional>

@@ -3,7 +3,9 @@
 //
 // The table is CSV with a header naming at least the columns
 //   tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,dist_opt,step_time_s,peak_memory_gib,status
-// in any order; `recompute_layers` is read when present, other columns are ignored. sp and
+// in any order; `recompute_layers` and `noise_sd` are read when present, other columns are ignored.
+// `noise_sd` (empty or 0: none) is the relative sd of a measurement of the row: step_time_s is then
+// the noise-free step time and each measurement is drawn around it (ReplayBackend). sp and
 // dist_opt are on/off (or true/false, 1/0); recompute none/selective/full; status one of ok, oom,
 // timeout, comm_error, device_error, nonfinite, worker_lost, invalid. step_time_s is required on
 // ok rows and may be empty elsewhere; peak_memory_gib may be empty. Blank lines and lines starting
@@ -29,7 +31,8 @@ struct ReplayRow {
   search::Outcome status = search::Outcome::kOk;
   double step_time_s = std::numeric_limits<double>::quiet_NaN();
   double peak_memory_gib = std::numeric_limits<double>::quiet_NaN();
-  int64_t line = 0;  // in the source file, for messages
+  double noise_sd = 0;  // lognormal sd of one measurement of step_time_s (0: exact)
+  int64_t line = 0;     // in the source file, for messages
 };
 
 class ReplayTable {
@@ -44,7 +47,8 @@ class ReplayTable {
   const ReplayRow* Find(const std::string& spec) const;
   // The fastest ok row (nullptr when none).
   const ReplayRow* Best() const;
-  // Canonical CSV (header with recompute_layers; what make-replay-table writes).
+  // Canonical CSV (header with recompute_layers, and noise_sd when a row has noise; what
+  // make-replay-table writes).
   std::string ToCsv() const;
 
   // Every row must be a valid configuration of `space` (whose options should allow anything the
@@ -56,15 +60,22 @@ class ReplayTable {
   std::unordered_map<std::string, size_t> index_;
 };
 
+// Answers a trial with its row. An ok row with noise_sd > 0 is measured as
+// step_time_s·exp(noise_sd·z), z a standard normal that is a pure function of (noise_seed, spec,
+// attempt): the same study seed sees the same measurements, a resumed study included.
 class ReplayBackend : public TrialBackend {
  public:
-  explicit ReplayBackend(const ReplayTable& table) : table_(table) {}
+  explicit ReplayBackend(const ReplayTable& table, uint64_t noise_seed = 0)
+      : table_(table), noise_seed_(noise_seed) {}
   std::string name() const override { return "replay"; }
   pb::ProbeRecorded Probe() override { return {}; }
   pb::TrialResult Run(const pb::TrialRequest& request) override;
+  // The study's seed, once known (a resumed study's is in its description).
+  void set_noise_seed(uint64_t seed) { noise_seed_ = seed; }
 
  private:
   const ReplayTable& table_;
+  uint64_t noise_seed_;
 };
 
 // A synthetic "truth" for benchmark tables: the analytic model mis-specified the way real
