@@ -16,7 +16,7 @@ commands:
              [--max-trials N] [--trial-timeout 600] [--backend cpu|cuda|replay]
              [--p2p-semantics mpi|nccl]: the CPU backend's collectives as MPI or as NCCL runs them
              [--replay-table FILE.csv] [--searcher thompson|random|grid|analytic] [--quiet]
-             [--max-p-oom 0.5]: never propose a configuration at least this likely to OOM
+             [--max-p-oom 0.9]: never propose a configuration at least this likely to OOM
              [--warmup-iterations 2] [--timed-iterations 5] [--min-timed-seconds 0.5]: a trial
              times at least that many iterations, more (up to 100) until they add up to 0.5 s
              writes DIR/result.json, trials.csv, best.args

@@ -104,8 +104,8 @@ void SearchState::RefreshMemoryFit() {
   const double q = memory_.FitQuantile(settings_.max_p_oom);
   const double capacity = candidates_.capacity_gib();
   for (int64_t i = 0; i < candidates_.size(); ++i) {
-    // The headroom's sign often decides alone (always at max_p_oom = 0.5, where q = 0): the
-    // predictive scale costs a triangular solve per candidate.
+    // The headroom's sign decides alone when it agrees with the quantile's (always at
+    // max_p_oom = 0.5, where q = 0): the predictive scale costs a triangular solve.
     const MemoryRow row = memory_row(i);
     const double headroom = memory_.Headroom(row, capacity);
     const bool fits = (q >= 0 && headroom <= 0)  ? false
