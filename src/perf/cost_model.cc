@@ -132,20 +132,19 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
   const double d = m.is_mla() ? m.qk_head_dim + m.qk_pos_emb_head_dim : m.head_dim();
   const double g = m.is_mla() ? a : m.num_query_groups;
   const double up = c.up;
-  // Heads per rank: query heads split by tp; kv heads split by tp (replicated when fewer), and
-  // after the Ulysses all-to-all a rank holds the kv heads its heads/up query heads read, so the
-  // up ranks together hold max(kv heads, up) of them.
+  // Heads per rank: query heads split by tp; kv heads split by tp (replicated when fewer). The
+  // Ulysses all-to-all scatters both over up, which divides them (the space's UlyssesKvReason,
+  // Transformer Engine's rule), so the up ranks together hold the tp rank's kv heads.
   const double tp_heads = a / t;
   const double tp_kv = std::max(g / t, 1.0);
-  const double ul_kv = up > 1 ? std::max(tp_kv, up) : tp_kv;
   // Saved per layer: the inputs and outputs of both norms (replicated over tp unless SP shards
   // them) and dropout masks; q, k, v (with Ulysses, the all-to-all's output) and the attention
   // output (with Ulysses, also its head-sharded form before the all-to-all back, unless selective
   // recompute reruns it); the MLP's fc1 output (gate and up for SwiGLU) and activation output.
   const double replicated = (4 * elem + (stack.dropout ? 2 : 0)) * tokens * h;
   const double attention_saved =
-      elem * tokens * d * (2 * tp_heads + 2 * ul_kv +
-                           (up > 1 && c.recompute != Recompute::kSelective ? tp_heads : 0));
+      elem * tokens * d *
+      (2 * tp_heads + 2 * tp_kv + (up > 1 && c.recompute != Recompute::kSelective ? tp_heads : 0));
   const double gated = elem * (m.activation == Activation::kSwiGLU ? 3 : 2);
   const double scores =
       stack.flash_attention || c.recompute == Recompute::kSelective
@@ -176,8 +175,8 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
   // two in flight) and their gradients (two being summed, one arriving), and a merge buffer.
   double context_ws = 0;
   if (c.cp > 1 || c.up > 1) {
-    const double rows = tokens * up, ul_cols = d * (tp_heads + 2 * ul_kv) / up;
-    const double kv_cols = 2 * d * ul_kv / up;
+    const double rows = tokens * up, ul_cols = d * (tp_heads + 2 * tp_kv) / up;
+    const double kv_cols = 2 * d * tp_kv / up;
     context_ws = rows * ul_cols;
     if (c.up > 1) context_ws += 2 * rows * ul_cols + rows * d * tp_heads / up;
     if (c.cp > 1) context_ws += 6 * rows * kv_cols + rows / 2 * d * tp_heads / up;

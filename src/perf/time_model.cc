@@ -122,11 +122,10 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   const double qk_dim = m.is_mla() ? m.qk_head_dim + m.qk_pos_emb_head_dim : m.head_dim();
   const double v_dim = m.is_mla() ? m.v_head_dim : m.head_dim();
   const double kv_heads = m.is_mla() ? a : m.num_query_groups;
-  // Heads per rank: query heads split by tp; kv heads by tp (replicated when fewer); after the
-  // Ulysses all-to-all the up ranks together hold max(kv heads, up) of a tp rank's kv heads.
+  // Heads per rank: query heads split by tp; kv heads by tp (replicated when fewer). The Ulysses
+  // all-to-all scatters both over up, which divides them (the space's UlyssesKvReason).
   const double tp_heads = a / t;
   const double tp_kv = std::max(kv_heads / t, 1.0);
-  const double ul_kv = c.up > 1 ? std::max(tp_kv, static_cast<double>(c.up)) : tp_kv;
   const double attn_params = params_.attention_per_layer;
   const double one_expert =
       m.is_moe() ? static_cast<double>(params_.expert_per_layer) / m.num_experts : 0;
@@ -181,11 +180,11 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     const double act_bytes = element_bytes_ * tokens * h;
     f[kTpComm] = c.sp ? 4 * AllGatherTime(act_bytes, c.tp, tp_stride)
                       : 2 * AllReduceTime(act_bytes, c.tp, tp_stride);
-    // Ulysses (as the trial runs it): one all-to-all of q, k and v into head shards (kv heads
-    // replicated when a tp rank has fewer than up), one of the output back; backward mirrors
-    // them. The buffers are packed and unpacked by row gathers.
+    // Ulysses (as the trial runs it): one all-to-all of q, k and v into head shards, one of the
+    // output back; backward mirrors them. The buffers are packed and unpacked by row gathers.
     if (c.up > 1) {
-      const double qkv_bytes = element_bytes_ * tokens * (tp_heads * qk_dim + ul_kv * (qk_dim + v_dim));
+      const double qkv_bytes =
+          element_bytes_ * tokens * (tp_heads * qk_dim + tp_kv * (qk_dim + v_dim));
       const double o_bytes = element_bytes_ * tokens * tp_heads * v_dim;
       f[kUlyssesComm] =
           AllToAllTime(qkv_bytes, c.up, up_stride) + AllToAllTime(o_bytes, c.up, up_stride);
@@ -197,7 +196,7 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     // more hop home after the last step, which nothing hides.
     double cp_bwd = 0;
     if (c.cp > 1) {
-      const double kv_block = element_bytes_ * tokens * ul_kv * (qk_dim + v_dim);
+      const double kv_block = element_bytes_ * tokens * tp_kv * (qk_dim + v_dim);
       const bool crosses = CrossesNodes(c.cp, cp_stride);
       const double step = P2PTime(kv_block, crosses), both = P2PTime(2 * kv_block, crosses);
       const double attention_step = f[kAttention] / c.cp;

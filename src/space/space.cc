@@ -71,14 +71,21 @@ std::string TpReason(const ModelSpec& m, const ClusterSpec& cl, bool across_node
   return {};
 }
 
-// Ulysses scatters heads: a tp rank's kv heads and up must divide one another (kv heads are
-// replicated when up exceeds them).
+// Ulysses is Megatron's all-to-all context parallelism (--cp-comm-type a2a, or a2a+p2p with the
+// ring): Transformer Engine scatters each tp rank's query and key/value heads over the up ranks and
+// asserts both counts divisible by up ("The number of attention heads needs to be divisible by CP
+// size!"). Megatron keeps num_query_groups / tp kv heads per tp rank, one (replicated) when tp
+// exceeds num_query_groups, so up must divide that count: nothing is replicated over up. MLA's
+// keys and values have one head per query head, which heads % (tp·up) already covers.
 std::string UlyssesKvReason(const ModelSpec& m, int64_t tp, int64_t up) {
-  if (up == 1 || m.is_mla() || m.num_query_groups % tp != 0) return {};
-  const int64_t kv = m.num_query_groups / tp;
-  if (kv % up == 0 || up % kv == 0) return {};
-  return "up=" + Str(up) + " and the " + Str(kv) + " key/value heads per tp rank must divide "
-         "one another";
+  if (up == 1 || m.is_mla()) return {};
+  const int64_t kv = std::max<int64_t>(m.num_query_groups / tp, 1);
+  if (kv % up == 0) return {};
+  return "up=" + Str(up) + " does not divide the " + Str(kv) +
+         " key/value heads per tp rank (num_query_groups=" + Str(m.num_query_groups) +
+         " over tp=" + Str(tp) +
+         "); Transformer Engine's all-to-all context parallelism (--cp-comm-type a2a) scatters "
+         "them over the up ranks";
 }
 
 std::string SeqSplitReason(const TrainSpec& t, const char* name, int64_t v) {
@@ -120,6 +127,8 @@ void SearchSpace::ValidateOptions() const {
       throw InputError("--up", "up=" + Str(up) + " does not divide num_attention_heads=" +
                                    Str(model_.num_attention_heads));
     }
+    // The kv heads per tp rank only shrink as tp grows: what fails at tp=1 fails everywhere.
+    fail_if("--up", UlyssesKvReason(model_, 1, up));
   }
   for (int32_t ep : options_.ep) {
     if (ep < 1) throw InputError("--ep", "must be positive");

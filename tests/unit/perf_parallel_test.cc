@@ -43,13 +43,13 @@ TEST_F(LongSequence, EachSplitPaysItsOwnCommunication) {
 }
 
 TEST_F(LongSequence, UlyssesSendsQkvAndTheOutputBothWays) {
-  // tp = 4 leaves 2 of the 8 kv heads per tp rank, fewer than up = 4: each up rank receives the
-  // one kv head its query heads read, so 4 kv heads' worth travel instead of 2.
-  const ParallelConfig c = Spec("tp=4,up=4,dp=4", 64);
-  const double tokens = 131072.0 / 4, d = 128, heads = 32.0 / 4, kv = 4;
+  // tp = 2 leaves 16 query and 4 kv heads per tp rank; up = 4 scatters both (Transformer Engine
+  // needs up to divide them), so each up rank receives 4 query heads and 1 kv head of every row.
+  const ParallelConfig c = Spec("tp=2,up=4,dp=8", 64);
+  const double tokens = 131072.0 / 4, d = 128, heads = 32.0 / 2, kv = 8.0 / 2;
   const double qkv = 2 * tokens * d * (heads + 2 * kv), o = 2 * tokens * d * heads;
-  const double per_layer = cm.AllToAllTime(qkv, 4, 4) + cm.AllToAllTime(o, 4, 4);
-  const double microbatches = 64.0 / 4;
+  const double per_layer = cm.AllToAllTime(qkv, 4, 2) + cm.AllToAllTime(o, 4, 2);
+  const double microbatches = 64.0 / 8;
   EXPECT_NEAR(cm.Time(c).features[kUlyssesComm], microbatches * model.num_layers * 2 * per_layer,
               1e-9 * per_layer);
 }

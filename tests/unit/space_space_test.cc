@@ -267,5 +267,52 @@ TEST(SearchSpace, TensorParallelStaysInsideANodeUnlessAllowed) {
   EXPECT_TRUE(saw_tp4);
 }
 
+// Ulysses runs as Megatron's all-to-all context parallelism, whose Transformer Engine kernels
+// scatter each tp rank's kv heads over the up ranks: up must divide them, never replicate them.
+TEST(SearchSpace, UlyssesNeedsUpToDivideTheKvHeadsPerTpRank) {
+  ModelSpec m = TinyModel();  // llama3-8b's head layout: 32 query heads, 8 kv heads
+  m.hidden_size = 256;
+  m.ffn_hidden_size = 512;
+  m.num_attention_heads = 32;
+  m.num_query_groups = 8;
+  const SearchSpace space(m, SmallTrain(16, 1024), SmallCluster(2, 8), {});
+  auto check = [&](const char* spec) { return space.Check(Complete(ParseSpec(spec), 16)); };
+  EXPECT_EQ(check("tp=4,up=2"), "");  // 2 kv heads per tp rank
+  EXPECT_EQ(check("tp=2,up=4"), "");  // 4
+  EXPECT_EQ(check("tp=8,up=1"), "");  // 1, no all-to-all
+  for (const char* spec : {"tp=8,up=2", "tp=4,up=4", "tp=1,up=16"}) {
+    const std::string reason = check(spec);
+    EXPECT_NE(reason.find("key/value heads per tp rank"), std::string::npos) << spec << reason;
+    EXPECT_NE(reason.find("--cp-comm-type a2a"), std::string::npos) << spec << reason;
+  }
+  // tp=8 with up=2 (query heads 32 % 16 == 0, but 1 kv head per tp rank) is never enumerated.
+  SpaceOptions o;
+  o.up = {2};
+  int64_t n = 0;
+  SearchSpace(m, SmallTrain(16, 1024), SmallCluster(2, 8), o).ForEach([&](const ParallelConfig& c) {
+    EXPECT_LE(c.tp, 4) << ToSpec(c);
+    ++n;
+  });
+  EXPECT_GT(n, 0);
+  // With one kv head (MQA) no tp leaves up anything to scatter: --up 2 names the flag.
+  m.num_query_groups = 1;
+  try {
+    SearchSpace(m, SmallTrain(16, 1024), SmallCluster(2, 8), o);
+    ADD_FAILURE() << "--up 2 accepted with one kv head";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "--up");
+  }
+  // MLA's keys and values carry one head per query head: only heads % (tp·up) matters.
+  m.kv_lora_rank = 512;
+  m.qk_head_dim = 128;
+  m.qk_pos_emb_head_dim = 64;
+  m.v_head_dim = 128;
+  m.num_query_groups = 32;
+  ASSERT_TRUE(m.is_mla());
+  EXPECT_EQ(SearchSpace(m, SmallTrain(16, 1024), SmallCluster(2, 8), {})
+                .Check(Complete(ParseSpec("tp=8,up=2"), 16)),
+            "");
+}
+
 }  // namespace
 }  // namespace autopar
