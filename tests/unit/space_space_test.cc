@@ -134,7 +134,7 @@ TEST(SearchSpace, EnumerationEqualsBruteForceFilteredByCheck) {
                         for (bool dist_opt : {false, true}) {
                           ParallelConfig c{tp, pp, dp, cp, up, ep, vpp, mbs, sp, r, layers, dist_opt};
                           c.overlap_param_gather = OverlapParamGatherAllowed(c);  // the default
-                          if (dist_opt && dp * cp == 1) continue;  // same as dist_opt=off
+                          if (dist_opt && dp * cp * up == 1) continue;  // same as dist_opt=off
                           if (space.Check(c).empty()) brute.insert(ToSpec(c));
                         }
   EXPECT_EQ(enumerated, brute);

@@ -160,8 +160,9 @@ void SearchSpace::ForEach(Fn&& fn) const {
                     for (int32_t layers : layer_counts) {
                       c.recompute_layers = layers;
                       for (bool dist_opt : dist_opt_values) {
-                        // With one data-parallel replica there is nothing to distribute over.
-                        if (dist_opt && dp * cp == 1) continue;
+                        // With one replica (Megatron shards over dp·cp, its cp being cp·up)
+                        // there is nothing to distribute over.
+                        if (dist_opt && dp * cp * up == 1) continue;
                         c.dist_opt = dist_opt;
                         for (bool grad_overlap : grad_overlap_values) {
                           c.overlap_grad_reduce = grad_overlap;
