@@ -71,6 +71,53 @@ GpuSpec LoadGpu(const std::string& value) {
   return GpuFromYaml(ReadTextFile("--gpu", value));
 }
 
+// Megatron's context parallel group of size c.cp (as read from --context-parallel-size) split
+// into our ring (cp) and Ulysses (up) degrees by its communication type
+// (megatron/training/arguments.py, megatron/core/model_parallel_config.py): p2p, the default, is
+// the ring; a2a is Ulysses; a2a+p2p is both, --hierarchical-context-parallel-sizes giving the a2a
+// group's size and then the p2p group's (Megatron asserts that they multiply to the cp size).
+void SplitContextParallel(const std::vector<std::string>& comm_types,
+                          const std::vector<std::string>& hierarchical, ParallelConfig& c) {
+  const std::string comm_flag = "--cp-comm-type",
+                    sizes_flag = "--hierarchical-context-parallel-sizes";
+  std::string type = "p2p";
+  if (!comm_types.empty()) {
+    type = comm_types[0];
+    for (const std::string& t : comm_types) {
+      if (t != type) {
+        throw InputError(
+            comm_flag, "one type for every layer is modelled, got '" + type + "' and '" + t + "'");
+      }
+    }
+  }
+  std::vector<int32_t> sizes;
+  int64_t product = 1;
+  for (const std::string& v : hierarchical) {
+    sizes.push_back(static_cast<int32_t>(ToInt(sizes_flag, v, 1)));
+    product *= sizes.back();
+  }
+  if (!sizes.empty() && product != c.cp) {
+    throw InputError(sizes_flag, "the sizes multiply to " + std::to_string(product) +
+                                     " but --context-parallel-size is " + std::to_string(c.cp));
+  }
+  if (type == "p2p") return;  // the ring: cp as read, up = 1
+  if (type == "a2a") {
+    c.up = c.cp;
+    c.cp = 1;
+  } else if (type == "a2a+p2p") {
+    if (sizes.size() != 2) {
+      throw InputError(sizes_flag,
+                       "a2a+p2p needs two sizes, the a2a (Ulysses) group's and then "
+                       "the p2p (ring) group's, e.g. 2 4");
+    }
+    c.up = sizes[0];
+    c.cp = sizes[1];
+  } else {
+    throw InputError(comm_flag, std::string("allowed: p2p, a2a, a2a+p2p (all-gather context ") +
+                                    "parallelism is not modelled); got '" + type + "'");
+  }
+}
+
 // Megatron-LM's parallelism and software-stack flags, taken out of `args` (argv items).
 // Returns the configuration they describe, if any parallel flag was present. `precision` decides
 // what an absent reduction-dtype flag means (Megatron reduces bf16 runs' gradients in fp32 and
@@ -86,6 +133,10 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
   };
   int64_t layers_per_virtual_stage = 0;
   std::string recompute_method;
+  // Megatron's context parallelism of size --context-parallel-size runs as our ring (p2p, the
+  // default), Ulysses (a2a) or both (a2a+p2p, split by --hierarchical-context-parallel-sizes).
+  std::vector<std::string> cp_comm_types;
+  std::vector<std::string> hierarchical_cp_sizes;
   // Megatron defaults both overlaps off and reduces bf16 gradients in fp32: a script describes
   // exactly what it passes (arguments.py: --overlap-grad-reduce, --overlap-param-gather,
   // --grad-reduce-in-bf16, --accumulate-allreduce-grads-in-fp32).
@@ -105,9 +156,17 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
       return args[++i];
     };
     auto next_int = [&]() { return static_cast<int32_t>(ToInt(flag, next(), 1)); };
+    // argparse's nargs='+': `--flag=a` is one value, `--flag a b` every word up to the next flag.
+    auto next_list = [&]() {
+      std::vector<std::string> values = {next()};
+      while (!value && i + 1 < args.size() && !IsFlag(args[i + 1])) values.push_back(args[++i]);
+      return values;
+    };
     if (flag == "--tensor-model-parallel-size") cfg().tp = next_int();
     else if (flag == "--pipeline-model-parallel-size") cfg().pp = next_int();
     else if (flag == "--context-parallel-size") cfg().cp = next_int();
+    else if (flag == "--cp-comm-type") cp_comm_types = next_list();
+    else if (flag == "--hierarchical-context-parallel-sizes") hierarchical_cp_sizes = next_list();
     else if (flag == "--expert-model-parallel-size") cfg().ep = next_int();
     else if (flag == "--virtual-pipeline-model-parallel-size") cfg().vpp = next_int();
     else if (flag == "--num-layers-per-virtual-pipeline-stage") layers_per_virtual_stage = next_int();
@@ -142,6 +201,7 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
     config->grad_reduce_dtype =
         grad_reduce_in_fp32.value_or(precision != Precision::kFP16) ? GradReduceDtype::kFP32
                                                                     : GradReduceDtype::kBF16;
+    SplitContextParallel(cp_comm_types, hierarchical_cp_sizes, *config);
     if (layers_per_virtual_stage > 0) {
       const int64_t per_stage = model.num_layers / config->pp;
       if (per_stage % layers_per_virtual_stage != 0) {

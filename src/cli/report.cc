@@ -155,8 +155,21 @@ std::string MegatronFlags(const ParallelConfig& c, const ModelSpec& model, const
   if (c.vpp > 1) {
     f << " --num-layers-per-virtual-pipeline-stage " << model.num_layers / c.pp / c.vpp;
   }
-  if (c.cp > 1) f << " --context-parallel-size " << c.cp;
-  if (c.ep > 1) f << " --expert-model-parallel-size " << c.ep;
+  // Megatron-LM's context parallelism is both of our sequence splits: its size is cp·up, and
+  // --cp-comm-type says how attention crosses it: p2p (the default) is the ring, a2a is Ulysses,
+  // a2a+p2p is Ulysses inside rings, with --hierarchical-context-parallel-sizes listing the a2a
+  // group's size first (megatron/core/model_parallel_config.py; the a2a groups are the
+  // consecutive ranks of the cp group, up next to tp as in our rank order).
+  if (c.cp * c.up > 1) f << " --context-parallel-size " << c.cp * c.up;
+  if (c.up > 1 && c.cp == 1) f << " --cp-comm-type a2a";
+  if (c.up > 1 && c.cp > 1) {
+    f << " --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes " << c.up << ' ' << c.cp;
+  }
+  if (c.ep > 1) {
+    // The cost model dispatches tokens to experts by all-to-all; Megatron's default dispatcher
+    // all-gathers them.
+    f << " --expert-model-parallel-size " << c.ep << " --moe-token-dispatcher-type alltoall";
+  }
   f << " --micro-batch-size " << c.mbs << " --global-batch-size " << train.global_batch_size;
   if (c.sp) f << " --sequence-parallel";
   if (c.recompute == Recompute::kSelective) f << " --recompute-granularity selective";
@@ -179,8 +192,6 @@ std::string MegatronFlags(const ParallelConfig& c, const ModelSpec& model, const
   if (fp32_reduce && train.precision == Precision::kFP16) {
     f << " --accumulate-allreduce-grads-in-fp32";
   }
-  // Megatron-LM has no Ulysses; DeepSpeed's sequence-parallel degree is the equivalent knob.
-  if (c.up > 1) f << " --ds-sequence-parallel-size " << c.up;
   return f.str();
 }
 

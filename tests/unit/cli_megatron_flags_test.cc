@@ -1,0 +1,303 @@
+// Every Megatron-LM flag the tool emits (MegatronFlags: `--format megatron`, best.args,
+// megatron_args), with what it means to Megatron-LM (NVIDIA/Megatron-LM d98e8a6,
+// megatron/training/arguments.py and the dataclasses its ArgumentGroupFactory turns into flags).
+// The cases cover every value of every knob of the space; each must print exactly its flag line,
+// use only flags of the table, and read back (`--megatron-args`) as the same configuration. A new
+// flag fails the test until the table says what it means; scripts/check_megatron_flags.sh checks
+// the same flags against a Megatron-LM checkout.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "autopar/cli/commands.h"
+#include "autopar/cli/report.h"
+#include "autopar/space/space.h"
+#include "autopar/spec/parse.h"
+
+namespace autopar::cli {
+namespace {
+
+struct FlagMeaning {
+  const char* flag;
+  const char* knob;      // what of ours it carries
+  const char* megatron;  // what Megatron-LM does with it
+};
+
+// clang-format off
+constexpr FlagMeaning kEmitted[] = {
+    {"--tensor-model-parallel-size", "tp",
+     "ModelParallelConfig.tensor_model_parallel_size: tensor parallel group size"},
+    {"--pipeline-model-parallel-size", "pp",
+     "ModelParallelConfig.pipeline_model_parallel_size: pipeline stages"},
+    {"--num-layers-per-virtual-pipeline-stage", "vpp > 1, as layers / (pp·vpp)",
+     "layers per model chunk; Megatron derives virtual_pipeline_model_parallel_size = layers per "
+     "stage / this (interleaved 1F1B)"},
+    {"--context-parallel-size", "cp·up > 1",
+     "ModelParallelConfig.context_parallel_size: the sequence split over cp·up ranks; dp is what "
+     "the world leaves over tp·pp·cp"},
+    {"--cp-comm-type", "up > 1: a2a (Ulysses alone) or a2a+p2p (Ulysses inside rings)",
+     "how attention crosses the cp group: p2p ring (default), a2a all-to-all over heads, a2a+p2p "
+     "hierarchical"},
+    {"--hierarchical-context-parallel-sizes", "up and cp, with a2a+p2p",
+     "ModelParallelConfig.hierarchical_context_parallel_sizes: the a2a group's size, then the "
+     "p2p group's; their product is the cp size"},
+    {"--expert-model-parallel-size", "ep > 1",
+     "ModelParallelConfig.expert_model_parallel_size: experts split over ep ranks (expert tensor "
+     "parallelism left at its default, tp)"},
+    {"--moe-token-dispatcher-type", "ep > 1: alltoall, the dispatch the cost model times",
+     "TransformerConfig.moe_token_dispatcher_type (default allgather)"},
+    {"--micro-batch-size", "mbs", "TrainingConfig.micro_batch_size"},
+    {"--global-batch-size", "the job's batch (dp implied)",
+     "TrainingConfig.global_batch_size; micro-batches = gbs / (dp·mbs)"},
+    {"--sequence-parallel", "sp=on", "ModelParallelConfig.sequence_parallel"},
+    {"--recompute-granularity", "recompute=selective|full",
+     "TransformerConfig.recompute_granularity"},
+    {"--recompute-method", "recompute=full: uniform (every layer) or block (recompute_layers)",
+     "TransformerConfig.recompute_method"},
+    {"--recompute-num-layers", "recompute=full: 1 per uniform unit, or recompute_layers per stage",
+     "TransformerConfig.recompute_num_layers"},
+    {"--use-distributed-optimizer", "dist_opt=on",
+     "optimizer state sharded over the dp·cp group"},
+    {"--overlap-grad-reduce", "overlap_grad_reduce=on",
+     "DistributedDataParallelConfig.overlap_grad_reduce (default off)"},
+    {"--overlap-param-gather", "overlap_param_gather=on",
+     "DistributedDataParallelConfig.overlap_param_gather; needs the two above"},
+    {"--grad-reduce-in-bf16", "grad_reduce_dtype=bf16 with bf16 or fp8 parameters",
+     "reduce gradients in bf16 (default fp32 for bf16 runs)"},
+    {"--accumulate-allreduce-grads-in-fp32", "grad_reduce_dtype=fp32 with fp16 parameters",
+     "reduce gradients in fp32 (default fp16 for fp16 runs)"},
+};
+// clang-format on
+
+const FlagMeaning* Meaning(const std::string& flag) {
+  for (const FlagMeaning& m : kEmitted) {
+    if (flag == m.flag) return &m;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> Flags(const std::string& line) {
+  std::istringstream words(line);
+  std::vector<std::string> flags;
+  for (std::string w; words >> w;) {
+    if (w.rfind("--", 0) == 0) flags.push_back(w);
+  }
+  return flags;
+}
+
+// tiny-moe (4 layers, 4 query and 2 kv heads, 4 experts) on 16 ranks, 64 × 64 tokens.
+constexpr int64_t kWorld = 16;
+
+struct Case {
+  const char* spec;
+  Precision precision;
+  const char* flags;
+};
+
+// clang-format off
+const Case kCases[] = {
+    {"tp=1,pp=1", Precision::kBF16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
+     "--global-batch-size 64 --overlap-grad-reduce"},
+    {"tp=2,pp=2,vpp=2,mbs=2,sp=on", Precision::kBF16,
+     "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+     "--num-layers-per-virtual-pipeline-stage 1 --micro-batch-size 2 --global-batch-size 64 "
+     "--sequence-parallel --overlap-grad-reduce"},
+    {"cp=2", Precision::kBF16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 2 "
+     "--micro-batch-size 1 --global-batch-size 64 --overlap-grad-reduce"},
+    {"up=2", Precision::kBF16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 2 "
+     "--cp-comm-type a2a --micro-batch-size 1 --global-batch-size 64 --overlap-grad-reduce"},
+    {"cp=4,up=2", Precision::kBF16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 8 "
+     "--cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 4 --micro-batch-size 1 "
+     "--global-batch-size 64 --overlap-grad-reduce"},
+    {"tp=2,ep=4,sp=on", Precision::kBF16,
+     "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 "
+     "--expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall --micro-batch-size 1 "
+     "--global-batch-size 64 --sequence-parallel --overlap-grad-reduce"},
+    {"recompute=selective", Precision::kBF16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
+     "--global-batch-size 64 --recompute-granularity selective --overlap-grad-reduce"},
+    {"recompute=full", Precision::kBF16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
+     "--global-batch-size 64 --recompute-granularity full --recompute-method uniform "
+     "--recompute-num-layers 1 --overlap-grad-reduce"},
+    {"pp=2,recompute=full,recompute_layers=1", Precision::kBF16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --micro-batch-size 1 "
+     "--global-batch-size 64 --recompute-granularity full --recompute-method block "
+     "--recompute-num-layers 1 --overlap-grad-reduce"},
+    {"dist_opt=on", Precision::kBF16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
+     "--global-batch-size 64 --use-distributed-optimizer --overlap-grad-reduce "
+     "--overlap-param-gather"},
+    {"dist_opt=on,overlap_param_gather=off", Precision::kBF16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
+     "--global-batch-size 64 --use-distributed-optimizer --overlap-grad-reduce"},
+    {"dist_opt=on,overlap_grad_reduce=off", Precision::kBF16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
+     "--global-batch-size 64 --use-distributed-optimizer"},
+    {"grad_reduce_dtype=bf16", Precision::kBF16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
+     "--global-batch-size 64 --overlap-grad-reduce --grad-reduce-in-bf16"},
+    {"grad_reduce_dtype=bf16", Precision::kFP8,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
+     "--global-batch-size 64 --overlap-grad-reduce --grad-reduce-in-bf16"},
+    {"tp=1", Precision::kFP8,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
+     "--global-batch-size 64 --overlap-grad-reduce"},
+    {"tp=1", Precision::kFP16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
+     "--global-batch-size 64 --overlap-grad-reduce --accumulate-allreduce-grads-in-fp32"},
+    {"grad_reduce_dtype=bf16", Precision::kFP16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
+     "--global-batch-size 64 --overlap-grad-reduce"},
+};
+// clang-format on
+
+TrainSpec Train(Precision precision) {
+  TrainSpec t;
+  t.global_batch_size = 64;
+  t.seq_length = 64;
+  t.precision = precision;
+  return t;
+}
+
+const char* PrecisionFlag(Precision p) {
+  switch (p) {
+    case Precision::kFP16:
+      return "--fp16";
+    case Precision::kFP8:
+      return "--fp8-format=hybrid";
+    default:
+      return "--bf16";
+  }
+}
+
+TEST(MegatronFlags, EveryCaseIsAValidConfigurationOfTheSpace) {
+  const ModelSpec model = ModelPreset("tiny-moe");
+  ClusterSpec cluster;
+  cluster.nnodes = 2;
+  cluster.gpus_per_node = 8;
+  cluster.gpu = GpuPreset("h100");
+  const SearchSpace space(model, Train(Precision::kBF16), cluster, {});
+  for (const Case& k : kCases) {
+    EXPECT_EQ(space.Check(Complete(ParseSpec(k.spec), kWorld)), "") << k.spec;
+  }
+}
+
+TEST(MegatronFlags, EachKnobValuePrintsExactlyItsFlags) {
+  const ModelSpec model = ModelPreset("tiny-moe");
+  for (const Case& k : kCases) {
+    const ParallelConfig c = Complete(ParseSpec(k.spec), kWorld);
+    EXPECT_EQ(MegatronFlags(c, model, Train(k.precision)), k.flags)
+        << k.spec << " " << PrecisionFlag(k.precision);
+  }
+}
+
+TEST(MegatronFlags, EveryEmittedFlagHasATableEntryAndEveryEntryIsEmitted) {
+  const ModelSpec model = ModelPreset("tiny-moe");
+  std::set<std::string> emitted;
+  for (const Case& k : kCases) {
+    const std::string line =
+        MegatronFlags(Complete(ParseSpec(k.spec), kWorld), model, Train(k.precision));
+    std::set<std::string> once;
+    for (const std::string& flag : Flags(line)) {
+      EXPECT_NE(Meaning(flag), nullptr)
+          << flag << " (in " << k.spec << ") has no entry in kEmitted: say what it means";
+      EXPECT_TRUE(once.insert(flag).second) << flag << " twice in " << line;
+      emitted.insert(flag);
+    }
+  }
+  for (const FlagMeaning& m : kEmitted) {
+    EXPECT_EQ(emitted.count(m.flag), 1u) << m.flag << " is in the table but no case emits it";
+  }
+}
+
+// The whole planner's output stays inside the table too, on setups with every kind of layout.
+TEST(MegatronFlags, PlannedLinesUseOnlyTableFlags) {
+  const std::vector<std::vector<std::string>> setups = {
+      {"--model", "llama3-8b", "--seq-length", "131072", "--global-batch-size", "64", "--gpu",
+       "h100", "--nnodes", "2", "--nproc-per-node", "8", "--fix", "up=2"},
+      {"--model", "mixtral-8x7b", "--global-batch-size", "256", "--gpu", "h100", "--nnodes", "32",
+       "--nproc-per-node", "8"},
+      {"--model", "llama3-70b", "--global-batch-size", "128", "--gpu", "h100", "--nnodes", "8",
+       "--nproc-per-node", "8", "--seq-length", "32768", "--fp16"},
+  };
+  for (std::vector<std::string> argv : setups) {
+    argv.insert(argv.begin(), "plan");
+    for (const char* extra : {"--top", "200", "--format", "megatron"}) argv.push_back(extra);
+    std::ostringstream out, err;
+    ASSERT_EQ(Main(argv, out, err), 0) << err.str();
+    std::istringstream lines(out.str());
+    int n = 0;
+    for (std::string line; std::getline(lines, line); ++n) {
+      for (const std::string& flag : Flags(line)) {
+        EXPECT_NE(Meaning(flag), nullptr) << flag << " in " << line;
+      }
+    }
+    EXPECT_GT(n, 10) << argv[2];
+  }
+}
+
+// Pasted back (`--megatron-args`), each line describes the configuration it came from.
+TEST(MegatronFlags, EveryCaseReadsBackAsItsConfiguration) {
+  for (const Case& k : kCases) {
+    auto predict = [&](const std::string& flag, const std::string& value) {
+      std::ostringstream out, err;
+      const int code = Main({"predict", "--model", "tiny-moe", "--gpu", "h100", "--nnodes", "2",
+                             "--nproc-per-node", "8", "--global-batch-size", "64", "--seq-length",
+                             "64", PrecisionFlag(k.precision), flag, value, "--format", "csv"},
+                            out, err);
+      EXPECT_EQ(code, 0) << flag << " " << value << ": " << err.str();
+      return out.str();
+    };
+    EXPECT_EQ(predict("--megatron-args", k.flags), predict("--config", k.spec))
+        << k.spec << " " << PrecisionFlag(k.precision);
+  }
+}
+
+TEST(MegatronFlags, ContextParallelFlagsThatDoNotDescribeOurSplitsAreRefused) {
+  auto refusal = [](const std::string& flags) {
+    std::ostringstream out, err;
+    const int code = Main(
+        {"predict", "--model", "tiny-moe", "--gpu", "h100", "--nnodes", "2", "--nproc-per-node",
+         "8", "--global-batch-size", "64", "--seq-length", "64", "--megatron-args", flags},
+        out, err);
+    EXPECT_EQ(code, 2) << flags;
+    return err.str();
+  };
+  // Megatron asserts the sizes with a2a+p2p, and that they multiply to the cp size.
+  EXPECT_NE(refusal("--context-parallel-size 4 --cp-comm-type a2a+p2p")
+                .find("--hierarchical-context-parallel-sizes"),
+            std::string::npos);
+  EXPECT_NE(refusal("--context-parallel-size 8 --cp-comm-type a2a+p2p "
+                    "--hierarchical-context-parallel-sizes 2 2")
+                .find("multiply to 4"),
+            std::string::npos);
+  EXPECT_NE(refusal("--context-parallel-size 2 --cp-comm-type allgather").find("--cp-comm-type"),
+            std::string::npos);
+  EXPECT_NE(refusal("--context-parallel-size 2 --cp-comm-type p2p a2a").find("one type"),
+            std::string::npos);
+  // tiny-moe has 2 kv heads: a2a over 4 ranks would have to replicate them.
+  EXPECT_NE(refusal("--context-parallel-size 4 --cp-comm-type a2a").find("key/value heads"),
+            std::string::npos);
+  // The same type for every layer, or `=`, reads as one type.
+  std::ostringstream out, err;
+  EXPECT_EQ(
+      Main({"predict", "--model", "tiny-moe", "--gpu", "h100", "--nnodes", "2", "--nproc-per-node",
+            "8", "--global-batch-size", "64", "--seq-length", "64", "--megatron-args",
+            "--context-parallel-size 2 --cp-comm-type a2a a2a a2a a2a --bf16", "--format", "csv"},
+           out, err),
+      0)
+      << err.str();
+  EXPECT_NE(out.str().find(",1,1,8,1,2,1,1,1,"), std::string::npos) << out.str();  // cp=1, up=2
+}
+
+}  // namespace
+}  // namespace autopar::cli
