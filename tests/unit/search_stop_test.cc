@@ -28,6 +28,15 @@ TEST(Stop, LimitsComeFirst) {
   EXPECT_THROW(CheckStop(s, st, true, 0, 0, 0), std::invalid_argument);
 }
 
+// The candidates in the analytic model's order, fastest first.
+std::vector<int64_t> FastestFirst(const CandidateSet& cs) {
+  std::vector<int64_t> order(cs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](int64_t a, int64_t b) { return cs.nominal_time_s(a) < cs.nominal_time_s(b); });
+  return order;
+}
+
 TEST(Stop, ExhaustedWhenNothingIsEligible) {
   Llama7bCase c;
   const CandidateSet& cs = *c.candidates;
@@ -48,10 +57,7 @@ TEST(Stop, ConvergesOnceTheFastestAreMeasured) {
   Llama7bCase c;
   const CandidateSet& cs = *c.candidates;
   SearchState s(cs, SearchSettings::Default(cs));
-  std::vector<int64_t> order(cs.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(),
-            [&](int64_t a, int64_t b) { return cs.nominal_time_s(a) < cs.nominal_time_s(b); });
+  const std::vector<int64_t> order = FastestFirst(cs);
   StopSettings st;
   st.min_measured = 1;
   int64_t trials = 0;
@@ -81,10 +87,7 @@ TEST(Stop, ConvergesOnceTheFastestAreMeasured) {
 TEST(Stop, ARecentSurpriseVetoesTheModelRules) {
   Llama7bCase c;
   const CandidateSet& cs = *c.candidates;
-  std::vector<int64_t> order(cs.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(),
-            [&](int64_t a, int64_t b) { return cs.nominal_time_s(a) < cs.nominal_time_s(b); });
+  const std::vector<int64_t> order = FastestFirst(cs);
   StopSettings st;
   st.min_measured = 1;
   auto run = [&](double last_factor) {
