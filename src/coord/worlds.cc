@@ -227,7 +227,7 @@ struct NearMemory {
   // The memory scale s that puts the fastest row that fits at `fraction` of the capacity: walking
   // the rows from the fastest, row j can be that one when every faster row still OOMs at
   // s_j = fraction·capacity/peak_j (their smallest peak exceeds peak_j/fraction). Of those rows the
-  // fastest whose s_j is within [0.9, 1.3] wins (the fastest at all when none is).
+  // fastest whose s_j is within [1, 1.3] wins (memory scaled up; the fastest at all when none is).
   double Scale(const std::vector<double>& time_s, const std::vector<double>& peak_gib,
                const std::vector<bool>& surprise, double capacity_gib) const {
     std::vector<size_t> order(time_s.size());
@@ -240,7 +240,7 @@ struct NearMemory {
       if (surprise[j]) continue;  // out of memory at any scale
       if (smallest_faster > peak_gib[j] / fraction) {
         const double s = fraction * capacity_gib / peak_gib[j];
-        if (s >= 0.9 && s <= 1.3) return s;
+        if (s >= 1.0 && s <= 1.3) return s;
         if (std::isnan(fallback)) fallback = s;
       }
       smallest_faster = std::min(smallest_faster, peak_gib[j]);

@@ -29,8 +29,8 @@
 //                 (study seed, spec, attempt)
 //   near_memory   step × (1 − b·min(m̂/capacity, 1.25)): memory-hungry             b U[0.10, 0.25],
 //                 configurations (no recompute, large mbs, no dist_opt) are        fraction U[0.90, 0.99]
-//                 faster; the memory scale is then chosen so that the fastest
-//                 configuration that fits peaks at `fraction` of the capacity
+//                 faster; the memory is then scaled up (×[1, 1.3]) so that the
+//                 fastest configuration that fits peaks at `fraction` of the capacity
 //   mixed         interactions + kernel + memory + noisy                          theirs
 // clang-format on
 //
