@@ -1,40 +1,56 @@
 #!/usr/bin/env python3
-"""Search quality on replay tables: Thompson sampling against random, grid and analytic-only.
+"""Search quality on replay tables: Thompson sampling against random and analytic-only (and grid).
 
-For each table every searcher runs as a whole `autopar-tune tune --backend replay` study (journal,
-stop rules and all) for each seed, and the table reports, over the seeds:
+Every searcher runs as a whole `autopar-tune tune --backend replay` study (journal, stop rules and
+all) per seed. A run's recommendation after k trials is its fastest measured configuration; its
+regret is that configuration's step time in the table (noise-free: a `noisy` world measures around
+it) over the table's best, minus one. Per table, over the seeds:
 
-  to 2%        trials until the best measured step time is within 2% of the table's best
-               (median, with the 25th-75th percentiles; ">N" when a run never got there)
-  regret       best measured / table's best - 1 when the searcher's own stop rule fired (median,
-               and the worst seed)
-               (Thompson: convergence; the baselines have none and run until the space is
-               exhausted, so theirs is 0 by construction)
-  stop         trials until the stop rule fired
-  regret@TS    the baseline's regret after as many trials as Thompson used with the same seed
-  prop ms      median wall time of one proposal
+  to 2%       trials until the recommendation is within 2% of the table's best (median, p90;
+              ">N" when runs never got there: they count as infinitely many)
+  regret      at the stop (median, max): where the searcher's stop rule, the space or the
+              --max-trials cap ended the run
+  stop        trials at the stop (median), and how the runs stopped
+  oom         OOM trials / all trials, pooled over the seeds
+  calibration (Thompson, over all tables of the suite) the mean P(an unmeasured configuration is
+              > 2% better) the stop rule claimed when it stopped (converged or
+              no_likely_improvement) against the fraction of those runs that stopped with regret
+              > 2%: an honest rule has the second no larger than the first
 
-Targets (exit status 1 when one is missed): on a table of 500 or more configurations Thompson
-gets within 2% in at most a tenth of random's trials; on a smaller one (the CPU table) in fewer
-trials than every baseline (medians over the seeds).
+Suites (--suite):
 
-Tables (a) are synthetic: `autopar-tune make-replay-table` enumerates the space with the analytic
-model and perturbs it with a mis-specified truth (per-table efficiency factors: compute 0.8-1.2,
-communication 0.5-2.0; 3% lognormal noise per configuration; memory scale and surprise OOMs).
-Table (b) is an exhaustive CPU measurement of a small model on 4 ranks, made with the trial runner;
-it is used when it exists (with its flags in a .flags file next to it).
+  worlds (default)  4 models x 6 world families of `make-replay-table --world` (interactions,
+                    kernel, memory, noisy, near_memory, mixed; include/autopar/coord/worlds.h) x 3
+                    world seeds. --world-seeds held-out (default) uses seeds 101-103, the tables to
+                    report on; --world-seeds tune uses 1-3, the tables to tune the search on (never
+                    report the held-out ones as tuned). A model's tables use truth seed
+                    seed + 10 x (model index), so no two models share a world's parameters.
+                    Targets per table (issue 13): Thompson median to 2% <= 15, p90 <= 40, regret
+                    at stop median 0% and max <= 2%, OOM trials <= 20%.
+  today             the (a) tables of before (the scaled truth: per-table compute 0.8-1.2 and
+                    communication 0.5-2.0 factors, 3% per-configuration noise, memory scale,
+                    surprise OOMs; truth seeds 1-4) and the measured CPU table (b). Target:
+                    Thompson within 2% in at most a tenth of random's trials (median) on a table
+                    of 500 or more configurations, in fewer trials than every baseline on a smaller
+                    one.
+
+Every run is capped at --max-trials (worlds: 300; today: none, as before), so baselines without a
+stop rule are bounded; on the worlds suite only their trials to 2% are reported. Exit status 1 when
+a target is missed.
 """
 import argparse
 import concurrent.futures
 import csv
 import json
+import math
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import time
 
-SYNTHETIC = [
+MODELS = [
     ("llama2-7b, 2x8 a100", "llama2_7b_2x8_a100",
      "--model llama2-7b --gpu a100-80gb --nnodes 2 --nproc-per-node 8 --global-batch-size 128 "
      "--seq-length 4096", 1),
@@ -48,107 +64,200 @@ SYNTHETIC = [
      "--model mixtral-8x7b --gpu h100 --nnodes 4 --nproc-per-node 8 --global-batch-size 256 "
      "--seq-length 4096", 4),
 ]
-SEARCHERS = ["thompson", "random", "grid", "analytic"]
+FAMILIES = ["interactions", "kernel", "memory", "noisy", "near_memory", "mixed"]
+WORLD_SEEDS = {"tune": [1, 2, 3], "held-out": [101, 102, 103]}
 SEEDLESS = {"grid", "analytic"}  # same proposals whatever the seed: run once
+MODEL_STOPS = {"converged", "no_likely_improvement"}
+KEY = ["tp", "pp", "dp", "cp", "up", "ep", "vpp", "mbs", "sp", "recompute", "recompute_layers",
+       "dist_opt"]
+TARGET = {"median": 15, "p90": 40, "regret_max": 0.02, "oom": 0.20}
 
 
-def read_table(path):
-    rows = list(csv.DictReader(open(path)))
-    ok = [float(r["step_time_s"]) for r in rows if r["status"] == "ok"]
-    return len(rows), len(ok), min(ok) if ok else None
+class Table:
+    def __init__(self, name, label, flags, path, family=None, truth_seed=None):
+        self.name, self.label, self.flags, self.path = name, label, flags, path
+        self.family, self.truth_seed = family, truth_seed
+
+    def load(self):
+        self.time = {}
+        self.rows = 0
+        for row in csv.DictReader(open(self.path)):
+            self.rows += 1
+            if row["status"] == "ok":
+                self.time[key_of(row)] = float(row["step_time_s"])
+        self.best = min(self.time.values())
 
 
-def run_study(binary, table, flags, searcher, seed, study):
+def key_of(row):
+    def norm(column, v):
+        if column in ("sp", "dist_opt"):
+            return "on" if v in ("on", "true", "1") else "off"
+        return v or "0"
+    return tuple(norm(c, row.get(c, "0")) for c in KEY)
+
+
+def run_study(binary, table, searcher, seed, study, max_trials):
     shutil.rmtree(study, ignore_errors=True)
-    cmd = [binary, "tune", "--backend", "replay", "--replay-table", table, *flags.split(),
-           "--searcher", searcher, "--seed", str(seed), "--study", study, "--quiet",
-           "--format", "json"]
+    cmd = [binary, "tune", "--backend", "replay", "--replay-table", table.path,
+           *table.flags.split(), "--searcher", searcher, "--seed", str(seed), "--study", study,
+           "--quiet", "--format", "json"]
+    if max_trials:
+        cmd += ["--max-trials", str(max_trials)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}\nexit {r.returncode}: {r.stderr}")
     result = json.loads(r.stdout)
-    best_so_far = []
-    for row in csv.DictReader(open(os.path.join(study, "trials.csv"))):
-        b = row["best_step_time_s"]
-        best_so_far.append(float(b) if b else float("inf"))
+    trials = [(row["status"], key_of(row), float(row["step_time_s"]) if row["step_time_s"]
+               else None) for row in csv.DictReader(open(os.path.join(study, "trials.csv")))]
     shutil.rmtree(study, ignore_errors=True)
-    return {"best_so_far": best_so_far, "stop_reason": result["stop_reason"],
+    p = result.get("stop_p_improvement")
+    return {"trials": trials, "stop_reason": result["stop_reason"],
+            "p_improvement": p if isinstance(p, (int, float)) else None,
             "proposal_ms": result["timing"]["proposal_ms_median"]}
 
 
+def evaluate(run, table):
+    """Regret of the recommendation after each trial (inf before the first measurement)."""
+    regret, best_measured, chosen = [], math.inf, None
+    for status, key, measured in run["trials"]:
+        if status == "ok" and measured < best_measured:
+            best_measured, chosen = measured, key
+        regret.append(table.time[chosen] / table.best - 1 if chosen else math.inf)
+    to2 = next((i + 1 for i, r in enumerate(regret) if r <= 0.02 + 1e-12), math.inf)
+    return {"regret": regret, "to2": to2, "final": regret[-1] if regret else math.inf,
+            "n": len(regret), "oom": sum(s == "oom" for s, _, _ in run["trials"]),
+            "stop": run["stop_reason"], "p_improvement": run["p_improvement"],
+            "proposal_ms": run["proposal_ms"]}
+
+
 def median(values):
-    return statistics.median(values) if values else float("nan")
+    return statistics.median(values) if values else math.nan
+
+
+def p90(values):  # nearest rank, so an infinite value stays infinite
+    v = sorted(values)
+    return v[max(0, math.ceil(0.9 * len(v)) - 1)] if v else math.nan
 
 
 def quartiles(values):
     if len(values) < 2:
         return values[0], values[0]
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    return q[0], q[2]
+    v = sorted(values)
+    return v[max(0, math.ceil(0.25 * len(v)) - 1)], v[max(0, math.ceil(0.75 * len(v)) - 1)]
 
 
-def summarize(label, table_path, flags, binary, seeds, work, jobs):
-    n_rows, n_ok, best = read_table(table_path)
-    print(f"\n## {label}: {n_rows} configurations ({n_ok} run, {n_rows - n_ok} oom), "
-          f"best {best:.4g} s")
-    runs = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {}
-        for s in SEARCHERS:
-            for seed in ([1] if s in SEEDLESS else seeds):
-                study = os.path.join(work, "studies", f"{os.path.basename(table_path)}.{s}.{seed}")
-                job = pool.submit(run_study, binary, table_path, flags, s, seed, study)
-                futures[job] = (s, seed)
-        for f in concurrent.futures.as_completed(futures):
-            runs[futures[f]] = f.result()
-    for s in SEEDLESS:  # one run stands for every seed
-        for seed in seeds:
-            runs[(s, seed)] = runs[(s, 1)]
+def fmt(v, longest=None):
+    """A trial count; a run that never got there shows as more than the longest such run."""
+    if v == math.inf:
+        return f">{longest}" if longest else ">max"
+    return f"{v:g}"
 
-    def to_target(r):
-        for i, b in enumerate(r["best_so_far"]):
-            if b <= 1.02 * best:
-                return i + 1
-        return None
 
-    def regret_at(r, n):
-        if n <= 0 or not r["best_so_far"]:
-            return float("inf")
-        return r["best_so_far"][min(n, len(r["best_so_far"])) - 1] / best - 1
+def pct(v):
+    return "  inf" if v == math.inf else f"{100 * v:5.1f}"
 
-    header = (f"{'searcher':10} {'to 2% (median)':>15} {'p25-p75':>13} {'regret':>8} "
-              f"{'worst':>7} {'stop':>7} {'regret@TS':>10} {'prop ms':>8}")
+
+def stats(evals):
+    return {"median": median([e["to2"] for e in evals]), "p90": p90([e["to2"] for e in evals]),
+            "never": sum(e["to2"] == math.inf for e in evals),
+            "regret_median": median([e["final"] for e in evals]),
+            "regret_max": max(e["final"] for e in evals),
+            "stop_median": median([e["n"] for e in evals]),
+            "oom": sum(e["oom"] for e in evals) / max(1, sum(e["n"] for e in evals)),
+            "capped": sum(e["stop"] == "max_trials" for e in evals),
+            "longest": max((e["n"] for e in evals if e["to2"] == math.inf), default=None)}
+
+
+# ---- the worlds suite: one line per table ----
+
+def world_verdict(s):
+    missed = []
+    if not s["median"] <= TARGET["median"]:
+        missed.append("median")
+    if not s["p90"] <= TARGET["p90"]:
+        missed.append("p90")
+    if not s["regret_median"] <= 1e-12:
+        missed.append("regret-med")
+    if not s["regret_max"] <= TARGET["regret_max"] + 1e-12:
+        missed.append("regret-max")
+    if not s["oom"] <= TARGET["oom"]:
+        missed.append("oom")
+    return missed
+
+
+def report_worlds(tables, evals, searchers, cap):
+    print(f"\nThompson columns: trials to 2% (median, p90), regret at stop % (median, max), "
+          f"trials at stop (median), OOM trials %, runs stopped by the {cap}-trial cap; "
+          "baselines: trials to 2% (median/p90)")
+    others = [s for s in searchers if s != "thompson"]
+    head = (f"{'table':40} {'rows':>5} {'ok':>5} | {'med':>5} {'p90':>5} {'rg med':>6} "
+            f"{'rg max':>6} {'stop':>5} {'oom%':>5} {'cap':>3} | "
+            + " ".join(f"{s[:8]:>13}" for s in others) + " | verdict")
+    print(head)
+    print("-" * len(head))
+    failed = []
+    for t in tables:
+        line = f"{t.name:40} {t.rows:5d} {len(t.time):5d} | "
+        if "thompson" in searchers:
+            s = stats(evals[(t.name, "thompson")])
+            line += (f"{fmt(s['median'], s['longest']):>5} {fmt(s['p90'], s['longest']):>5} "
+                     f"{pct(s['regret_median']):>6} {pct(s['regret_max']):>6} "
+                     f"{s['stop_median']:5g} {100 * s['oom']:5.1f} {s['capped']:3d} | ")
+        for o in others:
+            b = stats(evals[(t.name, o)])
+            line += f"{fmt(b['median'], b['longest']) + '/' + fmt(b['p90'], b['longest']):>13} "
+        if "thompson" in searchers:
+            missed = world_verdict(s)
+            line += "| " + ("PASS" if not missed else "FAIL " + ",".join(missed))
+            if missed:
+                failed.append(t.name)
+        print(line)
+    if "thompson" in searchers:
+        print(f"\nper family (Thompson, pooled over models and world seeds):")
+        print(f"{'family':14} {'tables':>6} {'to2 med':>8} {'p90':>6} {'rg med%':>8} "
+              f"{'rg max%':>8} {'oom%':>6} {'pass':>5}")
+        for fam in sorted({t.family for t in tables}, key=str):
+            ts = [t for t in tables if t.family == fam]
+            pooled = [e for t in ts for e in evals[(t.name, "thompson")]]
+            s = stats(pooled)
+            passed = sum(t.name not in failed for t in ts)
+            print(f"{str(fam):14} {len(ts):6d} {fmt(s['median'], s['longest']):>8} {fmt(s['p90'], s['longest']):>6} "
+                  f"{pct(s['regret_median']):>8} {pct(s['regret_max']):>8} "
+                  f"{100 * s['oom']:6.1f} {passed:3d}/{len(ts)}")
+    return failed
+
+
+# ---- the today suite: the block per table of before ----
+
+def report_today(t, evals, searchers):
+    print(f"\n## {t.label}: {t.rows} configurations ({len(t.time)} run, "
+          f"{t.rows - len(t.time)} oom), best {t.best:.4g} s")
+    header = (f"{'searcher':10} {'to 2% (median)':>15} {'p25-p75':>13} {'p90':>6} {'regret':>8} "
+              f"{'worst':>7} {'stop':>7} {'oom%':>6} {'regret@TS':>10} {'prop ms':>8}")
     print(header)
     print("-" * len(header))
     medians = {}
-
-    def fmt(v):
-        return ">max" if v == float("inf") else f"{v:g}"
-
-    for s in SEARCHERS:
-        rs = [runs[(s, seed)] for seed in seeds]
-        hits = [to_target(r) for r in rs]
-        never = [len(r["best_so_far"]) for r, h in zip(rs, hits) if h is None]
-        # A run that never got there counts as more than its length (the median stays honest).
-        reached = [h if h is not None else float("inf") for h in hits]
-        med = median(reached)
-        medians[s] = med
-        lo, hi = quartiles(reached)
-        ts_stop = [len(runs[("thompson", seed)]["best_so_far"]) for seed in seeds]
-        at_ts = [regret_at(r, n) for r, n in zip(rs, ts_stop)]
-        final = [regret_at(r, len(r["best_so_far"])) for r in rs]
-        print(f"{s:10} {fmt(med):>15} {fmt(lo) + '-' + fmt(hi):>13} "
-              f"{100 * median(final):7.2f}% {100 * max(final):6.2f}% "
-              f"{median([len(r['best_so_far']) for r in rs]):7g} "
-              f"{100 * median(at_ts):9.2f}% {median([r['proposal_ms'] for r in rs]):8.3f}"
-              + (f"  ({len(never)} runs never within 2%)" if never else ""))
-    ratio = medians["random"] / medians["thompson"]
+    ts_stop = [e["n"] for e in evals[(t.name, "thompson")]] if "thompson" in searchers else None
+    for s in searchers:
+        es = evals[(t.name, s)]
+        st = stats(es)
+        medians[s] = st["median"]
+        lo, hi = quartiles([e["to2"] for e in es])
+        at_ts = ([e["regret"][min(n, e["n"]) - 1] if e["n"] else math.inf
+                  for e, n in zip(es, ts_stop)] if ts_stop else [math.nan])
+        print(f"{s:10} {fmt(st['median'], st['longest']):>15} {fmt(lo) + '-' + fmt(hi):>13} "
+              f"{fmt(st['p90'], st['longest']):>6} {100 * st['regret_median']:7.2f}% "
+              f"{100 * st['regret_max']:6.2f}% {st['stop_median']:7g} {100 * st['oom']:6.1f} "
+              f"{100 * median(at_ts):9.2f}% {median([e['proposal_ms'] for e in es]):8.3f}"
+              + (f"  ({st['never']} runs never within 2%)" if st["never"] else ""))
+    if "thompson" not in searchers or "random" not in searchers:
+        return "PASS"
     ts = medians["thompson"]
-    reached = ts != float("inf")
-    if n_rows >= 500:
+    reached = ts != math.inf
+    if t.rows >= 500:
         target = "Thompson within 2% in <= 1/10 of random's trials, median"
         verdict = "PASS" if reached and ts * 10 <= medians["random"] else "FAIL"
-        figure = f"random/thompson = {ratio:.1f}x"
+        figure = f"random/thompson = {medians['random'] / ts:.1f}x"
     else:
         target = "Thompson within 2% in fewer trials than every baseline, median"
         others = {s: m for s, m in medians.items() if s != "thompson"}
@@ -159,47 +268,143 @@ def summarize(label, table_path, flags, binary, seeds, work, jobs):
     return verdict
 
 
+def report_calibration(tables, evals):
+    runs = [(t, e) for t in tables for e in evals.get((t.name, "thompson"), [])]
+    stopped = [(t, e) for t, e in runs if e["stop"] in MODEL_STOPS]
+    print(f"\n## stop-rule calibration (Thompson, {len(tables)} tables, {len(runs)} runs)")
+    if not stopped:
+        print("no run stopped on the posterior")
+        return
+
+    def line(label, group):
+        claimed = statistics.fmean(e["p_improvement"] for _, e in group
+                                   if e["p_improvement"] is not None)
+        observed = sum(e["final"] > 0.02 + 1e-12 for _, e in group) / len(group)
+        print(f"{label:16} {len(group):5d} stops  claimed P(>2% better unmeasured) "
+              f"{100 * claimed:5.2f}%  observed regret > 2% {100 * observed:5.1f}%"
+              + ("" if observed <= max(claimed, 1 / len(group)) else "  (overconfident)"))
+    line("all", stopped)
+    for fam in sorted({t.family for t in tables if t.family}):
+        group = [(t, e) for t, e in stopped if t.family == fam]
+        if group:
+            line(fam, group)
+    reasons = {}
+    for _, e in runs:
+        reasons[e["stop"]] = reasons.get(e["stop"], 0) + 1
+    print("stops: " + ", ".join(f"{r} {n}" for r, n in sorted(reasons.items())))
+
+
+def make_table(binary, t, world):
+    cmd = [binary, "make-replay-table", *t.flags.split(), "--truth-seed", str(t.truth_seed),
+           "--output", t.path]
+    if world:
+        cmd += ["--world", world]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"make-replay-table failed: {' '.join(cmd)}: {r.stderr}")
+    t.load()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", required=True)
     ap.add_argument("--work", default=os.path.join(
         "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp"),
         f"autopar-bench-search-{os.getpid()}"))
-    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--suite", choices=["worlds", "today"], default="worlds")
+    ap.add_argument("--world-seeds", choices=sorted(WORLD_SEEDS), default="held-out")
+    ap.add_argument("--seeds", type=int, default=20, help="search seeds per searcher and table")
+    ap.add_argument("--searchers", default=None,
+                    help="comma-separated (worlds: thompson,random,analytic; today: also grid)")
+    ap.add_argument("--max-trials", type=int, default=None,
+                    help="cap per run (worlds: 300; today: 0, none)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--cpu-table", default=None, help="exhaustive CPU table (b), if it exists")
-    ap.add_argument("--only", default=None, help="run only tables whose name contains this")
+    ap.add_argument("--cpu-table", default=None, help="exhaustive CPU table (b), today suite")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated terms; run the tables whose name contains every one "
+                         "(a model such as llama2_70b, a family such as near_memory, a seed)")
     a = ap.parse_args()
+    searchers = (a.searchers.split(",") if a.searchers else
+                 ["thompson", "random", "analytic"] if a.suite == "worlds" else
+                 ["thompson", "random", "grid", "analytic"])
+    cap = a.max_trials if a.max_trials is not None else (300 if a.suite == "worlds" else 0)
+    terms = a.only.split(",") if a.only else []
     os.makedirs(os.path.join(a.work, "studies"), exist_ok=True)
     seeds = list(range(1, a.seeds + 1))
-    print(f"# search quality: {a.seeds} seeds per searcher "
-          "(grid and analytic-only ignore the seed)")
-    verdicts = []
+    start = time.monotonic()
+
+    tables, worlds = [], {}
+    for m, (label, name, flags, today_seed) in enumerate(MODELS):
+        if a.suite == "today":
+            tables.append(Table(name, f"(a) {label}", flags, os.path.join(a.work, name + ".csv"),
+                                None, today_seed))
+            continue
+        for fam in FAMILIES:
+            for ws in WORLD_SEEDS[a.world_seeds]:
+                truth = ws + 10 * m
+                full = f"{name}.{fam}.{truth}"
+                tables.append(Table(full, f"{label}, {fam}, truth seed {truth}", flags,
+                                    os.path.join(a.work, full + ".csv"), fam, truth))
+                worlds[full] = fam
+    tables = [t for t in tables if all(term in t.name for term in terms)]
+    cpu = None
+    if a.suite == "today" and a.cpu_table and all(term in "cpu" for term in terms):
+        flags_file = os.path.splitext(a.cpu_table)[0] + ".flags"
+        if not os.path.exists(a.cpu_table):
+            print(f"\n## (b) {a.cpu_table}: absent, skipped (it is measured by the CPU trial "
+                  "runner: see tests/data/replay/README.md)")
+        elif not os.path.exists(flags_file):
+            print(f"\n## (b) {a.cpu_table}: skipped, {flags_file} (its model flags) is missing")
+        else:
+            cpu = Table("cpu", f"(b) {os.path.basename(a.cpu_table)}",
+                        open(flags_file).read().strip(), a.cpu_table)
+    if not tables and not cpu:
+        sys.exit(f"no table matches --only {a.only}")
+
+    print(f"# search quality, suite {a.suite}"
+          + (f" ({a.world_seeds} worlds)" if a.suite == "worlds" else "")
+          + f": {len(tables) + (cpu is not None)} tables, {a.seeds} seeds per searcher "
+          f"({', '.join(searchers)}; grid and analytic-only ignore the seed and run once)"
+          + (f", at most {cap} trials per run" if cap else ""))
+    evals, futures = {}, {}
     try:
-        for label, name, flags, truth_seed in SYNTHETIC:
-            if a.only and a.only not in name:
-                continue
-            path = os.path.join(a.work, name + ".csv")
-            r = subprocess.run([a.bin, "make-replay-table", *flags.split(), "--truth-seed",
-                                str(truth_seed), "--output", path], capture_output=True, text=True)
-            if r.returncode != 0:
-                sys.exit(f"make-replay-table failed: {r.stderr}")
-            verdicts.append(summarize(f"(a) {label}", path, flags, a.bin, seeds, a.work, a.jobs))
-        if a.cpu_table:
-            flags_file = os.path.splitext(a.cpu_table)[0] + ".flags"
-            if not os.path.exists(a.cpu_table):
-                print(f"\n## (b) {a.cpu_table}: absent, skipped (it is measured by the CPU trial "
-                      "runner: see tests/data/replay/README.md)")
-            elif not os.path.exists(flags_file):
-                print(f"\n## (b) {a.cpu_table}: skipped, {flags_file} (its model flags) is missing")
-            else:
-                flags = open(flags_file).read().strip()
-                verdicts.append(summarize(f"(b) {os.path.basename(a.cpu_table)}", a.cpu_table,
-                                          flags, a.bin, seeds, a.work, a.jobs))
+        for t in tables:
+            make_table(a.bin, t, worlds.get(t.name))
+        if cpu:
+            cpu.load()
+            tables.append(cpu)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
+            for t in tables:
+                for s in searchers:
+                    for seed in ([1] if s in SEEDLESS else seeds):
+                        study = os.path.join(a.work, "studies", f"{t.name}.{s}.{seed}")
+                        job = pool.submit(run_study, a.bin, t, s, seed, study, cap)
+                        futures[job] = (t, s)
+            for done, f in enumerate(concurrent.futures.as_completed(futures), 1):
+                t, s = futures[f]
+                evals.setdefault((t.name, s), []).append(evaluate(f.result(), t))
+                if done % 100 == 0 or done == len(futures):
+                    print(f"{done}/{len(futures)} studies, {time.monotonic() - start:.0f} s",
+                          file=sys.stderr, flush=True)
+        for t in tables:  # one run of a seedless searcher stands for every seed
+            for s in searchers:
+                if s in SEEDLESS:
+                    evals[(t.name, s)] = evals[(t.name, s)] * len(seeds)
+        if a.suite == "worlds":
+            failed = report_worlds(tables, evals, searchers, cap)
+        else:
+            failed = [t.name for t in tables
+                      if report_today(t, evals, searchers) == "FAIL"]
+        if "thompson" in searchers:
+            report_calibration(tables, evals)
     finally:
         shutil.rmtree(a.work, ignore_errors=True)
-    if any(v == "FAIL" for v in verdicts):
+    print(f"\n{len(tables)} tables, {len(futures)} studies, {time.monotonic() - start:.0f} s wall "
+          f"with --jobs {a.jobs}")
+    if failed:
+        print(f"targets missed on {len(failed)} of {len(tables)} tables")
         sys.exit(1)
+    print("every target met")
 
 
 if __name__ == "__main__":
