@@ -216,8 +216,9 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
   std::unique_ptr<coord::TrialBackend> backend;
   coord::ReplayBackend* replay = nullptr;  // its noise seed is the study's, known below
   if (flags.backend == "replay") {
-    backend = std::make_unique<coord::ReplayBackend>(*table);
-    replay = static_cast<coord::ReplayBackend*>(backend.get());
+    auto owned = std::make_unique<coord::ReplayBackend>(*table);
+    replay = owned.get();
+    backend = std::move(owned);
   } else {
     const auto factory = Registry().find(flags.backend);
     if (factory == Registry().end()) {
