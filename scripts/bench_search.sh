@@ -11,7 +11,7 @@
 #                       with the trial runner (used when present, skipped otherwise), with grid too
 # Other arguments go to the helper: --seeds N, --jobs N, --only TERM[,TERM] (model, family or
 # seed), --searchers LIST, --max-trials N (worlds: 300), --cpu-table FILE.
-# A full held-out suite is 72 tables and 2,952 studies: 19 minutes with --jobs 2 on 2 cores shared
+# A full held-out suite is 72 tables and 2,952 studies: 13-19 minutes with --jobs 2 on 2 cores shared
 # with other work (--only and --seeds make a quicker look).
 # Exit status 1 when a target is missed (see scripts/bench_search.py).
 set -euo pipefail
