@@ -151,10 +151,12 @@ int RunTrialCommand(const std::vector<std::string>& argv_in, std::ostream& out,
   flags.options.ddp_bucket_size = in.constants.stack.ddp_bucket_size;  // as the model assumes
   const trial::TrialMeasurement m =
       trial::RunTrial(*worker.backend, worker.world, in.model, in.train, c, flags.options);
-  if (rank == 0) {
-    const CostModel model(in.model, in.train, in.cluster, in.constants);
-    PrintTrial(out, in.format, c, in, flags.backend, m, model.Evaluate(c));
-  }
+  // Every rank holds the agreed outcome; rank 0 reports it, in its output and its exit status.
+  // The others exit 0: one that exited non-zero first would make mpirun kill rank 0 before it
+  // has printed the result.
+  if (rank != 0) return kExitOk;
+  const CostModel model(in.model, in.train, in.cluster, in.constants);
+  PrintTrial(out, in.format, c, in, flags.backend, m, model.Evaluate(c));
   return m.outcome == backend::Outcome::kOk ? kExitOk : kExitFailure;
 }
 
