@@ -1,6 +1,7 @@
 #include "autopar/cli/inputs.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -34,7 +35,16 @@ bool IsFlag(const std::string& s) {
   return s.size() > 2 && s[0] == '-' && s[1] == '-';
 }
 
+// A script's `$NAME` that nothing set stays as written (SplitCommandLine): say so.
+void RefuseUnsetVariable(const std::string& flag, const std::string& text) {
+  if (text.empty() || text[0] != '$') return;
+  throw InputError(flag, "'" + text +
+                             "' is a shell variable nothing sets: give its value with "
+                             "--megatron-env NAME=VALUE (or in the environment)");
+}
+
 int64_t ToInt(const std::string& flag, const std::string& text, int64_t min_value) {
+  RefuseUnsetVariable(flag, text);
   int64_t v = 0;
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, v);
@@ -122,10 +132,13 @@ void SplitContextParallel(const std::vector<std::string>& comm_types,
 // Returns the configuration they describe, if any parallel flag was present. `precision` decides
 // what an absent reduction-dtype flag means (Megatron reduces bf16 runs' gradients in fp32 and
 // fp16 runs' in fp16 by default).
+// From a pasted script that defines the model (`script`: no --model), Megatron's defaults apply
+// where it is silent (dropout 0.1). Megatron's own corrections are made with a note (sequence
+// parallelism off at tp = 1).
 std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>& args,
-                                                        const ModelSpec& model,
-                                                        Precision precision,
-                                                        StackOptions& stack) {
+                                                        const ModelSpec& model, Precision precision,
+                                                        bool script, StackOptions& stack,
+                                                        std::vector<std::string>& notes) {
   std::optional<ParallelConfig> config;
   auto cfg = [&]() -> ParallelConfig& {
     if (!config) config = ParallelConfig{};
@@ -142,6 +155,9 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
   // --grad-reduce-in-bf16, --accumulate-allreduce-grads-in-fp32).
   bool overlap_grad_reduce = false, overlap_param_gather = false;
   std::optional<bool> grad_reduce_in_fp32;
+  // TransformerConfig's dropout defaults (megatron/core/transformer/transformer_config.py).
+  std::optional<double> attention_dropout, hidden_dropout;
+  int32_t expert_tp = 0;
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i];
@@ -168,8 +184,13 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
     else if (flag == "--cp-comm-type") cp_comm_types = next_list();
     else if (flag == "--hierarchical-context-parallel-sizes") hierarchical_cp_sizes = next_list();
     else if (flag == "--expert-model-parallel-size") cfg().ep = next_int();
-    else if (flag == "--virtual-pipeline-model-parallel-size") cfg().vpp = next_int();
-    else if (flag == "--num-layers-per-virtual-pipeline-stage") layers_per_virtual_stage = next_int();
+    else if (flag == "--virtual-pipeline-model-parallel-size" ||
+             flag == "--num-virtual-stages-per-pipeline-rank") cfg().vpp = next_int();
+    else if (flag == "--expert-tensor-parallel-size") expert_tp = next_int();
+    else if (flag == "--moe-token-dispatcher-type") {
+      const std::string v = next();  // the model's experts exchange tokens by all-to-all
+      if (v != "alltoall") notes.push_back(flag + " " + v + " is not modelled: costed as alltoall");
+    } else if (flag == "--num-layers-per-virtual-pipeline-stage") layers_per_virtual_stage = next_int();
     else if (flag == "--micro-batch-size") cfg().mbs = next_int();
     else if (flag == "--sequence-parallel") cfg().sp = true;
     else if (flag == "--use-distributed-optimizer") cfg().dist_opt = true;
@@ -181,11 +202,16 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
       else throw InputError(flag, "allowed: full, selective; got '" + v + "'");
     } else if (flag == "--recompute-method") recompute_method = next();
     else if (flag == "--recompute-num-layers") cfg().recompute_layers = next_int();
-    else if (flag == "--attention-dropout" || flag == "--hidden-dropout") {
-      const double rate = ToDouble(flag, next());  // always consume the value
-      stack.dropout = stack.dropout || rate > 0;
-    } else if (flag == "--use-flash-attn") stack.flash_attention = true;
-    else if (flag == "--overlap-grad-reduce") overlap_grad_reduce = true;
+    else if (flag == "--attention-dropout") attention_dropout = ToDouble(flag, next());
+    else if (flag == "--hidden-dropout") hidden_dropout = ToDouble(flag, next());
+    else if (flag == "--use-flash-attn") stack.flash_attention = true;
+    else if (flag == "--attention-backend") {
+      // AttnBackend: flash, fused (cuDNN) and auto keep no s² scores; unfused and local do.
+      const std::string v = next();
+      if (v == "flash" || v == "fused" || v == "auto") stack.flash_attention = true;
+      else if (v == "unfused" || v == "local") stack.flash_attention = false;
+      else throw InputError(flag, "allowed: flash, fused, unfused, local, auto; got '" + v + "'");
+    } else if (flag == "--overlap-grad-reduce") overlap_grad_reduce = true;
     else if (flag == "--overlap-param-gather") overlap_param_gather = true;
     else if (flag == "--grad-reduce-in-bf16") grad_reduce_in_fp32 = false;
     else if (flag == "--accumulate-allreduce-grads-in-fp32") grad_reduce_in_fp32 = true;
@@ -195,6 +221,11 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
     }
   }
   args = rest;
+  const double default_dropout = script ? 0.1 : 0.0;
+  if (attention_dropout || hidden_dropout || script) {
+    stack.dropout = stack.dropout || attention_dropout.value_or(default_dropout) > 0 ||
+                    hidden_dropout.value_or(default_dropout) > 0;
+  }
   if (config) {
     config->overlap_grad_reduce = overlap_grad_reduce;
     config->overlap_param_gather = overlap_param_gather;
@@ -210,6 +241,16 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
       }
       config->vpp = static_cast<int32_t>(per_stage / layers_per_virtual_stage);
     }
+    if (config->sp && config->tp == 1) {  // validate_args in arguments.py does the same
+      config->sp = false;
+      notes.push_back("--sequence-parallel: off at --tensor-model-parallel-size 1, as Megatron-LM "
+                      "turns it off");
+    }
+    if (expert_tp != 0 && expert_tp != config->tp) {
+      notes.push_back("--expert-tensor-parallel-size " + std::to_string(expert_tp) +
+                      " is not modelled: experts are costed at the tensor-parallel size " +
+                      std::to_string(config->tp));
+    }
     // `uniform` with N layers per checkpoint recomputes every layer; only `block` limits it.
     if (config->recompute == Recompute::kFull && recompute_method != "block") {
       config->recompute_layers = 0;
@@ -222,6 +263,45 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
   return config;
 }
 
+// --megatron-env NAME=VALUE[,NAME=VALUE...] and this process's environment: what a pasted
+// script's `$NAME` expands to.
+ShellVariables ScriptVariables(const std::optional<std::string>& overrides) {
+  ShellVariables v;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const size_t eq = entry.find('=');
+    if (eq != std::string::npos) v.environment[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  if (!overrides) return v;
+  std::istringstream items(*overrides);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == 0 || eq == std::string::npos) {
+      throw InputError("--megatron-env", "expected NAME=VALUE[,NAME=VALUE...], got '" + item + "'");
+    }
+    v.overrides[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  return v;
+}
+
+// torchrun's --nnodes and --nproc-per-node (also spelt --nproc_per_node) in a launch script.
+struct TorchrunShape {
+  std::optional<int64_t> nnodes, nproc_per_node;
+};
+
+TorchrunShape TakeTorchrunShape(const std::vector<std::string>& words) {
+  TorchrunShape shape;
+  for (size_t i = 0; i + 1 < words.size(); ++i) {
+    const std::string& flag = words[i];
+    if (flag == "--nnodes") shape.nnodes = ToInt("--nnodes (torchrun's)", words[i + 1], 1);
+    if (flag == "--nproc_per_node" || flag == "--nproc-per-node") {
+      shape.nproc_per_node = ToInt(flag + " (torchrun's)", words[i + 1], 1);
+    }
+  }
+  return shape;
+}
+
 }  // namespace
 
 std::string ReadTextFile(const std::string& flag, const std::string& path) {
@@ -231,6 +311,10 @@ std::string ReadTextFile(const std::string& flag, const std::string& path) {
   text << in.rdbuf();
   if (in.bad()) throw InputError(flag, "error reading '" + path + "'");
   return text.str();
+}
+
+void WriteNotes(std::ostream& err, const std::string& command, const Inputs& in) {
+  for (const std::string& note : in.notes) err << "autopar-tune " << command << ": note: " << note << "\n";
 }
 
 Format ParseFormat(const std::string& text) {
@@ -393,10 +477,11 @@ Inputs ReadInputs(Args& args) {
   const auto nproc = args.Value("--nproc-per-node");
   const auto memory = args.Value("--device-memory-gib");
   const auto host_cores = args.Value("--host-cores");
+  const ShellVariables variables = ScriptVariables(args.Value("--megatron-env"));
   std::vector<std::string> pasted;
-  if (const auto text = args.Value("--megatron-args")) pasted = SplitCommandLine(*text);
+  if (const auto text = args.Value("--megatron-args")) pasted = SplitCommandLine(*text, variables);
   if (const auto file = args.Value("--megatron-args-file")) {
-    pasted = SplitCommandLine(ReadTextFile("--megatron-args-file", *file));
+    pasted = SplitCommandLine(ReadTextFile("--megatron-args-file", *file), variables);
   }
   const bool no_flash = args.Switch("--no-flash-attention");
   SpaceOptions& space = in.space;
@@ -445,6 +530,9 @@ Inputs ReadInputs(Args& args) {
   MegatronArgs megatron = ApplyMegatronFlags(command_line, from_script.model, from_script.train);
   in.model = megatron.model;
   in.train = megatron.train;
+  for (const auto* notes : {&from_script.notes, &megatron.notes}) {
+    in.notes.insert(in.notes.end(), notes->begin(), notes->end());
+  }
   if (in.model.num_layers == 0) {
     std::string names;
     for (const std::string& n : ModelPresetNames()) names += (names.empty() ? "" : ", ") + n;
@@ -467,6 +555,10 @@ Inputs ReadInputs(Args& args) {
     in.cluster.gpus_per_node = 8;
   }
   if (gpu_value) in.cluster.gpu = LoadGpu(*gpu_value);
+  // A pasted launch script's torchrun flags give the cluster where our flags do not.
+  const TorchrunShape launch = TakeTorchrunShape(from_script.unused);
+  if (launch.nnodes && !nnodes) in.cluster.nnodes = *launch.nnodes;
+  if (launch.nproc_per_node && !nproc) in.cluster.gpus_per_node = *launch.nproc_per_node;
   if (nnodes) in.cluster.nnodes = ToInt("--nnodes", *nnodes, 1);
   if (nproc) in.cluster.gpus_per_node = ToInt("--nproc-per-node", *nproc, 1);
   if (memory) in.cluster.gpu.memory_gib = ToDouble("--device-memory-gib", *memory);
@@ -491,15 +583,30 @@ Inputs ReadInputs(Args& args) {
   // ---- the software stack the estimate assumes ----
   in.constants = DefaultConstants(in.cluster.gpu.name);
   StackOptions& stack = in.constants.stack;
-  // Parallel flags of a pasted script are taken as given; the rest of a script is Megatron's
-  // business (learning rate, data paths, ...) and ignored. On our command line, an unknown
-  // flag is an error.
+  // A pasted script's parallel flags are its configuration; the rest of a script is Megatron's
+  // business (learning rate, data paths, ...): what could change the step and is not modelled
+  // is named in one note. On our command line, parallel flags pin the space and an unknown flag
+  // is an error.
   std::vector<std::string> script_rest = from_script.unused;
-  in.megatron_config = TakeMegatronParallelFlags(script_rest, in.model, in.train.precision, stack);
-  std::vector<std::string> rest = megatron.unused;
-  if (auto c = TakeMegatronParallelFlags(rest, in.model, in.train.precision, stack)) {
-    in.megatron_config = c;
+  in.script_config = TakeMegatronParallelFlags(script_rest, in.model, in.train.precision,
+                                               /*script=*/!pasted.empty() && !model_value,
+                                               stack, in.notes);
+  std::vector<std::string> ignored;
+  for (const std::string& word : script_rest) {
+    const std::string flag = word.substr(0, word.find('='));
+    if (IsFlag(flag) && !MegatronFlagAccountedFor(flag) &&
+        std::find(ignored.begin(), ignored.end(), flag) == ignored.end()) {
+      ignored.push_back(flag);
+    }
   }
+  if (!ignored.empty()) {
+    std::string line = "ignored (not modelled):";
+    for (const std::string& flag : ignored) line += " " + flag;
+    in.notes.push_back(line);
+  }
+  std::vector<std::string> rest = megatron.unused;
+  in.megatron_config =
+      TakeMegatronParallelFlags(rest, in.model, in.train.precision, false, stack, in.notes);
   if (!rest.empty()) throw InputError(rest[0], "unknown flag (see autopar-tune --help)");
   if (no_flash) stack.flash_attention = false;
   return in;

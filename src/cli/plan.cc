@@ -1,5 +1,6 @@
 // `plan` and `predict`: the analytic model alone, no MPI and no trials.
 #include <chrono>
+#include <optional>
 
 #include "autopar/cli/commands.h"
 #include "autopar/cli/inputs.h"
@@ -34,12 +35,28 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   const int64_t top = args.Int("--top", 5);
   const bool breakdown = args.Switch("--breakdown");
   Inputs in = ReadInputs(args);
+  WriteNotes(err, "plan", in);
   if (in.megatron_config) PinSpace(*in.megatron_config, in.space);
 
   const auto start = std::chrono::steady_clock::now();
   const SearchSpace space(in.model, in.train, in.cluster, in.space);
   const CostModel model(in.model, in.train, in.cluster, in.constants);
-  const Ranking ranking = RankSpace(space, model, top);
+  // A pasted script's own configuration: the search goes around it and says where it ranks.
+  std::optional<Ranked> script;
+  if (in.script_config) {
+    const ParallelConfig c = Complete(*in.script_config, in.cluster.world_size());
+    SpaceOptions open = in.space;
+    open.tp_across_nodes = true;
+    const std::string reason = SearchSpace(in.model, in.train, in.cluster, open).Check(c);
+    if (reason.empty()) {
+      script = Ranked{c, model.Evaluate(c)};
+    } else {
+      err << "autopar-tune plan: note: the script's configuration " << ToSpec(c)
+          << " is not valid here: " << reason << "\n";
+    }
+  }
+  const Ranking ranking = RankSpace(
+      space, model, top, script && script->estimate.fits ? script->estimate.time.step_time_s : 0);
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -58,6 +75,19 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   for (const RankedConfig& r : ranking.top) ranked.push_back({r.config, r.estimate});
   WriteRanked(out, in.format, in, {ranking.candidates, ranking.feasible, elapsed}, ranked,
               breakdown);
+  if (script) {
+    const Estimate& e = script->estimate;
+    err << "autopar-tune plan: the script's configuration " << ToSpec(script->config);
+    if (!e.fits) {
+      err << " does not fit: it needs " << e.peak_memory_gib << " GiB per GPU, the GPU has "
+          << in.cluster.gpu.memory_gib << "\n";
+    } else {
+      const double best = ranking.top.front().estimate.time.step_time_s;
+      err << " ranks " << ranking.faster_than_reference + 1 << " of " << ranking.feasible << ": "
+          << e.time.step_time_s << " s per step, " << (e.time.step_time_s / best - 1) * 100
+          << "% slower than the best\n";
+    }
+  }
   return kExitOk;
 }
 
@@ -65,11 +95,14 @@ int RunPredict(const std::vector<std::string>& argv, std::ostream& out, std::ost
   Args args(argv);
   const auto spec = args.Value("--config");
   Inputs in = ReadInputs(args);
+  WriteNotes(err, "predict", in);
   ParallelConfig c;
   if (spec) {
     c = ParseSpec(*spec);
   } else if (in.megatron_config) {
     c = *in.megatron_config;
+  } else if (in.script_config) {
+    c = *in.script_config;
   } else {
     throw InputError("--config", "required: a SPEC such as tp=8,pp=4,mbs=1,sp=on (or Megatron "
                                  "flags such as --tensor-model-parallel-size)");

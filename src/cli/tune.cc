@@ -239,6 +239,7 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
     backend = factory->second(context);
     if (!backend) return kExitOk;  // a worker rank, done
   }
+  WriteNotes(err, "tune", in);
   // Whatever ends this function, the workers must leave their loop, or an error on rank 0 (a
   // locked study, say) would leave them waiting in the next broadcast.
   struct ReleaseWorkers {

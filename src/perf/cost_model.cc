@@ -205,7 +205,10 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
     dense /= t;
     const double experts = moe_layers * static_cast<double>(params_.expert_per_layer) / (t * ep);
     mem.weights = weight_bytes * (dense + experts);
-    mem.gradients = 4 * (dense + experts);  // fp32 main gradients
+    // Megatron's main-gradient buffers are fp32, or in the parameters' dtype with
+    // --grad-reduce-in-bf16 (DistributedDataParallelConfig.grad_reduce_in_fp32 off).
+    const double grad_bytes = c.grad_reduce_dtype == GradReduceDtype::kFP32 ? 4 : elem;
+    mem.gradients = grad_bytes * (dense + experts);
     mem.optimizer = optimizer_bytes * (c.dist_opt ? dense / replicas + experts / (replicas / ep)
                                                   : dense + experts);
 

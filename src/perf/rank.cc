@@ -6,7 +6,7 @@
 
 namespace autopar {
 
-Ranking RankSpace(const SearchSpace& space, const CostModel& model, int64_t k) {
+Ranking RankSpace(const SearchSpace& space, const CostModel& model, int64_t k, double reference_s) {
   Ranking r;
   r.min_memory_gib = std::numeric_limits<double>::infinity();
   const double budget_gib = space.cluster().gpu.memory_gib;
@@ -29,8 +29,10 @@ Ranking RankSpace(const SearchSpace& space, const CostModel& model, int64_t k) {
     r.min_memory_gib = std::min(r.min_memory_gib, memory_gib);
     if (memory_gib > budget_gib) return;
     ++r.feasible;
-    if (k <= 0) return;
+    if (k <= 0 && reference_s <= 0) return;
     const double t = model.Time(c).step_time_s;
+    if (t < reference_s) ++r.faster_than_reference;
+    if (k <= 0) return;
     if (static_cast<int64_t>(heap.size()) < k) {
       heap.push({t, index, c});
     } else if (Entry{t, index, c} < heap.top()) {

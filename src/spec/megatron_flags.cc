@@ -6,7 +6,6 @@
 //    embeddings, biases, ffn_hidden_size from hidden_size, ...), as Megatron itself would train.
 //  - `base` is a model (a preset): flags override its fields; the rest keep the base's values.
 // Flags we do not model (--lr, --tensor-model-parallel-size, ...) come back in `unused`.
-#include <cctype>
 #include <set>
 #include <string>
 #include <utility>
@@ -150,6 +149,31 @@ LayerFreq ParseMoeLayerFreq(const std::string& raw) {
   return result;
 }
 
+// The vocabulary of a tokenizer Megatron-LM builds from files the tool does not read (its
+// `--tokenizer-type`; a `--vocab-file` with a `--merge-file` is GPT-2's BPE), where it is fixed.
+int64_t TokenizerVocabulary(const std::string& tokenizer, std::vector<std::string>& notes) {
+  struct Known {
+    const char* type;
+    int64_t vocabulary;
+    const char* whose;
+  };
+  constexpr Known kKnown[] = {
+      {"GPT2BPETokenizer", 50257, "GPT-2's BPE"},
+      {"Llama2Tokenizer", 32000, "Llama 2's SentencePiece model"},
+  };
+  const std::string type = tokenizer.empty() ? "GPT2BPETokenizer" : tokenizer;
+  for (const Known& k : kKnown) {
+    if (type != k.type) continue;
+    notes.push_back("--vocab-size not given: " + std::to_string(k.vocabulary) + " tokens, " +
+                    k.whose + (tokenizer.empty() ? " (no --tokenizer-type given)" : "") +
+                    "; give --vocab-size to change it");
+    return k.vocabulary;
+  }
+  throw InputError("--vocab-size", "required with --tokenizer-type " + tokenizer +
+                                       ": its vocabulary comes from the tokenizer's files (known "
+                                       "without them: GPT2BPETokenizer, Llama2Tokenizer)");
+}
+
 // The Megatron flag for a ModelSpec field, so Validate's errors name what the user typed.
 std::string FlagForField(const std::string& field) {
   if (field == "moe_first_dense_layers") return "--moe-layer-freq";
@@ -160,77 +184,91 @@ std::string FlagForField(const std::string& field) {
   return flag;
 }
 
-// `NAME=` as it stands just before a quote opens: a shell variable assignment.
-bool IsShellAssignment(const std::string& word) {
-  if (word.size() < 2 || word.back() != '=') return false;
-  if (std::isdigit(static_cast<unsigned char>(word[0]))) return false;
-  for (size_t i = 0; i + 1 < word.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(word[i]);
-    if (!std::isalnum(c) && c != '_') return false;
-  }
-  return true;
-}
-
 }  // namespace
 
-std::vector<std::string> SplitCommandLine(const std::string& text) {
-  std::vector<std::string> words;
-  std::string word;
-  bool in_word = false;  // a quoted empty string is still a word
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == '\\') {
-      if (i + 1 < text.size() && text[i + 1] == '\n') {
-        ++i;  // line continuation
-      } else if (i + 2 < text.size() && text[i + 1] == '\r' && text[i + 2] == '\n') {
-        i += 2;
-      } else if (i + 1 < text.size()) {
-        word += text[++i];
-        in_word = true;
-      }
-    } else if (c == '\'' || c == '"') {
-      const size_t close = text.find(c, i + 1);
-      if (close == std::string::npos) {
-        throw InputError("megatron args", std::string("unterminated ") + c + " quote");
-      }
-      const std::string quoted = text.substr(i + 1, close - i - 1);
-      i = close;
-      if (IsShellAssignment(word)) {
-        // GPT_ARGS="--num-layers 32 ...": scripts expand such a variable unquoted, so its words
-        // are the flags. Keep `GPT_ARGS=` as a word of its own (it lands in `unused`).
-        words.push_back(word);
-        word.clear();
-        in_word = false;
-        for (std::string& inner : SplitCommandLine(quoted)) words.push_back(std::move(inner));
-        continue;
-      }
-      word += quoted;
-      in_word = true;
-    } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
-      if (in_word) words.push_back(word);
-      word.clear();
-      in_word = false;
-    } else if (c == '#' && !in_word) {
-      // A comment runs to the end of the line, as in the shell scripts flags are pasted from.
-      const size_t end = text.find('\n', i);
-      i = end == std::string::npos ? text.size() : end - 1;
-    } else {
-      word += c;
-      in_word = true;
-    }
+bool MegatronFlagAccountedFor(const std::string& flag) {
+  // Whole families by prefix: optimizer hyper-parameters, schedules, data, tokenizer files,
+  // logging, evaluation, checkpoints, profiling, initialisation, the FP8 scaling recipe's
+  // bookkeeping, the router's loss terms, kernels' fusions the model's efficiencies include,
+  // grouped expert GEMMs, and torchrun's own flags (the cluster's shape is read from them apart).
+  static const char* const kPrefixes[] = {"--lr",
+                                          "--min-lr",
+                                          "--decoupled-",
+                                          "--weight-decay",
+                                          "--adam-",
+                                          "--sgd-",
+                                          "--clip-grad",
+                                          "--loss-scale",
+                                          "--initial-loss-scale",
+                                          "--init-method",
+                                          "--train-",
+                                          "--eval-",
+                                          "--save",
+                                          "--load",
+                                          "--no-load-",
+                                          "--no-save-",
+                                          "--ckpt-",
+                                          "--data-",
+                                          "--split",
+                                          "--mock-data",
+                                          "--vocab-file",
+                                          "--merge-file",
+                                          "--tokenizer-",
+                                          "--tiktoken-",
+                                          "--log-",
+                                          "--tensorboard-",
+                                          "--wandb-",
+                                          "--profile",
+                                          "--seed",
+                                          "--exit-",
+                                          "--distributed-timeout-minutes",
+                                          "--fp8-amax-",
+                                          "--fp8-margin",
+                                          "--moe-aux-loss-coeff",
+                                          "--moe-z-loss-coeff",
+                                          "--moe-router-load-balancing-type",
+                                          "--rotary-",
+                                          "--use-checkpoint-args",
+                                          "--num-workers",
+                                          "--no-create-attention-mask-in-dataloader",
+                                          "--no-mmap-bin-files",
+                                          "--use-mcore-models",
+                                          "--apply-layernorm-1p",
+                                          "--no-masked-softmax-fusion",
+                                          "--no-position-embedding",
+                                          "--calculate-per-token-loss",
+                                          "--step-batch-size-schedule",
+                                          "--rampup-batch-size",
+                                          "--moe-grouped-gemm",
+                                          "--timing-log-",
+                                          "--nproc_per_node",
+                                          "--nproc-per-node",
+                                          "--nnodes",
+                                          "--node_rank",
+                                          "--node-rank",
+                                          "--master_addr",
+                                          "--master-addr",
+                                          "--master_port",
+                                          "--master-port",
+                                          "--rdzv"};
+  for (const char* prefix : kPrefixes) {
+    if (flag.rfind(prefix, 0) == 0) return true;
   }
-  if (in_word) words.push_back(word);
-  return words;
+  return false;
 }
 
 MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const ModelSpec& base,
                                 const TrainSpec& train) {
   const bool from_scratch = IsEmpty(base);
-  MegatronArgs out{from_scratch ? MegatronDefaults() : base, train, {}};
+  MegatronArgs out{from_scratch ? MegatronDefaults() : base, train, {}, {}};
   ModelSpec& m = out.model;
   std::set<std::string> given;  // model flags seen
   bool fp8 = false;
   LayerFreq layer_freq;
+  // What sets the vocabulary when --vocab-size does not (Megatron reads it from the tokenizer),
+  // and its padding: to a multiple of --make-vocab-size-divisible-by × the tensor-parallel size.
+  std::string tokenizer;
+  int64_t vocab_divisible_by = 128, script_tp = 1;
 
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -279,6 +317,23 @@ MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const Mode
     } else if (flag == "--moe-layer-freq") {
       layer_freq = ParseMoeLayerFreq(value());
       m.moe_first_dense_layers = layer_freq.first_dense;
+    } else if (flag == "--tokenizer-type") {
+      tokenizer = value();
+      continue;
+    } else if (flag == "--vocab-file" || flag == "--merge-file") {
+      if (tokenizer.empty()) tokenizer = "GPT2BPETokenizer";  // what a vocab and merge file are
+      out.unused.push_back(arg);
+      continue;
+    } else if (flag == "--make-vocab-size-divisible-by") {
+      vocab_divisible_by = PositiveInt(value(), flag, false);
+      continue;
+    } else if (flag == "--tensor-model-parallel-size") {
+      // Left for the caller's parallel flags; the vocabulary's padding follows it.
+      const std::string text = value();
+      script_tp = PositiveInt(text, flag, false);
+      out.unused.push_back(flag);
+      out.unused.push_back(text);
+      continue;
     } else if (flag == "--global-batch-size") {
       out.train.global_batch_size = PositiveInt(value(), flag, false);
       continue;
@@ -321,6 +376,18 @@ MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const Mode
           m.activation == Activation::kSwiGLU ? m.hidden_size / 24 * 64 : 4 * m.hidden_size;
     }
     if (!was_given("--max-position-embeddings")) m.max_position_embeddings = out.train.seq_length;
+    if (!was_given("--vocab-size")) m.vocab_size = TokenizerVocabulary(tokenizer, out.notes);
+  }
+  if (from_scratch || was_given("--vocab-size")) {
+    const int64_t multiple = vocab_divisible_by * script_tp;
+    const int64_t padded = (m.vocab_size + multiple - 1) / multiple * multiple;
+    if (padded != m.vocab_size) {
+      out.notes.push_back(
+          "vocabulary " + std::to_string(m.vocab_size) + " padded to " + std::to_string(padded) +
+          " (a multiple of --make-vocab-size-divisible-by " + std::to_string(vocab_divisible_by) +
+          " x tensor-parallel size " + std::to_string(script_tp) + "), as Megatron-LM pads it");
+      m.vocab_size = padded;
+    }
   }
   // Without --num-query-groups: Megatron's GQA default is 1 group; without GQA there is one
   // group per head, also when a base without GQA gets a new head count.

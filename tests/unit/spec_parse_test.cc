@@ -316,6 +316,36 @@ TEST(SpecMegatronFlags, SplitCommandLineLikeAShell) {
   EXPECT_EQ(ErrorField([] { SplitCommandLine("--name \"unterminated"); }), "megatron args");
 }
 
+TEST(SpecMegatronFlags, SplitCommandLineExpandsAScriptsVariablesAndArrays) {
+  // Assignments are remembered; --megatron-env wins over them, and they over the environment.
+  ShellVariables vars;
+  vars.environment = {{"HIDDEN", "1024"}, {"LAYERS", "99"}, {"HOME", "/root"}};
+  EXPECT_EQ(SplitCommandLine("LAYERS=32\n--num-layers $LAYERS --hidden-size ${HIDDEN} "
+                             "--seq-length ${SEQ:-\"2048\"} --x ${UNSET} $1 ${HOME:-/tmp}",
+                             vars),
+            (std::vector<std::string>{"LAYERS=32", "--num-layers", "32", "--hidden-size", "1024",
+                                      "--seq-length", "2048", "--x", "${UNSET}", "$1", "/root"}));
+  vars.overrides = {{"LAYERS", "16"}};
+  EXPECT_EQ(SplitCommandLine("LAYERS=32 --num-layers $LAYERS", vars),
+            (std::vector<std::string>{"LAYERS=32", "--num-layers", "16"}));
+
+  // Array items stand where they were written, split as the arrays' unquoted expansion would be;
+  // `)` closes the array, `+=(` appends, comments inside are skipped.
+  EXPECT_EQ(SplitCommandLine("TP=2\nDTYPE_ARGS=()\nDTYPE_ARGS+=(\n  \"--fp8-format hybrid\"\n"
+                             "  # --pipeline-model-parallel-size 4\n  \"--split '99,1,0'\"\n)\n"
+                             "PAR=(--tensor-model-parallel-size $TP --sequence-parallel)\n"
+                             "TRAIN+=(\"${DDP[@]}\")\ntorchrun ${PAR[@]} \"$TP\"",
+                             vars),
+            (std::vector<std::string>{"TP=2", "DTYPE_ARGS=(", "DTYPE_ARGS+=(", "--fp8-format",
+                                      "hybrid", "--split", "'99,1,0'", "PAR=(",
+                                      "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                      "TRAIN+=(", "${DDP[@]}", "torchrun", "${PAR[@]}", "2"}));
+  // An unquoted expansion splits into fields; a quoted one does not; "" is a word.
+  vars.overrides = {{"ARGS", "--bf16 --fp16"}};
+  EXPECT_EQ(SplitCommandLine("run $ARGS \"$ARGS\" \"\"", vars),
+            (std::vector<std::string>{"run", "--bf16", "--fp16", "--bf16 --fp16", ""}));
+}
+
 TEST(SpecMegatronFlags, PretrainScriptsMatchPresets) {
   const MegatronArgs llama = FromFlags(ReadFixture("llama2-7b.megatron.sh"));
   EXPECT_TRUE(SameArchitecture(llama.model, ModelPreset("llama2-7b")));
@@ -405,7 +435,11 @@ TEST(SpecMegatronFlags, BadInputNamesTheFlag) {
   EXPECT_NE(message.find("rope|learned_absolute"), std::string::npos) << message;
   EXPECT_EQ(FlagError("--fp8-format e5m2"), "--fp8-format");
   EXPECT_EQ(FlagError(shape + "--num-query-groups 3"), "--num-query-groups");
-  EXPECT_EQ(FlagError("--num-layers 4 --hidden-size 64 --num-attention-heads 4"), "--vocab-size");
+  EXPECT_EQ(FlagError("--num-layers 4 --hidden-size 64 --num-attention-heads 4 "
+                      "--tokenizer-type HuggingFaceTokenizer --max-position-embeddings 64",
+                      &message),
+            "--vocab-size");
+  EXPECT_NE(message.find("GPT2BPETokenizer, Llama2Tokenizer"), std::string::npos) << message;
   EXPECT_EQ(FlagError(shape + "--num-experts 8 --moe-router-topk 9"), "--moe-router-topk");
   EXPECT_EQ(FlagError(shape + "--num-experts 8 --moe-layer-freq [0]*3+[1]*2"), "--moe-layer-freq");
   EXPECT_EQ(FlagError(shape + "--num-experts 8 --moe-layer-freq [0]*4"), "--moe-layer-freq");

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -55,9 +56,14 @@ struct Inputs {
   SpaceOptions space;
   PerfConstants constants;
   Format format = Format::kTable;
-  // Parallel flags pasted from a Megatron-LM script (`--tensor-model-parallel-size 8`, ...):
-  // pins in the space, and the configuration `predict` evaluates when no --config is given.
+  // Megatron-LM parallel flags on the command line (`--tensor-model-parallel-size 8`, ...): pins
+  // in the space, and the configuration `predict` evaluates when no --config is given.
   std::optional<ParallelConfig> megatron_config;
+  // The configuration of a pasted script (--megatron-args, --megatron-args-file): `plan`
+  // searches around it and says where it ranks; `predict` evaluates it when nothing else is given.
+  std::optional<ParallelConfig> script_config;
+  // What the inputs assumed or ignored, one line each, for the user (stderr).
+  std::vector<std::string> notes;
   // --host-cores: the cores the ranks of a `cpu`-device job share (they all run on one host).
   std::optional<int64_t> host_cores;
 };
@@ -67,6 +73,9 @@ struct Inputs {
 Inputs ReadInputs(Args& args);
 
 Format ParseFormat(const std::string& text);
+
+// Inputs::notes on `err`, one "autopar-tune COMMAND: note: ..." line each.
+void WriteNotes(std::ostream& err, const std::string& command, const Inputs& in);
 
 // The CPU backend's device is a host core: unless --gpu or --cluster says otherwise, commands
 // that will run on it plan with the `cpu` preset...

@@ -4,6 +4,7 @@
 // of I/O. Every error is an InputError naming the field or flag and the allowed values.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -43,11 +44,31 @@ struct MegatronArgs {
   ModelSpec model;
   TrainSpec train;
   std::vector<std::string> unused;
+  // What the import assumed where the flags were silent (a tokenizer's vocabulary, its padding),
+  // for the user to read.
+  std::vector<std::string> notes;
 };
 MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const ModelSpec& base,
                                 const TrainSpec& train);
-// Splits a pasted command line on whitespace and line continuations (`\` + newline). Quotes
-// group words, `#` starts a comment, and a script's `VAR="--flag value ..."` yields the flags.
-std::vector<std::string> SplitCommandLine(const std::string& text);
+// A Megatron-LM flag the model accounts for without reading it: one that changes nothing of a
+// step's time or memory (learning rate, data, tokenizer files, logging, checkpoints, ...) or
+// that asks for what the model assumes (grouped expert GEMMs). A script's flag that is neither
+// read nor one of these is reported as ignored.
+bool MegatronFlagAccountedFor(const std::string& flag);
+
+// The variables a pasted script's `$NAME` may name: `overrides` (--megatron-env NAME=VALUE) win
+// over the script's own assignments, which win over `environment` (the process's, as in bash).
+struct ShellVariables {
+  std::map<std::string, std::string> overrides;
+  std::map<std::string, std::string> environment;
+};
+// Splits a pasted command line or launch script into the words bash would pass on, as far as
+// flags go (src/spec/shell_words.cc): whitespace and line continuations (`\` + newline) separate
+// words, quotes group them, `#` starts a comment; `$NAME`, `${NAME}` and `${NAME:-default}`
+// expand; bash array items (`ARGS=( "--fp8-format hybrid" ... )`) are split into words, as their
+// unquoted expansion would be; a script's `VAR="--flag value ..."` yields the flags. What cannot
+// be expanded stays as written.
+std::vector<std::string> SplitCommandLine(const std::string& text,
+                                          const ShellVariables& variables = {});
 
 }  // namespace autopar

@@ -1,0 +1,155 @@
+// Megatron-LM launch scripts as users paste them (issue 11): NVIDIA's examples import as shipped,
+// with Megatron's defaults where they are silent, its own corrections made with a note, and the
+// flags the model does not read named in one line.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "autopar/cli/commands.h"
+#include "autopar/common/status.h"
+
+namespace autopar::cli {
+namespace {
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result RunCli(std::vector<std::string> argv) {
+  std::ostringstream out, err;
+  const int code = Main(argv, out, err);
+  return {code, out.str(), err.str()};
+}
+
+std::string Script(const std::string& name) {
+  return std::string(AUTOPAR_SOURCE_DIR) + "/tests/data/spec/nvidia-" + name + ".sh";
+}
+
+bool Has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(CliScriptImport, Gpt3ExampleNeedsNoVocabSize) {
+  // The vocabulary comes from the GPT-2 BPE files the script names, padded as Megatron pads it.
+  const Result r = RunCli({"predict", "--megatron-args-file", Script("gpt3-175b"), "--gpu",
+                           "a100-80gb", "--nnodes", "16", "--format", "csv"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_TRUE(Has(r.err, "note: --vocab-size not given: 50257 tokens, GPT-2's BPE")) << r.err;
+  EXPECT_TRUE(Has(r.err, "padded to 51200")) << r.err;
+  // tp=8, pp=16 over 16 x 8 GPUs (the script's torchrun gives 8 per node), mbs 1, fp16.
+  EXPECT_TRUE(Has(r.out, "\n1,8,16,1,1,1,1,1,1,off,none,0,off,")) << r.out;
+  // Nothing of this script changes the step without being modelled.
+  EXPECT_FALSE(Has(r.err, "ignored")) << r.err;
+  // The same model as the preset (an fp16 run reduces its gradients in fp16 unless told).
+  const Result preset = RunCli({"predict",
+                                "--model",
+                                "gpt3-175b",
+                                "--gpu",
+                                "a100-80gb",
+                                "--nnodes",
+                                "16",
+                                "--nproc-per-node",
+                                "8",
+                                "--global-batch-size",
+                                "1536",
+                                "--seq-length",
+                                "2048",
+                                "--fp16",
+                                "--attention-dropout",
+                                "0.1",
+                                "--hidden-dropout",
+                                "0.1",
+                                "--config",
+                                "tp=8,pp=16,mbs=1,grad_reduce_dtype=bf16",
+                                "--format",
+                                "csv"});
+  ASSERT_EQ(preset.code, kExitOk) << preset.err;
+  EXPECT_EQ(r.out, preset.out);
+}
+
+TEST(CliScriptImport, MixtralExampleTurnsSequenceParallelOffAtTp1) {
+  const Result r = RunCli({"predict", "--megatron-args-file", Script("mixtral-8x7b"), "--gpu",
+                           "h100", "--nnodes", "4", "--format", "csv"});
+  ASSERT_EQ(r.code == kExitOk || r.code == kExitInfeasible, true) << r.err;
+  EXPECT_TRUE(Has(r.err, "note: --sequence-parallel: off at --tensor-model-parallel-size 1"))
+      << r.err;
+  EXPECT_TRUE(Has(r.err, "32000 tokens, Llama 2's SentencePiece model")) << r.err;
+  // tp=1, pp=4, ep=8, dist_opt: over 4 x 8 GPUs, dp = 8.
+  EXPECT_TRUE(Has(r.out, "\n1,1,4,8,1,1,8,1,1,off,none,0,on,")) << r.out;
+  EXPECT_FALSE(Has(r.err, "ignored")) << r.err;
+}
+
+TEST(CliScriptImport, Llama3Fp8ExampleExpandsItsVariablesAndArrays) {
+  const Result r = RunCli({"predict", "--megatron-args-file", Script("llama3-8b-fp8"), "--gpu",
+                           "h100", "--format", "csv"});
+  ASSERT_TRUE(r.code == kExitOk || r.code == kExitInfeasible) << r.err;
+  // $NUM_LAYERS and friends from the script's own assignments; "--fp8-format hybrid" as two
+  // words: an FP8 run of 32 layers at 8192 tokens.
+  const Result plan = RunCli(
+      {"plan", "--megatron-args-file", Script("llama3-8b-fp8"), "--gpu", "h100", "--top", "1"});
+  ASSERT_EQ(plan.code, kExitOk) << plan.err;
+  EXPECT_TRUE(Has(plan.out, "global batch 128 x 8192 tokens (fp8)")) << plan.out;
+  EXPECT_TRUE(Has(plan.out, "1 x 8 h100")) << plan.out;
+  // The script's configuration is searched around, and placed.
+  EXPECT_TRUE(Has(plan.err, "the script's configuration tp=1,pp=1,dp=8,")) << plan.err;
+  // What the model does not read, in one line.
+  EXPECT_TRUE(Has(r.err,
+                  "note: ignored (not modelled): --cross-entropy-loss-fusion --manual-gc "
+                  "--empty-unused-memory-level --fp8-param-gather\n"))
+      << r.err;
+  // --megatron-env overrides the script's assignment.
+  const Result deeper = RunCli({"plan", "--megatron-args-file", Script("llama3-8b-fp8"), "--gpu",
+                                "h100", "--top", "1", "--megatron-env", "SEQ_LENGTH=4096"});
+  ASSERT_EQ(deeper.code, kExitOk) << deeper.err;
+  EXPECT_TRUE(Has(deeper.out, "global batch 128 x 4096 tokens (fp8)")) << deeper.out;
+}
+
+TEST(CliScriptImport, PlanSaysWhereTheScriptsConfigurationRanks) {
+  const std::string script =
+      "GPUS=8\ntorchrun --nproc_per_node $GPUS --nnodes 1 pretrain_gpt.py --num-layers 32 "
+      "--hidden-size 4096 --num-attention-heads 32 --seq-length 4096 --swiglu "
+      "--normalization RMSNorm --position-embedding-type rope --disable-bias-linear "
+      "--untie-embeddings-and-output-weights --vocab-size 32000 --global-batch-size 256 --bf16 "
+      "--tensor-model-parallel-size 8 --micro-batch-size 1 --attention-dropout 0 "
+      "--hidden-dropout 0";
+  const Result r = RunCli({"plan", "--megatron-args", script, "--gpu", "a100-80gb", "--top", "3"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  // Not pinned to tp=8: the search goes around the script's choice...
+  EXPECT_TRUE(Has(r.out, "1    tp=")) << r.out;
+  EXPECT_FALSE(Has(r.out.substr(0, r.out.find('\n', r.out.find("1    tp="))), "1    tp=8,"))
+      << r.out;
+  // ...and says where it ranks among the configurations that fit.
+  EXPECT_TRUE(Has(r.err, "the script's configuration tp=8,pp=1,dp=1,")) << r.err;
+  EXPECT_TRUE(Has(r.err, "% slower than the best")) << r.err;
+  // Our own --tp pins as before.
+  const Result pinned = RunCli({"plan", "--megatron-args", script, "--gpu", "a100-80gb", "--top",
+                                "1", "--tensor-model-parallel-size", "8"});
+  ASSERT_EQ(pinned.code, kExitOk) << pinned.err;
+  EXPECT_TRUE(Has(pinned.out, "1    tp=8,")) << pinned.out;
+}
+
+TEST(CliScriptImport, AnUnsetVariableIsNamed) {
+  const Result r = RunCli({"predict", "--megatron-args",
+                           "--num-layers $LAYERS --hidden-size 64 --num-attention-heads 4 "
+                           "--vocab-size 256 --seq-length 64 --global-batch-size 8",
+                           "--gpu", "a100-80gb", "--nproc-per-node", "1", "--config", "tp=1"});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_TRUE(Has(r.err, "--num-layers")) << r.err;
+  EXPECT_TRUE(Has(r.err, "$LAYERS")) << r.err;
+  const Result given = RunCli({"predict", "--megatron-args",
+                               "--num-layers $LAYERS --hidden-size 64 --num-attention-heads 4 "
+                               "--vocab-size 256 --seq-length 64 --global-batch-size 8",
+                               "--megatron-env", "LAYERS=2", "--gpu", "a100-80gb",
+                               "--nproc-per-node", "1", "--config", "tp=1"});
+  EXPECT_EQ(given.code, kExitOk) << given.err;
+  const Result bad = RunCli({"predict", "--megatron-env", "LAYERS", "--model", "tiny",
+                             "--global-batch-size", "8", "--config", "tp=1"});
+  EXPECT_EQ(bad.code, kExitBadInput);
+  EXPECT_TRUE(Has(bad.err, "--megatron-env")) << bad.err;
+}
+
+}  // namespace
+}  // namespace autopar::cli
