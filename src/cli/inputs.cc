@@ -239,7 +239,9 @@ Format ParseFormat(const std::string& text) {
   if (text == "csv") return Format::kCsv;
   if (text == "megatron") return Format::kMegatron;
   if (text == "yaml") return Format::kYaml;
-  throw InputError("--format", "allowed: table, json, csv, megatron, yaml; got '" + text + "'");
+  if (text == "bridge") return Format::kBridge;
+  throw InputError("--format",
+                   "allowed: table, json, csv, megatron, yaml, bridge; got '" + text + "'");
 }
 
 Args::Args(const std::vector<std::string>& argv) {
@@ -368,6 +370,24 @@ void ApplyCpuBackend(const std::string& backend, Inputs& in) {
   }
 }
 
+void ApplyBackend(const std::string& backend, Inputs& in) {
+  if (backend == "cuda" && in.gpu_assumed) {
+    std::string names;
+    for (const std::string& n : GpuPresetNames()) names += (names.empty() ? "" : ", ") + n;
+    throw InputError("--gpu",
+                     "required with --backend cuda: the GPU the trials run on, which the "
+                     "model predicts and the memory budget is (a preset: " +
+                         names + "; a GPU YAML file; or --cluster FILE.yaml)");
+  }
+  ApplyCpuBackend(backend, in);
+}
+
+void NoteAssumedGpu(const Inputs& in, const std::string& command, std::ostream& err) {
+  if (!in.gpu_assumed) return;
+  err << "autopar-tune " << command << ": no --gpu or --cluster, assuming --gpu " << kAssumedGpu
+      << " (" << in.cluster.gpu.memory_gib << " GiB); autopar-tune presets lists the others\n";
+}
+
 backend::P2PSemantics ReadP2PSemantics(Args& args, const std::string& backend) {
   const auto value = args.Value("--p2p-semantics");
   if (backend == "replay" && value) {
@@ -462,9 +482,10 @@ Inputs ReadInputs(Args& args) {
   if (cluster_file) {
     in.cluster = ClusterFromYaml(ReadTextFile("--cluster", *cluster_file));
   } else {
-    in.cluster.gpu = GpuPreset("a100-80gb");
+    in.cluster.gpu = GpuPreset(kAssumedGpu);
     in.cluster.nnodes = 1;
     in.cluster.gpus_per_node = 8;
+    in.gpu_assumed = !gpu_value;
   }
   if (gpu_value) in.cluster.gpu = LoadGpu(*gpu_value);
   if (nnodes) in.cluster.nnodes = ToInt("--nnodes", *nnodes, 1);

@@ -34,6 +34,7 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   const int64_t top = args.Int("--top", 5);
   const bool breakdown = args.Switch("--breakdown");
   Inputs in = ReadInputs(args);
+  NoteAssumedGpu(in, "plan", err);
   if (in.megatron_config) PinSpace(*in.megatron_config, in.space);
 
   const auto start = std::chrono::steady_clock::now();
@@ -65,6 +66,7 @@ int RunPredict(const std::vector<std::string>& argv, std::ostream& out, std::ost
   Args args(argv);
   const auto spec = args.Value("--config");
   Inputs in = ReadInputs(args);
+  NoteAssumedGpu(in, "predict", err);
   ParallelConfig c;
   if (spec) {
     c = ParseSpec(*spec);
@@ -95,9 +97,12 @@ int RunPredict(const std::vector<std::string>& argv, std::ostream& out, std::ost
   const CostModel model(in.model, in.train, in.cluster, in.constants);
   const Estimate estimate = model.Evaluate(c);
   WriteRanked(out, in.format, in, {}, {{c, estimate}}, /*with_breakdown=*/true);
+  // The estimate is printed either way; a configuration that does not fit is not a plan
+  // (exit 3, as `plan` with nothing that fits).
   if (!estimate.fits) {
     err << "autopar-tune predict: " << ToSpec(c) << " needs " << estimate.peak_memory_gib
         << " GiB per GPU, more than the " << in.cluster.gpu.memory_gib << " GiB available\n";
+    return kExitInfeasible;
   }
   return kExitOk;
 }

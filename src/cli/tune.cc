@@ -352,7 +352,8 @@ int RunTune(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   Args args(WithCpuBackendDefaults(argv));
   TuneFlags flags = ReadTuneFlags(args);
   Inputs in = ReadInputs(args);
-  ApplyCpuBackend(flags.backend, in);
+  ApplyBackend(flags.backend, in);
+  NoteAssumedGpu(in, "tune", err);
   try {
     return TuneStudy(flags, in, out, err);
   } catch (const coord::StudyError& e) {
@@ -406,6 +407,7 @@ int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, 
   if (truth.surprise_oom > 1)
     throw InputError("--surprise-oom", "expected a probability in [0, 1]");
   Inputs in = ReadInputs(args);
+  NoteAssumedGpu(in, "make-replay-table", err);
   const SearchSpace space(in.model, in.train, in.cluster, in.space);
   const CostModel model(in.model, in.train, in.cluster, in.constants);
   const search::CandidateSet candidates = search::CandidateSet::FromSpace(space, model);
