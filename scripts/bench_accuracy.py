@@ -86,7 +86,9 @@ def predict(row):
     if row["source_key"] in NO_OVERLAP:
         cmd.append("--no-overlap-grad-reduce")
     out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
+    # Exit 3: the model says the configuration does not fit; its estimate is printed all the same
+    # (the published runs did fit, so the time is still compared).
+    if out.returncode not in (0, 3):
         raise RuntimeError(f"{' '.join(cmd)}\n{out.stderr}")
     return json.loads(out.stdout)["configs"][0], spec
 

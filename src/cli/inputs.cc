@@ -314,6 +314,10 @@ std::string ReadTextFile(const std::string& flag, const std::string& path) {
 }
 
 void WriteNotes(std::ostream& err, const std::string& command, const Inputs& in) {
+  if (in.gpu_assumed) {
+    err << "autopar-tune " << command << ": no --gpu or --cluster, assuming --gpu " << kAssumedGpu
+        << " (" << in.cluster.gpu.memory_gib << " GiB); autopar-tune presets lists the others\n";
+  }
   for (const std::string& note : in.notes) err << "autopar-tune " << command << ": note: " << note << "\n";
 }
 
@@ -323,7 +327,9 @@ Format ParseFormat(const std::string& text) {
   if (text == "csv") return Format::kCsv;
   if (text == "megatron") return Format::kMegatron;
   if (text == "yaml") return Format::kYaml;
-  throw InputError("--format", "allowed: table, json, csv, megatron, yaml; got '" + text + "'");
+  if (text == "bridge") return Format::kBridge;
+  throw InputError("--format",
+                   "allowed: table, json, csv, megatron, yaml, bridge; got '" + text + "'");
 }
 
 Args::Args(const std::vector<std::string>& argv) {
@@ -452,6 +458,18 @@ void ApplyCpuBackend(const std::string& backend, Inputs& in) {
   }
 }
 
+void ApplyBackend(const std::string& backend, Inputs& in) {
+  if (backend == "cuda" && in.gpu_assumed) {
+    std::string names;
+    for (const std::string& n : GpuPresetNames()) names += (names.empty() ? "" : ", ") + n;
+    throw InputError("--gpu",
+                     "required with --backend cuda: the GPU the trials run on, which the "
+                     "model predicts and the memory budget is (a preset: " +
+                         names + "; a GPU YAML file; or --cluster FILE.yaml)");
+  }
+  ApplyCpuBackend(backend, in);
+}
+
 backend::P2PSemantics ReadP2PSemantics(Args& args, const std::string& backend) {
   const auto value = args.Value("--p2p-semantics");
   if (backend == "replay" && value) {
@@ -550,9 +568,10 @@ Inputs ReadInputs(Args& args) {
   if (cluster_file) {
     in.cluster = ClusterFromYaml(ReadTextFile("--cluster", *cluster_file));
   } else {
-    in.cluster.gpu = GpuPreset("a100-80gb");
+    in.cluster.gpu = GpuPreset(kAssumedGpu);
     in.cluster.nnodes = 1;
     in.cluster.gpus_per_node = 8;
+    in.gpu_assumed = !gpu_value;
   }
   if (gpu_value) in.cluster.gpu = LoadGpu(*gpu_value);
   // A pasted launch script's torchrun flags give the cluster where our flags do not.

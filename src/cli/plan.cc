@@ -128,9 +128,12 @@ int RunPredict(const std::vector<std::string>& argv, std::ostream& out, std::ost
   const CostModel model(in.model, in.train, in.cluster, in.constants);
   const Estimate estimate = model.Evaluate(c);
   WriteRanked(out, in.format, in, {}, {{c, estimate}}, /*with_breakdown=*/true);
+  // The estimate is printed either way; a configuration that does not fit is not a plan
+  // (exit 3, as `plan` with nothing that fits).
   if (!estimate.fits) {
     err << "autopar-tune predict: " << ToSpec(c) << " needs " << estimate.peak_memory_gib
         << " GiB per GPU, more than the " << in.cluster.gpu.memory_gib << " GiB available\n";
+    return kExitInfeasible;
   }
   return kExitOk;
 }

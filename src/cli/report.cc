@@ -1,5 +1,6 @@
 #include "autopar/cli/report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <iomanip>
 #include <sstream>
@@ -114,37 +115,69 @@ void WriteTable(std::ostream& out, const Inputs& in, const PlanSummary& summary,
   }
 }
 
-void WriteCsv(std::ostream& out, const std::vector<Ranked>& ranked) {
-  out << "rank,tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,step_time_s,"
-         "tokens_per_s,model_tflops_per_gpu,mfu,peak_memory_gib,fits\n";
+// A CSV field, quoted when it holds a comma, a quote or a line break (RFC 4180).
+std::string CsvField(const std::string& text) {
+  if (text.find_first_of(",\"\n\r") == std::string::npos) return text;
+  std::string quoted = "\"";
+  for (char ch : text) quoted += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+  return quoted + "\"";
+}
+
+// NeMo's auto-configurator summary columns first (its names: TP, PP, CP, EP, VP, MBS, Act Ckpt
+// Layers, GBS, Time per Step, ...), then what it has no column for. CP is Megatron's context
+// parallel size (cp·up, as --context-parallel-size and NeMo count it); UP says how much of it is
+// Ulysses. Config is the SPEC (`predict --config` takes it back).
+void WriteCsv(std::ostream& out, const Inputs& in, const std::vector<Ranked>& ranked) {
+  out << "Rank,Model Name,Seq Length,TP,PP,CP,EP,VP,MBS,Act Ckpt Layers,Num Layers,GBS,Nodes,"
+         "GPUs per Node,Time per Step,Samples per Second,Model TFLOPS / GPU,"
+         "Model TFLOPS Aggregate,MFU,Peak Memory GiB,Fits,DP,UP,SP,Recompute,Dist Opt,Config\n";
+  const int64_t gpus = in.cluster.world_size();
   for (size_t i = 0; i < ranked.size(); ++i) {
     const ParallelConfig& c = ranked[i].config;
     const Estimate& e = ranked[i].estimate;
-    out << i + 1 << ',' << c.tp << ',' << c.pp << ',' << c.dp << ',' << c.cp << ',' << c.up << ','
-        << c.ep << ',' << c.vpp << ',' << c.mbs << ',' << (c.sp ? "on" : "off") << ','
-        << ToString(c.recompute) << ',' << c.recompute_layers << ','
-        << (c.dist_opt ? "on" : "off") << ',' << e.time.step_time_s << ',' << e.tokens_per_s
-        << ',' << e.model_tflops_per_gpu << ',' << e.mfu << ',' << e.peak_memory_gib << ','
-        << (e.fits ? "true" : "false") << '\n';
+    // Fully recomputed layers per pipeline stage, as NeMo counts activation checkpointing.
+    int64_t ckpt_layers = 0;
+    if (c.recompute == Recompute::kFull) {
+      ckpt_layers = c.recompute_layers > 0 ? c.recompute_layers : in.model.num_layers / c.pp;
+    }
+    const double step_s = e.time.step_time_s;
+    out << i + 1 << ',' << CsvField(in.model.name) << ',' << in.train.seq_length << ',' << c.tp
+        << ',' << c.pp << ',' << c.cp * c.up << ',' << c.ep << ',' << c.vpp << ',' << c.mbs << ','
+        << ckpt_layers << ',' << in.model.num_layers << ',' << in.train.global_batch_size << ','
+        << in.cluster.nnodes << ',' << in.cluster.gpus_per_node << ',' << step_s << ','
+        << (step_s > 0 ? static_cast<double>(in.train.global_batch_size) / step_s : 0) << ','
+        << e.model_tflops_per_gpu << ',' << e.model_tflops_per_gpu * static_cast<double>(gpus)
+        << ',' << e.mfu << ',' << e.peak_memory_gib << ',' << (e.fits ? "true" : "false") << ','
+        << c.dp << ',' << c.up << ',' << (c.sp ? "on" : "off") << ',' << ToString(c.recompute)
+        << ',' << (c.dist_opt ? "on" : "off") << ',' << CsvField(ToSpec(c)) << '\n';
   }
 }
 
+// One YAML document per configuration, each a Megatron-Bridge override file, with the estimate
+// in a comment above it.
 void WriteYaml(std::ostream& out, const Inputs& in, const std::vector<Ranked>& ranked) {
-  out << "model: " << in.model.name << "\ngpu: " << in.cluster.gpu.name
-      << "\nnnodes: " << in.cluster.nnodes << "\ngpus_per_node: " << in.cluster.gpus_per_node
-      << "\nconfigs:\n";
-  for (const Ranked& r : ranked) {
-    const ParallelConfig& c = r.config;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    const Ranked& r = ranked[i];
     const Estimate& e = r.estimate;
-    out << "  - {tp: " << c.tp << ", pp: " << c.pp << ", dp: " << c.dp << ", cp: " << c.cp
-        << ", up: " << c.up << ", ep: " << c.ep << ", vpp: " << c.vpp << ", mbs: " << c.mbs
-        << ", sp: " << (c.sp ? "true" : "false") << ", recompute: " << ToString(c.recompute)
-        << ", recompute_layers: " << c.recompute_layers
-        << ", dist_opt: " << (c.dist_opt ? "true" : "false")
-        << ", step_time_s: " << e.time.step_time_s << ", tokens_per_s: " << e.tokens_per_s
-        << ", model_tflops_per_gpu: " << e.model_tflops_per_gpu << ", mfu: " << e.mfu
-        << ", peak_memory_gib: " << e.peak_memory_gib << "}\n";
+    if (i > 0) out << "---\n";
+    out << "# " << i + 1 << ": " << ToSpec(r.config) << "\n# " << in.model.name << " on "
+        << in.cluster.nnodes << " x " << in.cluster.gpus_per_node << " " << in.cluster.gpu.name
+        << ": predicted " << Fixed(e.time.step_time_s, 4) << " s per step, "
+        << Fixed(e.peak_memory_gib, 1) << " GiB" << (e.fits ? "" : " (does not fit)") << ", MFU "
+        << Fixed(100 * e.mfu, 1) << "%\n";
+    WriteBridgeYaml(out, BridgeOverrides(r.config, in.model, in.train));
   }
+}
+
+std::string BridgeValue(const BridgeOverride& o, bool yaml) {
+  if (!o.list.empty()) {
+    std::string text = "[";
+    for (size_t i = 0; i < o.list.size(); ++i) {
+      text += (i ? (yaml ? ", " : ",") : "") + std::to_string(o.list[i]);
+    }
+    return text + "]";
+  }
+  return o.value;
 }
 
 }  // namespace
@@ -195,12 +228,103 @@ std::string MegatronFlags(const ParallelConfig& c, const ModelSpec& model, const
   return f.str();
 }
 
+std::vector<BridgeOverride> BridgeOverrides(const ParallelConfig& c, const ModelSpec& model,
+                                            const TrainSpec& train) {
+  std::vector<BridgeOverride> o;
+  auto add = [&](const char* key, const std::string& value) { o.push_back({key, value, {}}); };
+  auto number = [&](const char* key, int64_t v) { add(key, std::to_string(v)); };
+  auto boolean = [&](const char* key, bool v) { add(key, v ? "true" : "false"); };
+  number("model.tensor_model_parallel_size", c.tp);
+  number("model.pipeline_model_parallel_size", c.pp);
+  // Megatron-Core reads None as "not interleaved".
+  if (c.vpp > 1) {
+    number("model.virtual_pipeline_model_parallel_size", c.vpp);
+  } else {
+    add("model.virtual_pipeline_model_parallel_size", "null");
+  }
+  // Context parallelism as in MegatronFlags: size cp·up, the comm type says ring, Ulysses or both.
+  number("model.context_parallel_size", c.cp * c.up);
+  if (c.cp * c.up > 1) {
+    add("model.cp_comm_type", c.up == 1 ? "p2p" : c.cp == 1 ? "a2a" : "a2a+p2p");
+  }
+  if (c.up > 1 && c.cp > 1) {
+    o.push_back({"model.hierarchical_context_parallel_sizes", "", {c.up, c.cp}});
+  }
+  if (model.is_moe()) {
+    number("model.expert_model_parallel_size", c.ep);
+    // Recipes often set their own expert tp; the model times Megatron's default, tp.
+    number("model.expert_tensor_parallel_size", c.tp);
+    if (c.ep > 1) add("model.moe_token_dispatcher_type", "alltoall");
+  }
+  boolean("model.sequence_parallel", c.sp);
+  if (c.recompute == Recompute::kNone) {
+    add("model.recompute_granularity", "null");
+    add("model.recompute_method", "null");
+    add("model.recompute_num_layers", "null");
+  } else if (c.recompute == Recompute::kSelective) {
+    add("model.recompute_granularity", "selective");
+    add("model.recompute_method", "null");
+    add("model.recompute_num_layers", "null");
+  } else {
+    add("model.recompute_granularity", "full");
+    add("model.recompute_method", c.recompute_layers == 0 ? "uniform" : "block");
+    number("model.recompute_num_layers", c.recompute_layers == 0 ? 1 : c.recompute_layers);
+  }
+  number("train.micro_batch_size", c.mbs);
+  number("train.global_batch_size", train.global_batch_size);
+  boolean("ddp.use_distributed_optimizer", c.dist_opt);
+  boolean("ddp.overlap_grad_reduce", c.overlap_grad_reduce);
+  boolean("ddp.overlap_param_gather", c.overlap_param_gather);
+  // The precision preset (bf16_mixed: fp32 reduction; fp16_mixed: fp16) sets the reduction dtype
+  // over the DDP config's, so a departure from the preset is written to both.
+  const bool fp32_reduce = c.grad_reduce_dtype == GradReduceDtype::kFP32;
+  const bool departs = fp32_reduce != (train.precision != Precision::kFP16);
+  if (departs) boolean("ddp.grad_reduce_in_fp32", fp32_reduce);
+  // Megatron-Bridge asserts that the DDP and optimizer configs agree on this one.
+  boolean("optimizer.use_distributed_optimizer", c.dist_opt);
+  if (departs) boolean("mixed_precision.grad_reduce_in_fp32", fp32_reduce);
+  return o;
+}
+
+std::string BridgeOverrideLine(const std::vector<BridgeOverride>& overrides) {
+  std::string line;
+  for (const BridgeOverride& o : overrides) {
+    line += (line.empty() ? "" : " ") + o.key + "=" + BridgeValue(o, /*yaml=*/false);
+  }
+  return line;
+}
+
+void WriteBridgeYaml(std::ostream& out, const std::vector<BridgeOverride>& overrides) {
+  // Each section once (a YAML mapping has no repeated keys), in the order they first appear.
+  std::vector<std::string> sections;
+  for (const BridgeOverride& o : overrides) {
+    const std::string head = o.key.substr(0, o.key.find('.'));
+    if (std::find(sections.begin(), sections.end(), head) == sections.end()) {
+      sections.push_back(head);
+    }
+  }
+  for (const std::string& section : sections) {
+    out << section << ":\n";
+    for (const BridgeOverride& o : overrides) {
+      if (o.key.compare(0, section.size() + 1, section + ".") != 0) continue;
+      out << "  " << o.key.substr(section.size() + 1) << ": " << BridgeValue(o, /*yaml=*/true)
+          << "\n";
+    }
+  }
+}
+
 void WriteRanked(std::ostream& out, Format format, const Inputs& in, const PlanSummary& summary,
                  const std::vector<Ranked>& ranked, bool with_breakdown) {
   switch (format) {
     case Format::kJson: return WriteJson(out, in, summary, ranked, with_breakdown);
-    case Format::kCsv: return WriteCsv(out, ranked);
+    case Format::kCsv:
+      return WriteCsv(out, in, ranked);
     case Format::kYaml: return WriteYaml(out, in, ranked);
+    case Format::kBridge:
+      for (const Ranked& r : ranked) {
+        out << BridgeOverrideLine(BridgeOverrides(r.config, in.model, in.train)) << "\n";
+      }
+      return;
     case Format::kMegatron:
       for (const Ranked& r : ranked) out << MegatronFlags(r.config, in.model, in.train) << "\n";
       return;

@@ -143,7 +143,7 @@ int RunTrialCommand(const std::vector<std::string>& argv_in, std::ostream& out,
   const auto spec = args.Value("--config");
   WorkerFlags flags = ReadWorkerFlags(args);
   Inputs in = ReadInputs(args);
-  ApplyCpuBackend(flags.backend, in);
+  ApplyBackend(flags.backend, in);
   if (!spec) throw InputError("--config", "required: a SPEC such as tp=2,pp=2,mbs=1");
   RankWorker worker = StartRankWorker(flags.backend, in.cluster, flags.p2p_semantics);
   const ParallelConfig c = Complete(ParseSpec(*spec), worker.world.size());
@@ -166,7 +166,7 @@ int RunProbeCommand(const std::vector<std::string>& argv_in, std::ostream& out,
   WorkerFlags flags = ReadWorkerFlags(args);
   const int64_t repetitions = args.Int("--repetitions", 5);
   Inputs in = ReadInputs(args);
-  ApplyCpuBackend(flags.backend, in);
+  ApplyBackend(flags.backend, in);
   RankWorker worker = StartRankWorker(flags.backend, in.cluster, flags.p2p_semantics);
   const int rank = worker.world.rank();
   const CostModel cost(in.model, in.train, in.cluster, in.constants);

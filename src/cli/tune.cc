@@ -353,7 +353,7 @@ int RunTune(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   Args args(WithCpuBackendDefaults(argv));
   TuneFlags flags = ReadTuneFlags(args);
   Inputs in = ReadInputs(args);
-  ApplyCpuBackend(flags.backend, in);
+  ApplyBackend(flags.backend, in);
   try {
     return TuneStudy(flags, in, out, err);
   } catch (const coord::StudyError& e) {
@@ -407,6 +407,7 @@ int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, 
   if (truth.surprise_oom > 1)
     throw InputError("--surprise-oom", "expected a probability in [0, 1]");
   Inputs in = ReadInputs(args);
+  WriteNotes(err, "make-replay-table", in);
   const SearchSpace space(in.model, in.train, in.cluster, in.space);
   const CostModel model(in.model, in.train, in.cluster, in.constants);
   const search::CandidateSet candidates = search::CandidateSet::FromSpace(space, model);

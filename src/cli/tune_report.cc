@@ -207,15 +207,23 @@ void WriteFinal(std::ostream& out, const TuneReport& r) {
       }
       return;
     case Format::kYaml:
-      out << "model: " << r.in.model.name
-          << "\nstop_reason: " << search::ToString(r.summary.stop.reason)
-          << "\ntrials: " << r.tuner.trials().size() << "\nmeasured:\n";
-      for (size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < r.flags.top; ++i) {
-        out << "  - {config: \"" << ToSpec(r.candidates.config(ranked[i]->candidate))
-            << "\", step_time_s: " << ranked[i]->result.step_time_s()
-            << ", peak_memory_gib: " << ranked[i]->result.peak_memory_gib() << "}\n";
+    case Format::kBridge: {
+      // The best measured configuration, as --format megatron gives it (best.args).
+      if (ranked.empty()) return;
+      const coord::TrialRecord& best = *ranked.front();
+      const auto overrides =
+          BridgeOverrides(r.candidates.config(best.candidate), r.in.model, r.in.train);
+      if (r.in.format == Format::kBridge) {
+        out << BridgeOverrideLine(overrides) << "\n";
+        return;
       }
+      out << "# " << ToSpec(r.candidates.config(best.candidate)) << "\n# " << r.in.model.name
+          << ": measured " << best.result.step_time_s() << " s per step, "
+          << best.result.peak_memory_gib() << " GiB (trial " << best.result.trial_index() + 1
+          << " of " << r.tuner.trials().size() << ")\n";
+      WriteBridgeYaml(out, overrides);
       return;
+    }
     case Format::kTable:
       break;
   }

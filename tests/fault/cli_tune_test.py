@@ -66,6 +66,18 @@ def main():
     check(r.stdout.strip() == args.strip(), "--format megatron prints best.args")
     r = run("tune", *replay, "--study", "s", "--resume", "--format", "csv", "--quiet")
     check(r.stdout.startswith("trial,tp,pp"), "--format csv prints trials.csv")
+    # Megatron-Bridge overrides of the best measured configuration (best.args' configuration).
+    best = dict(kv.split("=") for kv in result["best"]["config"].split(","))
+    r = run("tune", *replay, "--study", "s", "--resume", "--format", "bridge", "--quiet")
+    items = dict(kv.split("=", 1) for kv in r.stdout.split())
+    check(r.returncode == 0 and items.get("model.tensor_model_parallel_size") == best["tp"]
+          and items.get("train.micro_batch_size") == best["mbs"]
+          and items.get("train.global_batch_size") == "32",
+          f"--format bridge prints the best configuration's overrides: {r.stdout}")
+    r = run("tune", *replay, "--study", "s", "--resume", "--format", "yaml", "--quiet")
+    check(r.returncode == 0 and f"\n  tensor_model_parallel_size: {best['tp']}\n" in r.stdout
+          and "\ntrain:\n  micro_batch_size: " + best["mbs"] in r.stdout,
+          f"--format yaml prints them as a YAML override file: {r.stdout}")
 
     # Exit code 4: exists without --resume, another seed or model, locked.
     check(run(*replay, "--study", "s").returncode == 4, "existing study without --resume → 4")

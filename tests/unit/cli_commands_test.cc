@@ -1,10 +1,14 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include "autopar/cli/commands.h"
+#include "autopar/cli/help.h"
 #include "autopar/common/status.h"
 
 namespace autopar::cli {
@@ -61,7 +65,7 @@ TEST(Cli, PredictJsonHasTheContractKeys) {
 }
 
 TEST(Cli, EveryFormat) {
-  for (const char* f : {"table", "json", "csv", "megatron", "yaml"}) {
+  for (const char* f : {"table", "json", "csv", "megatron", "yaml", "bridge"}) {
     const Result r = RunCli(Cmd("plan", Llama7bOn(1, {"--top", "2", "--format", f})));
     EXPECT_EQ(r.code, kExitOk) << f << ": " << r.err;
     EXPECT_FALSE(r.out.empty()) << f;
@@ -77,7 +81,10 @@ TEST(Cli, MegatronFlagsDescribeTheConfigToPredict) {
                                "--sequence-parallel --micro-batch-size 2 --lr 3e-4 \\\n --bf16",
                                "--format", "csv"})));
   ASSERT_EQ(pasted.code, kExitOk) << pasted.err;
-  EXPECT_NE(pasted.out.find("1,2,2,2,1,1,1,1,2,on,none,0,off"), std::string::npos) << pasted.out;
+  EXPECT_NE(pasted.out.find("\"tp=2,pp=2,dp=2,cp=1,up=1,ep=1,vpp=1,mbs=2,sp=on,recompute=none,"
+                            "dist_opt=off"),
+            std::string::npos)
+      << pasted.out;
 }
 
 // The overlap knobs and the reduction dtype leave as Megatron's flags (which default off / fp32)
@@ -201,10 +208,16 @@ double TinyCpuStepTime(std::vector<std::string> extra) {
   std::string header, row;
   std::getline(lines, header);
   std::getline(lines, row);
-  // rank,tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,step_time_s,...
+  // Rank,Model Name,Seq Length,TP,PP,CP,EP,VP,MBS,Act Ckpt Layers,Num Layers,GBS,Nodes,
+  // GPUs per Node,Time per Step,...
+  EXPECT_EQ(header.rfind("Rank,Model Name,Seq Length,TP,PP,CP,EP,VP,MBS,Act Ckpt Layers,Num "
+                         "Layers,GBS,Nodes,GPUs per Node,Time per Step,",
+                         0),
+            0u)
+      << header;
   std::istringstream fields(row);
   std::string field;
-  for (int i = 0; i < 14; ++i) std::getline(fields, field, ',');
+  for (int i = 0; i < 15; ++i) std::getline(fields, field, ',');
   return std::stod(field);
 }
 
@@ -252,7 +265,192 @@ TEST(Cli, HuggingFaceConfigPlansLikeThePreset) {
   const Result a = RunCli(preset), b = RunCli(from_hf);
   ASSERT_EQ(a.code, kExitOk) << a.err;
   ASSERT_EQ(b.code, kExitOk) << b.err;
-  EXPECT_EQ(a.out, b.out);
+  // The same rows; only the Model Name column says where the model came from.
+  std::string renamed = b.out;
+  const std::string hf_name = ",meta-llama/Llama-2-7b-hf,";
+  for (size_t at; (at = renamed.find(hf_name)) != std::string::npos;) {
+    renamed.replace(at, hf_name.size(), ",llama2-7b,");
+  }
+  EXPECT_NE(renamed, b.out);
+  EXPECT_EQ(a.out, renamed);
+}
+
+TEST(Cli, PredictOfAConfigurationThatDoesNotFitExitsThreeAndPrintsItsEstimate) {
+  const std::vector<std::string> job = {
+      "predict",          "--model", "llama2-70b",          "--gpu", "a100-40gb", "--nnodes", "1",
+      "--nproc-per-node", "8",       "--global-batch-size", "8",     "--config",  "tp=1,pp=1"};
+  const Result table = RunCli(job);
+  EXPECT_EQ(table.code, kExitInfeasible) << table.err;
+  EXPECT_NE(table.out.find("(OOM)"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("(does not fit)"), std::string::npos) << table.out;
+  EXPECT_NE(table.err.find("more than the"), std::string::npos) << table.err;
+  std::vector<std::string> json = job;
+  json.insert(json.end(), {"--format", "json"});
+  const Result j = RunCli(json);
+  EXPECT_EQ(j.code, kExitInfeasible);
+  EXPECT_NE(j.out.find("\"fits\":false"), std::string::npos) << j.out;
+  // The same command for a model that fits: exit 0.
+  std::vector<std::string> fits = job;
+  fits[2] = "llama2-7b";
+  fits.back() = "tp=8";
+  const Result ok = RunCli(fits);
+  EXPECT_EQ(ok.code, kExitOk) << ok.err;
+  EXPECT_EQ(ok.out.find("(OOM)"), std::string::npos) << ok.out;
+}
+
+// Every command's --help (or -h, or `help COMMAND`) prints its usage on stdout and exits 0,
+// wherever the flag stands, without running the command.
+TEST(Cli, HelpPerCommand) {
+  const Result top = RunCli({"--help"});
+  EXPECT_EQ(top.code, kExitOk);
+  for (const CommandHelp& c : Commands()) {
+    EXPECT_NE(top.out.find(std::string("\n  ") + c.name + " "), std::string::npos) << c.name;
+    const Result help = RunCli({c.name, "--help"});
+    EXPECT_EQ(help.code, kExitOk) << c.name << ": " << help.err;
+    EXPECT_EQ(help.out.rfind(std::string("usage: autopar-tune ") + c.name, 0), 0u) << help.out;
+    EXPECT_TRUE(help.err.empty()) << help.err;
+    EXPECT_EQ(RunCli({c.name, "-h"}).out, help.out) << c.name;
+    EXPECT_EQ(RunCli({"help", c.name}).out, help.out) << c.name;
+    for (const FlagGroup* g : c.groups) {
+      for (const FlagHelp& f : g->flags) {
+        EXPECT_NE(help.out.find(f.flag), std::string::npos) << c.name << " " << f.flag;
+      }
+    }
+    std::istringstream lines(help.out);
+    for (std::string line; std::getline(lines, line);) {
+      EXPECT_LE(line.size(), 100u) << c.name << ": " << line;  // docs/style.md §1
+    }
+  }
+  // Among other flags, and the implicit tune.
+  const Result plan = RunCli(Cmd("plan", Llama7bOn(1, {"--help"})));
+  EXPECT_EQ(plan.code, kExitOk);
+  EXPECT_EQ(plan.out, RunCli({"plan", "--help"}).out);
+  const std::string study = ::testing::TempDir() + "help_study";
+  const Result tune = RunCli({"--study", study, "--help"});
+  EXPECT_EQ(tune.code, kExitOk);
+  EXPECT_EQ(tune.out, RunCli({"tune", "--help"}).out);
+  EXPECT_FALSE(std::filesystem::exists(study));
+  // A pasted script's own --help is not ours.
+  EXPECT_EQ(RunCli(Cmd("plan", Llama7bOn(1, {"--megatron-args", "--help"}))).out.find("usage:"),
+            std::string::npos);
+  ExpectBadInput({"help", "frobnicate"}, "plan, predict");
+  // No arguments at all: the usage on stderr, exit 2.
+  const Result none = RunCli({});
+  EXPECT_EQ(none.code, kExitBadInput);
+  EXPECT_NE(none.err.find("usage: autopar-tune"), std::string::npos);
+}
+
+// A command line of each command that reads all its flags. Those that would start something
+// (a study, trials) fail afterwards on bad input of their own: the replay table is not there,
+// --backend cuda has no --gpu, the study does not exist.
+std::vector<std::string> ReadsEveryFlag(const std::string& command) {
+  std::vector<std::string> argv = {command};
+  if (command == "report") return {command, "--study", "/nonexistent/study"};
+  if (command == "presets") return argv;
+  if (command == "tune") {
+    argv.insert(argv.end(), {"--study", ::testing::TempDir() + "flags_study", "--backend", "replay",
+                             "--replay-table", "/nonexistent/table.csv"});
+  }
+  if (command == "trial" || command == "probe") argv.insert(argv.end(), {"--backend", "cuda"});
+  if (command == "predict") argv.insert(argv.end(), {"--config", "tp=1"});
+  argv.insert(argv.end(), {"--model", "tiny", "--nnodes", "1", "--nproc-per-node", "2",
+                           "--global-batch-size", "16"});
+  return argv;
+}
+
+// The help names only flags the command reads: each, given a value ("1", or a path where a file
+// goes), is read (it may be refused, never as an unknown flag), and starts nothing.
+TEST(Cli, EveryFlagTheHelpListsIsRead) {
+  // A path that does not exist, where a flag's file would be read or written (and removed).
+  const std::string sample_path = ::testing::TempDir() + "flag_sample";
+  std::filesystem::remove_all(sample_path);
+  std::filesystem::remove_all(::testing::TempDir() + "flags_study");
+  for (const CommandHelp& c : Commands()) {
+    const std::string name = c.name;
+    const bool starts_something = name == "tune" || name == "trial" || name == "probe";
+    const Result base = RunCli(ReadsEveryFlag(name));
+    EXPECT_EQ(base.err.find("unknown flag"), std::string::npos) << name << ": " << base.err;
+    if (starts_something) {
+      EXPECT_EQ(base.code, kExitBadInput) << name << ": " << base.err;
+    }
+    for (const FlagGroup* g : c.groups) {
+      for (const FlagHelp& f : g->flags) {
+        std::vector<std::string> argv = ReadsEveryFlag(name);
+        argv.push_back(f.flag);
+        const std::string value = f.value;
+        if (!value.empty()) {
+          const bool path =
+              value.find("FILE") != std::string::npos || value.find("DIR") != std::string::npos;
+          argv.push_back(path ? sample_path : "1");
+        }
+        const Result r = RunCli(argv);
+        std::filesystem::remove_all(sample_path);  // make-replay-table --output writes it
+        EXPECT_EQ(r.err.find("unknown flag"), std::string::npos) << name << ": " << r.err;
+        if (starts_something) {
+          EXPECT_EQ(r.code, kExitBadInput) << name << " " << f.flag;
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() + "flags_study"));
+  // The check can fail: a flag nobody reads is unknown.
+  for (const char* command : {"plan", "tune", "report"}) {
+    std::vector<std::string> argv = ReadsEveryFlag(command);
+    argv.push_back("--bogus");
+    EXPECT_NE(RunCli(argv).err.find("unknown flag"), std::string::npos) << command;
+  }
+}
+
+// --version prints the project version of CMakeLists.txt and starts nothing.
+TEST(Cli, VersionIsTheProjectVersion) {
+  std::ifstream cmake(std::string(AUTOPAR_SOURCE_DIR) + "/CMakeLists.txt");
+  std::stringstream text;
+  text << cmake.rdbuf();
+  std::smatch m;
+  const std::string lists = text.str();
+  ASSERT_TRUE(
+      std::regex_search(lists, m, std::regex(R"(project\(autopar-tune VERSION ([0-9.]+))")));
+  EXPECT_EQ(std::string(Version()), m[1].str());
+  const std::string study = ::testing::TempDir() + "version_study";
+  for (const std::vector<std::string>& argv :
+       {std::vector<std::string>{"--version"},
+        {"--study", study, "--version"},
+        {"plan", "--version"},
+        {"tune", "--study", study, "--backend", "cpu", "--version"}}) {
+    const Result r = RunCli(argv);
+    EXPECT_EQ(r.code, kExitOk) << r.err;
+    EXPECT_EQ(r.out, "autopar-tune " + m[1].str() + "\n");
+    EXPECT_TRUE(r.err.empty()) << r.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(study));
+}
+
+// No silent default GPU: planning says which one it assumes; the CUDA backend needs it named.
+TEST(Cli, AnAssumedGpuIsNamedOrRefused) {
+  const std::vector<std::string> job = {"plan", "--model", "tiny", "--global-batch-size",
+                                        "16",   "--top",   "1"};
+  const Result assumed = RunCli(job);
+  ASSERT_EQ(assumed.code, kExitOk) << assumed.err;
+  EXPECT_NE(assumed.err.find("assuming --gpu a100-80gb"), std::string::npos) << assumed.err;
+  EXPECT_EQ(std::count(assumed.err.begin(), assumed.err.end(), '\n'), 1) << assumed.err;
+  EXPECT_NE(assumed.out.find("a100-80gb"), std::string::npos) << assumed.out;
+  std::vector<std::string> named = job;
+  named.insert(named.end(), {"--gpu", "a100-80gb"});
+  const Result given = RunCli(named);
+  EXPECT_TRUE(given.err.empty()) << given.err;
+  EXPECT_EQ(given.out, assumed.out);
+  const std::string cluster = TempFile("cluster.yaml", "nnodes: 1\ngpus_per_node: 8\ngpu: h100\n");
+  std::vector<std::string> from_file = job;
+  from_file.insert(from_file.end(), {"--cluster", cluster});
+  EXPECT_TRUE(RunCli(from_file).err.empty());
+  const std::vector<std::string> predict = {"predict", "--model",  "tiny", "--global-batch-size",
+                                            "16",      "--config", "tp=2"};
+  EXPECT_NE(RunCli(predict).err.find("assuming --gpu a100-80gb"), std::string::npos);
+  // --backend cuda: the GPU the trials run on must be named.
+  ExpectBadInput({"tune", "--study", ::testing::TempDir() + "cuda_study", "--backend", "cuda",
+                  "--model", "tiny", "--global-batch-size", "16"},
+                 "--gpu");
+  EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() + "cuda_study"));
 }
 
 }  // namespace

@@ -296,7 +296,7 @@ TEST(MegatronFlags, ContextParallelFlagsThatDoNotDescribeOurSplitsAreRefused) {
            out, err),
       0)
       << err.str();
-  EXPECT_NE(out.str().find(",1,1,8,1,2,1,1,1,"), std::string::npos) << out.str();  // cp=1, up=2
+  EXPECT_NE(out.str().find("\"tp=1,pp=1,dp=8,cp=1,up=2,"), std::string::npos) << out.str();
 }
 
 }  // namespace

@@ -18,7 +18,7 @@
 
 namespace autopar::cli {
 
-enum class Format { kTable, kJson, kCsv, kMegatron, kYaml };
+enum class Format { kTable, kJson, kCsv, kMegatron, kYaml, kBridge };
 
 // argv after the subcommand, split into `--flag value` / `--flag=value` / `--switch` items.
 // Flags are looked up by the subcommand; Finish() rejects any flag nobody asked for.
@@ -66,7 +66,13 @@ struct Inputs {
   std::vector<std::string> notes;
   // --host-cores: the cores the ranks of a `cpu`-device job share (they all run on one host).
   std::optional<int64_t> host_cores;
+  // Neither --gpu nor --cluster named the GPU: the plan is for kAssumedGpu (WriteNotes says
+  // so; --backend cuda refuses it, ApplyBackend).
+  bool gpu_assumed = false;
 };
+
+// The GPU a plan assumes when no flag names one.
+inline constexpr const char* kAssumedGpu = "a100-80gb";
 
 // Reads the inputs every planning command takes, consuming every flag: the subcommand reads its
 // own flags (`--top`, `--config`) before calling this.
@@ -74,7 +80,8 @@ Inputs ReadInputs(Args& args);
 
 Format ParseFormat(const std::string& text);
 
-// Inputs::notes on `err`, one "autopar-tune COMMAND: note: ..." line each.
+// On `err`: the GPU the command plans for when no flag named it (in.gpu_assumed), then
+// Inputs::notes, one "autopar-tune COMMAND: note: ..." line each.
 void WriteNotes(std::ostream& err, const std::string& command, const Inputs& in);
 
 // The CPU backend's device is a host core: unless --gpu or --cluster says otherwise, commands
@@ -83,6 +90,9 @@ std::vector<std::string> WithCpuBackendDefaults(const std::vector<std::string>& 
 // ...and predict fp32 training with nothing but the trial's tensors in the budget, on the share
 // of this host's cores each rank gets (unless --host-cores said how many).
 void ApplyCpuBackend(const std::string& backend, Inputs& in);
+// What the trial backend needs of the inputs: --backend cuda times the GPU it runs on, so --gpu
+// (or --cluster) must name it (an assumed GPU is refused, naming --gpu); then ApplyCpuBackend.
+void ApplyBackend(const std::string& backend, Inputs& in);
 
 // `--p2p-semantics mpi|nccl` of the MPI commands: how the CPU backend's collectives run (see
 // backend::P2PSemantics). The CUDA backend runs NCCL itself (only "nccl" is accepted there), and

@@ -1,4 +1,5 @@
-// Rendering ranked estimates in the formats of docs/cli.md §5: table, json, csv, megatron, yaml.
+// Rendering ranked estimates in the formats of docs/cli.md §5: table, json, csv, megatron, yaml,
+// bridge.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,25 @@ struct PlanSummary {
 
 // Megatron-LM arguments that select `c` for this model and job.
 std::string MegatronFlags(const ParallelConfig& c, const ModelSpec& model, const TrainSpec& train);
+
+// One Megatron-Bridge override of a ConfigContainer field: `key` dotted (model.*, train.*, ddp.*,
+// optimizer.*, mixed_precision.*), `value` as Hydra and YAML both read it ("8", "true", "null",
+// "a2a"), or `list` for a list value.
+struct BridgeOverride {
+  std::string key;
+  std::string value;
+  std::vector<int64_t> list;
+};
+
+// The Megatron-Bridge overrides that select `c` (docs/cli.md §5): every parallel field explicitly,
+// since a recipe sets its own; the reduction dtype only where it departs from the precision
+// preset's.
+std::vector<BridgeOverride> BridgeOverrides(const ParallelConfig& c, const ModelSpec& model,
+                                            const TrainSpec& train);
+// `key=value` items on one line, as scripts/training/run_recipe.py takes them (Hydra syntax).
+std::string BridgeOverrideLine(const std::vector<BridgeOverride>& overrides);
+// The same as a YAML override file, nested by section.
+void WriteBridgeYaml(std::ostream& out, const std::vector<BridgeOverride>& overrides);
 
 // `with_breakdown` adds the time and memory breakdown of each estimate.
 void WriteRanked(std::ostream& out, Format format, const Inputs& in, const PlanSummary& summary,
