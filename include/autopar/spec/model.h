@@ -52,7 +52,8 @@ struct ModelSpec {
   int64_t moe_first_dense_layers = 0;  // leading layers with a dense MLP (DeepSeek-V3: 3)
 
   // Sliding-window attention, as Megatron-LM's --window-size W,0 and --window-attn-skip-freq N:
-  // a windowed layer's query sees at most window_size keys (itself and the ones before it).
+  // a windowed layer's query sees at most the window_size keys before it (W, Megatron's LEFT;
+  // Hugging Face's `sliding_window`).
   // window_attn_skip_freq N > 0 leaves every N-th layer (1-based: layers N, 2N, ...) with full
   // attention; 0 windows every layer. window_size 0: full attention everywhere.
   int64_t window_size = 0;
