@@ -59,6 +59,9 @@ const FlagGroup kMegatronModel = {"Megatron-LM model flags, on top of --model (d
                                       {"--moe-ffn-hidden-size", "N", ""},
                                       {"--moe-shared-expert-intermediate-size", "N", ""},
                                       {"--moe-layer-freq", "PATTERN", ""},
+                                      {"--window-size", "LEFT,0", ""},
+                                      {"--window-attn-skip-freq", "N", ""},
+                                      {"--mtp-num-layers", "N", ""},
                                   },
                                   /*compact=*/true};
 

@@ -61,6 +61,9 @@ pb::ModelDesc Describe(const ModelSpec& m) {
   d.set_moe_ffn_hidden_size(m.moe_ffn_hidden_size);
   d.set_moe_shared_expert_intermediate_size(m.moe_shared_expert_intermediate_size);
   d.set_moe_first_dense_layers(m.moe_first_dense_layers);
+  d.set_window_size(m.window_size);
+  d.set_window_attn_skip_freq(m.window_attn_skip_freq);
+  d.set_mtp_num_layers(m.mtp_num_layers);
   return d;
 }
 

@@ -52,6 +52,9 @@ StudySpecs SpecsOf(const pb::StudyDescription& d) {
   model.moe_ffn_hidden_size = m.moe_ffn_hidden_size();
   model.moe_shared_expert_intermediate_size = m.moe_shared_expert_intermediate_size();
   model.moe_first_dense_layers = m.moe_first_dense_layers();
+  model.window_size = m.window_size();
+  model.window_attn_skip_freq = m.window_attn_skip_freq();
+  model.mtp_num_layers = m.mtp_num_layers();
 
   s.train.global_batch_size = d.train().global_batch_size();
   s.train.seq_length = d.train().seq_length();

@@ -196,14 +196,23 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
     double dense = dense_layers * static_cast<double>(params_.dense_layer()) +
                    moe_layers * static_cast<double>(params_.moe_layer_non_expert());
     if (stage == 0) dense += params_.embedding;
+    // Multi-token-prediction modules follow the last layer on the last stage.
+    const double mtp = stage == c.pp - 1 ? static_cast<double>(m.mtp_num_layers) : 0.0;
     if (stage == c.pp - 1) {
       dense += params_.final_norm;
-      // A tied embedding is duplicated on the last stage when the pipeline splits them.
+      // A tied embedding (or the one MTP reads) is duplicated on the last stage when the
+      // pipeline splits them.
       dense += params_.output_layer > 0 ? params_.output_layer
                                         : (c.pp > 1 ? m.vocab_size * h : 0);
+      if (mtp > 0) {
+        dense += mtp * static_cast<double>(params_.mtp_non_expert());
+        if (c.pp > 1 && params_.output_layer > 0) dense += m.vocab_size * h;
+      }
     }
     dense /= t;
-    const double experts = moe_layers * static_cast<double>(params_.expert_per_layer) / (t * ep);
+    const double experts = (moe_layers * static_cast<double>(params_.expert_per_layer) +
+                            mtp * static_cast<double>(params_.mtp_experts())) /
+                           (t * ep);
     mem.weights = weight_bytes * (dense + experts);
     // Megatron's main-gradient buffers are fp32, or in the parameters' dtype with
     // --grad-reduce-in-bf16 (DistributedDataParallelConfig.grad_reduce_in_fp32 off).
@@ -217,7 +226,11 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
     if (c.vpp > 1) in_flight *= 1 + (c.pp - 1.0) / (c.pp * c.vpp);
     const double dense_layer_bytes = layer_bytes(false);
     const double moe_layer_bytes = layer_bytes(true);
-    double per_microbatch = dense_layers * dense_layer_bytes + moe_layers * moe_layer_bytes;
+    // An MTP module keeps a layer's activations and its input projection's ([tokens, 2h]).
+    const double mtp_layer_bytes =
+        (m.is_moe() ? moe_layer_bytes : dense_layer_bytes) + elem * tokens * 2 * h / (c.sp ? t : 1);
+    double per_microbatch =
+        dense_layers * dense_layer_bytes + moe_layers * moe_layer_bytes + mtp * mtp_layer_bytes;
     // The backward pass works on one layer at a time: its activation gradients are about the
     // size of the layer's activations, plus the gathered input and partial sums of the
     // tensor-parallel region ([s·b, h] each) and the residual-stream gradients and pipeline
@@ -241,7 +254,7 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
     if (stage == c.pp - 1) {
       // 16-bit logits plus the fp32 copy the vocab-parallel cross-entropy works on (in fp32 the
       // loss works on the logits themselves).
-      mem.logits = (fp32 ? 4 : elem + 4) * tokens * m.vocab_size / t;
+      mem.logits = (fp32 ? 4 : elem + 4) * tokens * m.vocab_size / t * (1 + m.mtp_num_layers);
     }
     const double tensors = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.logits;
     mem.overhead = constants_.mem.runtime_overhead_gib * kGiB + constants_.mem.fragmentation * tensors;

@@ -41,10 +41,17 @@ int64_t ParamCounts::moe_layer_non_expert() const {
   return attention_per_layer + moe_router_per_layer + shared_expert_per_layer + norms_per_layer / 2;
 }
 
+int64_t ParamCounts::mtp_non_expert() const {
+  return mtp_extra_per_module + (num_moe_layers > 0 ? moe_layer_non_expert() : dense_layer());
+}
+
+int64_t ParamCounts::mtp_experts() const { return num_moe_layers > 0 ? expert_per_layer : 0; }
+
 int64_t ParamCounts::total() const {
   const int64_t dense_layers = num_layers - num_moe_layers;
   return embedding + output_layer + final_norm + dense_layers * dense_layer() +
-         num_moe_layers * (moe_layer_non_expert() + expert_per_layer);
+         num_moe_layers * (moe_layer_non_expert() + expert_per_layer) +
+         num_mtp_layers * (mtp_non_expert() + mtp_experts());
 }
 
 int64_t ParamCounts::active() const {
@@ -52,8 +59,10 @@ int64_t ParamCounts::active() const {
   const int64_t routed_active = num_experts > 0 ? expert_per_layer / num_experts * topk : 0;
   // The logits GEMM uses a vocab × hidden matrix whether or not it is tied to the embedding.
   const int64_t logits = output_layer > 0 ? output_layer : embedding;
+  const int64_t mtp_routed = num_moe_layers > 0 ? routed_active : 0;
   return logits + dense_layers * dense_layer() +
-         num_moe_layers * (moe_layer_non_expert() + routed_active);
+         num_moe_layers * (moe_layer_non_expert() + routed_active) +
+         num_mtp_layers * (mtp_non_expert() + mtp_routed + logits);
 }
 
 ParamCounts CountParams(const ModelSpec& m) {
@@ -72,6 +81,8 @@ ParamCounts CountParams(const ModelSpec& m) {
   p.norms_per_layer = 2 * NormParams(m, h);
   p.attention_per_layer = AttentionParams(m) + NormParams(m, h);
   p.dense_mlp_per_layer = MlpParams(m, m.ffn_hidden_size) + NormParams(m, h);
+  p.num_mtp_layers = m.mtp_num_layers;
+  p.mtp_extra_per_module = 2 * h * h + 3 * NormParams(m, h);
   if (m.is_moe()) {
     p.moe_router_per_layer = h * m.num_experts;
     p.expert_per_layer = m.num_experts * MlpParams(m, m.moe_ffn_hidden_size);
@@ -82,14 +93,25 @@ ParamCounts CountParams(const ModelSpec& m) {
   return p;
 }
 
+double CausalKeysPerQuery(double seq, double window) {
+  if (window <= 0 || window >= seq) return 0.5 * seq;
+  return (seq * window - 0.5 * window * window) / seq;
+}
+
 double ModelFlopsPerStep(const ModelSpec& m, int64_t global_batch_size, int64_t seq_length) {
   const ParamCounts p = CountParams(m);
   const double tokens = static_cast<double>(global_batch_size) * seq_length;
   const double qk_dim = m.is_mla() ? m.qk_head_dim + m.qk_pos_emb_head_dim : m.head_dim();
   const double v_dim = m.is_mla() ? m.v_head_dim : m.head_dim();
-  // Forward attention scores: 2·s·heads·(d_qk + d_v) FLOPs per token per layer; ×3 with backward.
-  const double attention = 6.0 * m.num_layers * seq_length * m.num_attention_heads *
-                           (qk_dim + v_dim);
+  // Keys per query summed over the layers: seq for a full layer (PaLM's convention counts the
+  // whole square), twice the causal mean for a windowed one.
+  const int64_t windowed = m.num_windowed_layers(0, m.num_layers);
+  const double keys =
+      static_cast<double>(m.num_layers - windowed + m.mtp_num_layers) * seq_length +
+      windowed * 2 * CausalKeysPerQuery(seq_length, static_cast<double>(m.window_size));
+  // Forward attention scores: 2·keys·heads·(d_qk + d_v) FLOPs per token per layer; ×3 with
+  // backward.
+  const double attention = 6.0 * keys * m.num_attention_heads * (qk_dim + v_dim);
   return tokens * (6.0 * static_cast<double>(p.active()) + attention);
 }
 

@@ -130,7 +130,14 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   const double one_expert =
       m.is_moe() ? static_cast<double>(params_.expert_per_layer) / m.num_experts : 0;
 
-  auto layer_cost = [&](bool moe) {
+  // A windowed layer's share of full causal attention's work (docs/models.md §4.2): flash
+  // attention skips the blocks outside the band; the unfused path masks the whole square.
+  const double window_share =
+      stack.flash_attention && m.window_size > 0
+          ? CausalKeysPerQuery(s, static_cast<double>(m.window_size)) / (0.5 * s)
+          : 1.0;
+
+  auto layer_cost = [&](bool moe, bool windowed) {
     LayerCost lc;
     auto& f = lc.fwd;
     // GEMMs: 2 FLOPs per parameter per token, split by tp.
@@ -151,7 +158,8 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     const double attn_flops = 2 * c.mbs * (s / c.cp) * s * heads * (qk_dim + v_dim);
     double softmax = 0;  // the unfused attention's passes over the score matrix
     if (stack.flash_attention) {
-      f[kAttention] = 0.5 * attn_flops / (peak_flops_ * e.attention);
+      f[kAttention] =
+          0.5 * attn_flops * (windowed ? window_share : 1.0) / (peak_flops_ * e.attention);
     } else {
       f[kAttention] = attn_flops / (peak_flops_ * e.attention_unfused);
       // Scale-mask-softmax and dropout over the score matrix, each one read and one write of an
@@ -235,18 +243,35 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     return lc;
   };
 
-  const LayerCost dense_layer = layer_cost(false);
-  const LayerCost moe_layer = m.is_moe() ? layer_cost(true) : LayerCost{};
+  const bool windows = m.window_size > 0;
+  const LayerCost dense_layer = layer_cost(false, false);
+  const LayerCost moe_layer = m.is_moe() ? layer_cost(true, false) : LayerCost{};
+  const LayerCost dense_windowed = windows ? layer_cost(false, true) : LayerCost{};
+  const LayerCost moe_windowed = windows && m.is_moe() ? layer_cost(true, true) : LayerCost{};
 
   // ---- the bottleneck pipeline stage: the last one (most MoE layers, plus the logits) ----
+  // Its layers [L − L/pp, L): the dense ones (if any) first, then the MoE ones; each kind split
+  // into windowed and full-attention layers by Megatron's rule (ModelSpec::is_windowed_layer).
+  // Multi-token-prediction modules follow on the same stage: a full-attention layer of the last
+  // layer's kind each, with their projection and a second logits GEMM below.
   const int64_t layers_per_stage = m.num_layers / c.pp;
   const int64_t moe_layers = std::min<int64_t>(layers_per_stage, m.num_moe_layers());
   const int64_t dense_layers = layers_per_stage - moe_layers;
+  const int64_t first_layer = m.num_layers - layers_per_stage;
+  const int64_t dense_win = m.num_windowed_layers(first_layer, dense_layers);
+  const int64_t moe_win = m.num_windowed_layers(first_layer + dense_layers, moe_layers);
+  const int64_t mtp = m.mtp_num_layers;
   std::array<double, kNumFeatures> stage_fwd{}, stage_bwd{};
-  AddScaled(stage_fwd, dense_layer.fwd, dense_layers);
-  AddScaled(stage_fwd, moe_layer.fwd, moe_layers);
-  AddScaled(stage_bwd, dense_layer.bwd, dense_layers);
-  AddScaled(stage_bwd, moe_layer.bwd, moe_layers);
+  const auto add_layers = [&](const LayerCost& lc, int64_t count) {
+    if (count == 0) return;
+    AddScaled(stage_fwd, lc.fwd, count);
+    AddScaled(stage_bwd, lc.bwd, count);
+  };
+  add_layers(dense_layer, dense_layers - dense_win);
+  add_layers(moe_layer, moe_layers - moe_win);
+  add_layers(dense_windowed, dense_win);
+  add_layers(moe_windowed, moe_win);
+  add_layers(m.is_moe() ? moe_layer : dense_layer, mtp);
   // Recomputed layers run their forward (GEMMs, kernels and collectives) again in backward.
   // (Megatron's block method recomputes the first N layers of every model chunk.)
   const int64_t layers_per_chunk = layers_per_stage / c.vpp;
@@ -261,10 +286,12 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   const double v = m.vocab_size;
   const double logits_fwd = GemmTime(2 * tokens * h * v / t, v / t);
   const double ce_fwd = 10 * tokens * v / t / hbm;
-  stage_fwd[kGemm] += logits_fwd;
-  stage_bwd[kGemm] += 2 * logits_fwd;
-  stage_fwd[kMemoryBound] += ce_fwd;
-  stage_bwd[kMemoryBound] += ce_fwd;
+  // Each MTP module: the 2h → h projection (column-parallel) and its own logits and loss.
+  const double mtp_fwd = mtp * (logits_fwd + GemmTime(2 * tokens * 2 * h * h / t, h / t));
+  stage_fwd[kGemm] += logits_fwd + mtp_fwd;
+  stage_bwd[kGemm] += 2 * (logits_fwd + mtp_fwd);
+  stage_fwd[kMemoryBound] += (1 + mtp) * ce_fwd;
+  stage_bwd[kMemoryBound] += (1 + mtp) * ce_fwd;
   if (c.sp) {
     stage_fwd[kTpComm] += AllGatherTime(element_bytes_ * tokens * h, c.tp, tp_stride);
     stage_bwd[kTpComm] += AllGatherTime(element_bytes_ * tokens * h, c.tp, tp_stride);
@@ -302,16 +329,22 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   // A stage's dense parameters: its layers, plus the embedding (first stage) or the final norm
   // and output layer (last stage; a tied embedding's copy when pp > 1), whichever is more.
   const double first_extra = static_cast<double>(params_.embedding);
+  // MTP modules live on the last stage, which then also needs the embedding (a copy when
+  // pp > 1, as for tied embeddings).
+  const bool embedding_copy = c.pp > 1 && (params_.output_layer == 0 || mtp > 0);
   const double last_extra =
-      static_cast<double>(params_.final_norm) +
-      (params_.output_layer > 0 ? static_cast<double>(params_.output_layer)
-                                : (c.pp > 1 ? static_cast<double>(m.vocab_size) * h : 0.0));
+      static_cast<double>(params_.final_norm) + static_cast<double>(params_.output_layer) +
+      (embedding_copy ? static_cast<double>(m.vocab_size) * h : 0.0) +
+      static_cast<double>(mtp) * static_cast<double>(params_.mtp_non_expert());
   const double dense_params =
       (dense_layers * static_cast<double>(params_.dense_layer()) +
        moe_layers * static_cast<double>(params_.moe_layer_non_expert()) +
        (c.pp == 1 ? first_extra + last_extra : std::max(first_extra, last_extra))) /
       t;
-  const double expert_params = moe_layers * static_cast<double>(params_.expert_per_layer) / (t * c.ep);
+  const double expert_params =
+      (moe_layers * static_cast<double>(params_.expert_per_layer) +
+       static_cast<double>(mtp) * static_cast<double>(params_.mtp_experts())) /
+      (t * c.ep);
   const double grad_bytes = c.grad_reduce_dtype == GradReduceDtype::kFP32 ? 4 : element_bytes_;
   const int64_t dp_group = int64_t{c.dp} * c.cp * c.up;
   const int64_t edp_group = dp_group / c.ep;
@@ -356,10 +389,11 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     out.param_gather_buckets = buckets;
     gather_exposed = exposed(gather_time, fwd, c.pp == 1 ? buckets : 1);
   }
-  // Tied embeddings: first and last stage all-reduce the embedding gradient once the DP
+  // Tied embeddings (or MTP's use of the embedding): first and last stage all-reduce the
+  // embedding gradient once the DP
   // reduction is done (finalize_model_grads), in the step's tail where nothing hides it.
   double embedding_time = 0;
-  if (c.pp > 1 && params_.output_layer == 0) {
+  if (embedding_copy) {
     embedding_time = AllReduceTime(grad_bytes * m.vocab_size * h / t, 2, pp_stride * (c.pp - 1));
   }
   out.dp_comm_s = grad_time + gather_time + embedding_time;

@@ -45,6 +45,8 @@ constexpr IntFlag kModelIntFlags[] = {
     {"--moe-ffn-hidden-size", &ModelSpec::moe_ffn_hidden_size, false},
     {"--moe-shared-expert-intermediate-size", &ModelSpec::moe_shared_expert_intermediate_size,
      true},
+    {"--window-attn-skip-freq", &ModelSpec::window_attn_skip_freq, false},
+    {"--mtp-num-layers", &ModelSpec::mtp_num_layers, true},
 };
 
 // Megatron-LM's defaults for what a from-scratch command line leaves out (arguments.py).
@@ -172,6 +174,29 @@ int64_t TokenizerVocabulary(const std::string& tokenizer, std::vector<std::strin
   throw InputError("--vocab-size", "required with --tokenizer-type " + tokenizer +
                                        ": its vocabulary comes from the tokenizer's files (known "
                                        "without them: GPT2BPETokenizer, Llama2Tokenizer)");
+}
+
+// --window-size LEFT,RIGHT (Megatron's tuple_type: "4096,0" or "(4096,0)"): the keys a query sees
+// to its left; a causal model has RIGHT 0, and LEFT -1 means no window.
+int64_t ParseWindowSize(const std::string& raw) {
+  const std::string flag = "--window-size";
+  std::string text;
+  for (char c : raw) {
+    if (c != ' ' && c != '"' && c != '\'' && c != '(' && c != ')') text += c;
+  }
+  const size_t comma = text.find(',');
+  if (comma == std::string::npos) {
+    throw InputError(flag, "expected LEFT,RIGHT such as 4096,0, got '" + raw + "'");
+  }
+  const int64_t left = ParseInt(text.substr(0, comma), flag);
+  const int64_t right = ParseInt(text.substr(comma + 1), flag);
+  if (right != 0) {
+    throw InputError(flag, "only causal windows (RIGHT = 0) are modelled, got '" + raw + "'");
+  }
+  if (left == -1) return 0;
+  if (left <= 0)
+    throw InputError(flag, "LEFT must be positive or -1 (no window), got '" + raw + "'");
+  return left;
 }
 
 // The Megatron flag for a ModelSpec field, so Validate's errors name what the user typed.
@@ -314,6 +339,8 @@ MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const Mode
       m.add_bias_linear = false;
     } else if (flag == "--group-query-attention" || flag == "--multi-latent-attention") {
       switch_flag();
+    } else if (flag == "--window-size") {
+      m.window_size = ParseWindowSize(value());
     } else if (flag == "--moe-layer-freq") {
       layer_freq = ParseMoeLayerFreq(value());
       m.moe_first_dense_layers = layer_freq.first_dense;

@@ -82,6 +82,14 @@ void RequireNonNegative(int64_t value, const char* field) {
 
 }  // namespace
 
+int64_t ModelSpec::num_windowed_layers(int64_t first, int64_t count) const {
+  if (window_size <= 0 || count <= 0) return 0;
+  if (window_attn_skip_freq <= 0) return count;
+  // Full layers among 1-based numbers (first, first + count]: multiples of the frequency.
+  const int64_t full = (first + count) / window_attn_skip_freq - first / window_attn_skip_freq;
+  return count - full;
+}
+
 void Validate(const ModelSpec& m) {
   RequirePositive(m.num_layers, "num_layers");
   RequirePositive(m.hidden_size, "hidden_size");
@@ -101,6 +109,14 @@ void Validate(const ModelSpec& m) {
   RequireNonNegative(m.moe_ffn_hidden_size, "moe_ffn_hidden_size");
   RequireNonNegative(m.moe_shared_expert_intermediate_size, "moe_shared_expert_intermediate_size");
   RequireNonNegative(m.moe_first_dense_layers, "moe_first_dense_layers");
+  RequireNonNegative(m.window_size, "window_size");
+  RequireNonNegative(m.window_attn_skip_freq, "window_attn_skip_freq");
+  RequireNonNegative(m.mtp_num_layers, "mtp_num_layers");
+  if (m.window_attn_skip_freq > 0 && m.window_size == 0) {
+    throw InputError("window_attn_skip_freq",
+                     "needs window_size: it says which layers keep full attention among windowed "
+                     "ones");
+  }
 
   // Each query group shares one key/value head, so the query heads must split evenly.
   if (m.num_attention_heads % m.num_query_groups != 0) {

@@ -50,6 +50,9 @@ constexpr IntKey kModelIntKeys[] = {
     {"moe_ffn_hidden_size", &ModelSpec::moe_ffn_hidden_size},
     {"moe_shared_expert_intermediate_size", &ModelSpec::moe_shared_expert_intermediate_size},
     {"moe_first_dense_layers", &ModelSpec::moe_first_dense_layers},
+    {"window_size", &ModelSpec::window_size},
+    {"window_attn_skip_freq", &ModelSpec::window_attn_skip_freq},
+    {"mtp_num_layers", &ModelSpec::mtp_num_layers},
 };
 
 // Keys with a meaning of their own. The struct's spellings (`norm`, `position_embedding`,

@@ -148,6 +148,8 @@ std::string Fp8Unsupported(bool fp8, bool device_has_fp8, std::string_view devic
 
 std::string Unsupported(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& c) {
   if (m.is_mla()) return "multi-head latent attention is not in the trial runner yet";
+  if (m.window_size > 0) return "sliding-window attention is not in the trial runner yet";
+  if (m.mtp_num_layers > 0) return "multi-token prediction is not in the trial runner yet";
   if (m.num_query_groups % c.tp != 0) {
     return "the trial runner needs num_query_groups divisible by tp (no replicated kv heads)";
   }

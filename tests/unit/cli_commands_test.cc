@@ -6,6 +6,9 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "autopar/cli/commands.h"
 #include "autopar/cli/help.h"
@@ -451,6 +454,72 @@ TEST(Cli, AnAssumedGpuIsNamedOrRefused) {
                   "--model", "tiny", "--global-batch-size", "16"},
                  "--gpu");
   EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() + "cuda_study"));
+}
+
+// Issue 11's acceptance: today's Hugging Face families plan from their config.json as published.
+TEST(Cli, TodaysHuggingFaceFamiliesPlan) {
+  const std::string dir = std::string(AUTOPAR_SOURCE_DIR) + "/tests/data/spec/";
+  const std::pair<const char*, const char*> cases[] = {{"qwen3-30b-a3b.config.json", "2"},
+                                                       {"qwen3-235b-a22b.config.json", "16"},
+                                                       {"gpt-oss-20b.config.json", "1"},
+                                                       {"gpt-oss-120b.config.json", "4"},
+                                                       {"gemma-2-9b.config.json", "1"},
+                                                       {"gemma-3-1b-it.config.json", "1"},
+                                                       {"phi-3-mini-4k-instruct.config.json", "1"}};
+  for (const auto& [file, nnodes] : cases) {
+    const Result r = RunCli({"plan", "--model", dir + file, "--gpu", "h100", "--nnodes", nnodes,
+                             "--nproc-per-node", "8", "--global-batch-size", "512", "--seq-length",
+                             "4096", "--top", "1", "--format", "csv"});
+    EXPECT_EQ(r.code, kExitOk) << file << ": " << r.err;
+    EXPECT_NE(r.out.find("\n1,"), std::string::npos) << file << ": " << r.out;
+    EXPECT_NE(r.out.find(",true"), std::string::npos) << file << ": " << r.out;
+  }
+}
+
+// The best plan's step time from `plan --top 1 --format csv` (column step_time_s).
+double BestStepTime(const Result& r) {
+  const std::string header = r.out.substr(0, r.out.find('\n'));
+  const size_t row = r.out.find("\n1,");
+  const size_t time_column = header.find("Time per Step");
+  if (row == std::string::npos || time_column == std::string::npos) return -1;
+  int column = 0;
+  for (size_t at = 0; at < time_column; ++at) column += header[at] == ',';
+  size_t at = row + 1;
+  for (int i = 0; i < column; ++i) at = r.out.find(',', at) + 1;
+  return std::stod(r.out.substr(at, r.out.find(',', at) - at));
+}
+
+TEST(Cli, SlidingWindowShortensLongSequencePlans) {
+  const std::string mistral =
+      std::string(AUTOPAR_SOURCE_DIR) + "/tests/data/spec/mistral-7b-v0.1.config.json";
+  const std::vector<std::string> argv = {"plan",  "--model",
+                                         mistral, "--gpu",
+                                         "h100",  "--nnodes",
+                                         "1",     "--nproc-per-node",
+                                         "8",     "--global-batch-size",
+                                         "64",    "--seq-length",
+                                         "32768", "--top",
+                                         "1",     "--format",
+                                         "csv"};
+  std::vector<std::string> full = argv;
+  full.insert(full.end(), {"--window-size", "-1,0"});  // Megatron's "no window"
+  const Result windowed = RunCli(argv), unwindowed = RunCli(full);
+  ASSERT_EQ(windowed.code, kExitOk) << windowed.err;
+  ASSERT_EQ(unwindowed.code, kExitOk) << unwindowed.err;
+  EXPECT_GT(BestStepTime(windowed), 0);
+  EXPECT_LT(BestStepTime(windowed), 0.8 * BestStepTime(unwindowed));
+}
+
+TEST(Cli, MisspeltExpertKeyIsBadInput) {
+  std::ifstream in(std::string(AUTOPAR_SOURCE_DIR) + "/tests/data/spec/deepseek-v3.config.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string json = text.str();
+  json.replace(json.find("\"n_routed_experts\""), 18, "\"n_routed_expert\"");
+  const std::string path = TempFile("misspelt.config.json", json);
+  ExpectBadInput(
+      {"plan", "--model", path, "--gpu", "h800", "--nnodes", "128", "--global-batch-size", "4096"},
+      "n_routed_expert");
 }
 
 }  // namespace

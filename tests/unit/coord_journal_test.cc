@@ -9,6 +9,8 @@
 #include "autopar/coord/files.h"
 #include "autopar/coord/journal.h"
 #include "autopar/coord/study.h"
+#include "autopar/coord/study_read.h"
+#include "autopar/spec/parse.h"
 
 namespace autopar::coord {
 namespace {
@@ -169,6 +171,31 @@ TEST(StudyDir, MismatchNamesTheField) {
   EXPECT_THROW(CheckSameStudy(a, c), StudyError);
   EXPECT_EQ(Fingerprint(a), Fingerprint(c));  // the seed is rank 0's business
   EXPECT_NE(Fingerprint(a), Fingerprint(b));
+}
+
+// study.pb keeps every ModelSpec field, the sliding window and MTP included, so `report` and
+// `--resume` see the model the study was started with.
+TEST(StudyDir, ModelRoundTripsThroughTheDescription) {
+  ModelSpec m = ModelPreset("deepseek-v3");
+  m.window_size = 4096;
+  m.window_attn_skip_freq = 6;
+  m.mtp_num_layers = 1;
+  ClusterSpec cluster;
+  cluster.gpu = GpuPreset("h800");
+  pb::StudyDescription d;
+  *d.mutable_model() = Describe(m);
+  *d.mutable_train() = Describe(TrainSpec{});
+  *d.mutable_cluster() = Describe(cluster);
+  *d.mutable_perf() = Describe(PerfConstants{});
+  const ModelSpec back = SpecsOf(d).model;
+  EXPECT_EQ(back.window_size, 4096);
+  EXPECT_EQ(back.window_attn_skip_freq, 6);
+  EXPECT_EQ(back.mtp_num_layers, 1);
+  EXPECT_EQ(back.num_experts, m.num_experts);
+  EXPECT_EQ(back.moe_first_dense_layers, m.moe_first_dense_layers);
+  pb::StudyDescription other = d;
+  other.mutable_model()->set_window_size(0);
+  EXPECT_THROW(CheckSameStudy(d, other), StudyError);
 }
 
 }  // namespace

@@ -54,6 +54,9 @@ std::string ReadFixture(const std::string& name) {
   check("moe_shared_expert_intermediate_size", got.moe_shared_expert_intermediate_size,
         want.moe_shared_expert_intermediate_size);
   check("moe_first_dense_layers", got.moe_first_dense_layers, want.moe_first_dense_layers);
+  check("window_size", got.window_size, want.window_size);
+  check("window_attn_skip_freq", got.window_attn_skip_freq, want.window_attn_skip_freq);
+  check("mtp_num_layers", got.mtp_num_layers, want.mtp_num_layers);
   if (diff.str().empty()) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "architectures differ:" << diff.str();
 }
@@ -93,7 +96,11 @@ TEST(SpecHfConfig, ConfigsMatchPresets) {
                                ModelPreset("mixtral-8x7b")));
   const ModelSpec deepseek = ModelFromHfConfig(ReadFixture("deepseek-v3.config.json"));
   EXPECT_EQ(deepseek.name, "deepseek_v3");  // no _name_or_path: falls back to model_type
-  EXPECT_TRUE(SameArchitecture(deepseek, ModelPreset("deepseek-v3")));
+  // The checkpoint's multi-token-prediction module (num_nextn_predict_layers) is counted; the
+  // preset is the main model, as Megatron-LM trains it without --mtp-num-layers.
+  ModelSpec deepseek_with_mtp = ModelPreset("deepseek-v3");
+  deepseek_with_mtp.mtp_num_layers = 1;
+  EXPECT_TRUE(SameArchitecture(deepseek, deepseek_with_mtp));
 }
 
 TEST(SpecHfConfig, Gpt2IsGptStyle) {

@@ -51,12 +51,32 @@ struct ModelSpec {
   int64_t moe_shared_expert_intermediate_size = 0;  // total width of the shared experts; 0: none
   int64_t moe_first_dense_layers = 0;  // leading layers with a dense MLP (DeepSeek-V3: 3)
 
+  // Sliding-window attention, as Megatron-LM's --window-size W,0 and --window-attn-skip-freq N:
+  // a windowed layer's query sees at most the window_size keys before it (W, Megatron's LEFT;
+  // Hugging Face's `sliding_window`).
+  // window_attn_skip_freq N > 0 leaves every N-th layer (1-based: layers N, 2N, ...) with full
+  // attention; 0 windows every layer. window_size 0: full attention everywhere.
+  int64_t window_size = 0;
+  int64_t window_attn_skip_freq = 0;
+
+  // Multi-token prediction (DeepSeek-V3, Megatron-LM's --mtp-num-layers): modules after the last
+  // layer, each a transformer layer of the last layer's kind plus a 2h -> h projection and three
+  // norms, sharing the embedding and the output layer, and computing the logits again.
+  int64_t mtp_num_layers = 0;
+
   bool is_moe() const { return num_experts > 0; }
   bool is_mla() const { return kv_lora_rank > 0; }
   int64_t head_dim() const {
     return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads;
   }
   int64_t num_moe_layers() const { return is_moe() ? num_layers - moe_first_dense_layers : 0; }
+  // Whether layer `layer` (0-based) attends through the sliding window.
+  bool is_windowed_layer(int64_t layer) const {
+    return window_size > 0 &&
+           (window_attn_skip_freq == 0 || (layer + 1) % window_attn_skip_freq != 0);
+  }
+  // Windowed layers among layers [first, first + count).
+  int64_t num_windowed_layers(int64_t first, int64_t count) const;
 };
 
 // Throws InputError naming the first field that is missing, non-positive or inconsistent.

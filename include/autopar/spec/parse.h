@@ -27,8 +27,9 @@ GpuSpec GpuPreset(const std::string& name);      // throws InputError("--gpu", .
 // starts from a preset.
 ModelSpec ModelFromYaml(const std::string& text);
 
-// A Hugging Face `config.json` (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM,
-// Qwen2ForCausalLM, DeepseekV3ForCausalLM, GPT2/OPT-style models).
+// A Hugging Face `config.json` (Llama, Mistral, Mixtral, Qwen2/3, Qwen3-MoE, gpt-oss, Gemma-2/3,
+// Phi-3, DeepSeek-V2/V3, GPT-2/OPT; docs/models.md §9). A key that looks like a mixture-of-experts
+// or multi-token-prediction setting and that the family does not read is an InputError naming it.
 ModelSpec ModelFromHfConfig(const std::string& json_text);
 
 // A YAML document describing a GPU (GpuSpec field names, bandwidths in GB/s, latencies in us,
