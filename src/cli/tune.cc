@@ -66,8 +66,9 @@ TuneFlags ReadTuneFlags(Args& args) {
   f.resume = args.Switch("--resume");
   f.salvage = args.Switch("--salvage");
   if (f.salvage && !f.resume) {
-    throw InputError("--salvage", "only with --resume: it continues a study whose journal is "
-                                  "corrupt from every valid record (docs/journal.md §9)");
+    throw InputError("--salvage",
+                     "only with --resume: it continues a study whose journal is "
+                     "corrupt from every valid record (docs/journal.md §9)");
   }
   if (const auto seed = args.Value("--seed")) {
     char* end = nullptr;
@@ -282,8 +283,8 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
       dir.Path("journal"),
       flags.salvage ? coord::JournalRecovery::kSalvage : coord::JournalRecovery::kRefuseCorrupt);
   if (!journal.salvaged_copy.empty()) {
-    err << "autopar-tune tune: salvaged '" << dir.Path("journal") << "': "
-        << journal.salvage_report << "\n";
+    err << "autopar-tune tune: salvaged '" << dir.Path("journal") << "': " << journal.salvage_report
+        << "\n";
   } else if (flags.salvage && !flags.quiet) {
     err << "autopar-tune tune: --salvage: the journal is not corrupt, nothing to salvage\n";
   }

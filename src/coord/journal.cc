@@ -192,8 +192,7 @@ void ScanLegacyFrames(std::string_view b, ScanCursor& c) {
   while (offset < b.size()) {
     std::optional<uint32_t> length = LegacyFrameAt(b, offset, /*shape=*/false);
     if (!length) {
-      c.Damage(static_cast<int64_t>(c.scan().records.size()), offset,
-               "a frame fails its checksum");
+      c.Damage(static_cast<int64_t>(c.scan().records.size()), offset, "a frame fails its checksum");
       size_t next = offset + 1;
       while (next < b.size() && !LegacyFrameAt(b, next, /*shape=*/true)) ++next;
       if (next >= b.size()) return;
@@ -300,7 +299,8 @@ class Repair {
   }
 
  private:
-  struct Pending {  // the trial started and not yet finished
+  // The trial started and not yet finished.
+  struct Pending {
     int64_t index = 0;  // as journaled
     int64_t candidate = 0;
     std::vector<size_t> slots;
@@ -320,8 +320,8 @@ class Repair {
 
   void Started(const pb::TrialStarted& s, size_t source) {
     trials_seen_ = true;
-    const bool retry = pending_on_ && pending_.index == s.trial_index() &&
-                       pending_.candidate == s.candidate();
+    const bool retry =
+        pending_on_ && pending_.index == s.trial_index() && pending_.candidate == s.candidate();
     if (!retry) {
       if (pending_on_) DropPending();
       pending_ = Pending{s.trial_index(), s.candidate(), {}};
@@ -519,7 +519,8 @@ FileJournal::~FileJournal() {
 
 void FileJournal::Append(const pb::JournalRecord& record) {
   if (records_ >= static_cast<int64_t>(std::numeric_limits<uint32_t>::max())) {
-    throw IoError("append", path_, "the journal holds 2^32 - 1 records, its sequence numbers' limit");
+    throw IoError("append", path_,
+                  "the journal holds 2^32 - 1 records, its sequence numbers' limit");
   }
   const std::string frame = FrameRecord(record, static_cast<uint32_t>(records_));
   if (records_ == crash_at_record_) {

@@ -107,8 +107,8 @@ std::string RawFrame(const std::string& payload, uint32_t sequence) {
 // A format-1 frame (before sequence numbers).
 std::string LegacyFrame(const pb::JournalRecord& r) {
   const std::string payload = r.SerializeAsString();
-  return U32(static_cast<uint32_t>(payload.size())) +
-         U32(Crc32c(payload.data(), payload.size())) + payload;
+  return U32(static_cast<uint32_t>(payload.size())) + U32(Crc32c(payload.data(), payload.size())) +
+         payload;
 }
 
 void WriteBytes(const std::string& path, const std::string& bytes) {
@@ -230,9 +230,11 @@ TEST(Journal, BadFrameInTheMiddleIsRefusedWithItsOffsetAndRecordAndTheFileUnchan
     EXPECT_EQ(e.valid_after(), static_cast<int64_t>(w.records.size() - 4));
     const std::string what = e.what();
     EXPECT_NE(what.find("corrupt at record 3, offset " + std::to_string(w.starts[3])),
-              std::string::npos) << what;
+              std::string::npos)
+        << what;
     EXPECT_NE(what.find(std::to_string(w.records.size() - 4) + " valid records follow"),
-              std::string::npos) << what;
+              std::string::npos)
+        << what;
     EXPECT_NE(what.find("--salvage"), std::string::npos) << what;
   }
   EXPECT_EQ(ReadFile(path), bytes);  // byte for byte
