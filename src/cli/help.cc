@@ -164,6 +164,9 @@ const FlagGroup kTune = {
     {
         {"--study", "DIR", "the study directory (required; created if needed)"},
         {"--resume", "", "continue the study in DIR"},
+        {"--salvage", "",
+         "with --resume: a corrupt journal is copied aside and the study goes on from every "
+         "valid record"},
         {"--seed", "N", "(0, or the study's on resume)"},
         {"--backend", "cpu|cuda|replay", "(replay with --replay-table, else cpu)"},
         {"--replay-table", "FILE.csv", "measured trials to replay (only with --backend replay)"},

@@ -64,6 +64,12 @@ TuneFlags ReadTuneFlags(Args& args) {
   }
   f.study = *study;
   f.resume = args.Switch("--resume");
+  f.salvage = args.Switch("--salvage");
+  if (f.salvage && !f.resume) {
+    throw InputError("--salvage",
+                     "only with --resume: it continues a study whose journal is "
+                     "corrupt from every valid record (docs/journal.md §9)");
+  }
   if (const auto seed = args.Value("--seed")) {
     char* end = nullptr;
     const unsigned long long v = std::strtoull(seed->c_str(), &end, 10);
@@ -273,7 +279,15 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
     }
     dir.WriteDescription(given);
   }
-  coord::FileJournal::Opened journal = coord::FileJournal::Open(dir.Path("journal"));
+  coord::FileJournal::Opened journal = coord::FileJournal::Open(
+      dir.Path("journal"),
+      flags.salvage ? coord::JournalRecovery::kSalvage : coord::JournalRecovery::kRefuseCorrupt);
+  if (!journal.salvaged_copy.empty()) {
+    err << "autopar-tune tune: salvaged '" << dir.Path("journal") << "': " << journal.salvage_report
+        << "\n";
+  } else if (flags.salvage && !flags.quiet) {
+    err << "autopar-tune tune: --salvage: the journal is not corrupt, nothing to salvage\n";
+  }
   if (journal.cut_bytes > 0) {
     err << "autopar-tune tune: cut a torn record (" << journal.cut_bytes << " bytes) from '"
         << dir.Path("journal") << "'\n";
@@ -312,7 +326,7 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
   coord::TunerObserver* observer = status ? static_cast<coord::TunerObserver*>(&*status) : &progress;
   coord::Tuner tuner(*candidates, *searcher, settings, flags.tuner, *journal.journal, *backend,
                      observer);
-  tuner.Replay(journal.records);
+  tuner.Replay(journal.records, journal.checked_records);
   if (!journal.records.empty() && !flags.quiet) {
     err << "autopar-tune tune: resumed '" << flags.study << "' after " << tuner.trials().size()
         << " trials\n";

@@ -18,6 +18,7 @@ namespace autopar::cli {
 struct TuneFlags {
   std::string study;
   bool resume = false;
+  bool salvage = false;  // --salvage (with --resume): keep every valid record of a corrupt journal
   std::optional<uint64_t> seed;  // unset: 0 for a new study, the study's own when resuming
   std::string backend;
   backend::P2PSemantics p2p_semantics = backend::P2PSemantics::kMpi;

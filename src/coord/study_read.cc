@@ -112,7 +112,7 @@ JournalSummary ReadJournal(const std::string& dir) {
   std::vector<pb::JournalRecord> records;
   int64_t bad = -1;
   s.file_bytes = bytes.size();
-  s.valid_bytes = ParseFrames(bytes, &records, &bad);
+  s.valid_bytes = ParseFrames(bytes, &records, &bad, path);
   if (bad >= 0) {
     throw StudyError("'" + path + "' has a record that does not parse at byte " +
                      std::to_string(bad));

@@ -27,18 +27,25 @@ import sys
 SESSION, PROBE, STARTED, FINISHED, STUDY_FINISHED = 0x0A, 0x12, 0x1A, 0x22, 0x2A
 
 
+# Journal format 2 (docs/journal.md §3): a 20-byte file header, then frames of
+# u32 length | u32 sequence | u32 payload CRC | u32 header CRC | payload.
+FILE_HEADER, FRAME_HEADER = 20, 16
+
+
 def frames(path):
     """(offset, size, kind) of each complete frame of a journal (CRC not checked here)."""
     if not os.path.exists(path):
         return []
     data = open(path, "rb").read()
-    out, off = [], 0
-    while off + 8 <= len(data):
-        n, _ = struct.unpack_from("<II", data, off)
-        if off + 8 + n > len(data):
+    if len(data) < FILE_HEADER or data[:4] != b"APTJ":
+        return []
+    out, off = [], FILE_HEADER
+    while off + FRAME_HEADER <= len(data):
+        n = struct.unpack_from("<I", data, off)[0]
+        if off + FRAME_HEADER + n > len(data):
             break
-        out.append((off, 8 + n, data[off + 8] if n else None))
-        off += 8 + n
+        out.append((off, FRAME_HEADER + n, data[off + FRAME_HEADER] if n else None))
+        off += FRAME_HEADER + n
     return out
 
 
@@ -162,7 +169,7 @@ def main():
                 sys.exit(f"cut at byte {cut}: the records before it changed")
             # What follows the previous record is this session's first record: the torn bytes
             # were cut, not appended to.
-            if got_bytes[start + 8] != SESSION:
+            if got_bytes[start + FRAME_HEADER] != SESSION:
                 sys.exit(f"cut at byte {cut}: the torn record was not cut")
             check_same(f"cut at byte {cut}", outcome(d), want)
             cuts += 1

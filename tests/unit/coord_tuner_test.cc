@@ -293,5 +293,63 @@ TEST(Tuner, MeasuredNonTensorMemoryShiftsTheMemoryPrior) {
   EXPECT_NEAR(prior_mean(0.0), nominal, 1e-9);  // unmeasured: the analytic peak as it is
 }
 
+// A study whose journal lost a result in the middle (docs/journal.md §9): the salvaged records
+// replay (the records after the damage without the proposal and digest checks, which they no
+// longer pass), the lost trial runs first, the study goes on to a stop, and the salvaged journal
+// then resumes like any other.
+TEST(Tuner, ASalvagedJournalReplaysAndRunsTheLostTrialAgain) {
+  Fixture f;
+  const std::string path = ::testing::TempDir() + "tuner_salvage_" + std::to_string(::getpid());
+  std::remove(path.c_str());
+  std::remove((path + ".corrupt-1").c_str());
+  ReplayBackend backend(f.table);
+  TunerOptions few = f.options;
+  few.stop.max_trials = 8;
+  few.stop.min_measured = 1000;  // max_trials decides
+  std::vector<pb::JournalRecord> written;
+  {
+    FileJournal::Opened j = FileJournal::Open(path);
+    Tuner live(*f.c.candidates, f.searcher, f.Settings(), few, *j.journal, backend);
+    live.Run();
+    written = FileJournal::Open(path).records;
+  }
+  // Flip a bit in the payload of trial 3's result.
+  size_t lost = 0;
+  for (size_t i = 0; i < written.size(); ++i) {
+    if (written[i].has_trial_finished() && written[i].trial_finished().result().trial_index() == 3)
+      lost = i;
+  }
+  ASSERT_GT(lost, 0u);
+  std::string bytes = ReadFile(path);
+  size_t offset = kJournalHeaderBytes;
+  for (size_t i = 0; i < lost; ++i) offset += FrameRecord(written[i], 0).size();
+  bytes[offset + kFrameHeaderBytes + 3] ^= 0x20;
+  WriteFileAtomic(path, bytes);
+  EXPECT_THROW(FileJournal::Open(path), JournalCorrupt);
+
+  FileJournal::Opened j = FileJournal::Open(path, JournalRecovery::kSalvage);
+  {
+    Tuner strict(*f.c.candidates, f.searcher, f.Settings(), few, *j.journal, backend);
+    EXPECT_THROW(strict.Replay(j.records), StudyError);  // why the checks must be relaxed
+  }
+  Tuner salvaged(*f.c.candidates, f.searcher, f.Settings(), few, *j.journal, backend);
+  salvaged.Replay(j.records, j.checked_records);
+  EXPECT_EQ(salvaged.trials().size(), 7u);  // every result but the lost one
+  const std::string lost_spec = written[lost].trial_finished().result().spec();
+  few.stop.max_trials = 10;
+  Tuner resumed(*f.c.candidates, f.searcher, f.Settings(), few, *j.journal, backend);
+  resumed.Replay(j.records, j.checked_records);
+  resumed.Run();
+  ASSERT_EQ(resumed.trials().size(), 10u);
+  EXPECT_EQ(resumed.trials()[7].result.spec(), lost_spec);  // the lost trial, first
+  j.journal.reset();
+  FileJournal::Opened again = FileJournal::Open(path);
+  Tuner later(*f.c.candidates, f.searcher, f.Settings(), few, *again.journal, backend);
+  EXPECT_NO_THROW(later.Replay(again.records, again.checked_records));
+  EXPECT_EQ(later.state().Digest(), resumed.state().Digest());
+  std::remove(path.c_str());
+  std::remove((path + ".corrupt-1").c_str());
+}
+
 }  // namespace
 }  // namespace autopar::coord

@@ -1,7 +1,7 @@
 // `autopar-tune tune` (the default command) and `autopar-tune make-replay-table` (docs/cli.md §6, §9).
 //
 // tune: the online search. Reads the planning inputs (model, train, cluster, space) plus
-//   --study DIR (required)  --resume  --seed N  --budget SECONDS|30m|8h  --max-trials N
+//   --study DIR (required)  --resume [--salvage]  --seed N  --budget SECONDS|30m|8h  --max-trials N
 //   --trial-timeout SECONDS  --backend cpu|cuda|replay  --replay-table FILE.csv
 //   --searcher thompson|random|grid|analytic  --max-p-oom P  --top K  --quiet
 //   --status-addr ADDR (127.0.0.1)  --status-port N (8642 for cpu/cuda, off for replay; 0: any)

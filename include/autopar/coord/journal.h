@@ -1,12 +1,27 @@
-// The study journal (docs/journal.md §3–§5): an append-only file of pb::JournalRecord, each framed as
+// The study journal (docs/journal.md §3–§5, §9): an append-only file of pb::JournalRecord.
 //
-//   u32 length (little-endian) | u32 CRC-32C of the payload (little-endian) | payload
+// Format 2 (this build writes it): a file header, then one frame per record,
 //
-// and fsync'ed before Append() returns, so a record that was reported written survives a crash.
-// Opening reads every valid record and cuts the file after the last one: a record torn by a crash
-// (short, or failing its checksum) and anything after it are removed, and the study continues from
-// the state the valid records describe. A record whose checksum holds but whose payload does not
-// parse is not a torn write; opening refuses it (StudyError) rather than dropping data.
+//   header: "APTJ" | u32 format (2) | u64 checked_records | u32 CRC-32C of the 16 bytes before
+//   frame:  u32 length | u32 sequence | u32 CRC-32C of the payload | u32 CRC-32C of the 12 bytes
+//           before | payload = pb::JournalRecord
+//
+// (integers little-endian). The sequence number is the record's number in the journal, from 0,
+// so a frame lost whole is a gap; the header's own checksum lets a reader find the next frame
+// after a damaged one. Each Append() is fsync'ed before it returns: a record reported written
+// survives a crash.
+//
+// Opening never discards a valid record. Damage (a frame that fails a checksum, a gap or a
+// repeat in the sequence numbers, a damaged file header) with no valid frame after it is a torn
+// tail, left by a crash inside an append: it is cut and the study continues from the records
+// before it. Damage with a valid frame after it is corruption: Open refuses it (JournalCorrupt,
+// naming the record number and byte offset) and leaves the file as it is, unless it is asked
+// to salvage: then it copies the file aside (`<path>.corrupt-<n>`) and rewrites it with every
+// valid record (RepairRecords). A frame whose checksums hold but whose payload does not parse is
+// neither: another version wrote it, or the file was edited, and opening refuses it (StudyError).
+//
+// Format 1 (before sequence numbers; no header, frames `u32 length | u32 CRC-32C | payload`) is
+// read with the same rules, and rewritten in format 2 when opened for appending.
 //
 // Test hook: with AUTOPAR_TEST_CRASH_AT_APPEND=N:BYTES in the environment, the append of record N
 // (0-based, counted over the whole journal) writes the first BYTES bytes of its frame and then
@@ -15,14 +30,22 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "autopar/coord/files.h"
 #include "proto/autopar.pb.h"
 
 namespace autopar::coord {
+
+constexpr uint32_t kJournalFormat = 2;
+constexpr size_t kJournalHeaderBytes = 20;
+constexpr size_t kFrameHeaderBytes = 16;
+// The header's checked_records when every record replays with all of Tuner::Replay's checks.
+constexpr uint64_t kEveryRecordChecked = std::numeric_limits<uint64_t>::max();
 
 class JournalSink {
  public:
@@ -43,16 +66,73 @@ class MemoryJournal : public JournalSink {
   std::vector<pb::JournalRecord> records_;
 };
 
+// What a journal's bytes hold. Never throws: every input, however damaged, is described.
+struct JournalScan {
+  uint32_t format = kJournalFormat;  // 1: written before sequence numbers (no header)
+  uint32_t unknown_format = 0;       // a header that checks names a format this build lacks
+  uint64_t checked_records = kEveryRecordChecked;
+  std::vector<pb::JournalRecord> records;  // every valid record, in file order
+  size_t valid_bytes = 0;  // the end of the last valid frame (of the header when none)
+  size_t file_bytes = 0;
+  // The first damage that has a valid record after it (corruption; none: corrupt_record < 0):
+  // the number of the first record it lost, its byte offset, what it is, how many valid records
+  // follow it, and how many came before it (the index into `records` of the first that follows).
+  int64_t corrupt_record = -1;
+  int64_t corrupt_offset = -1;
+  std::string corruption;
+  int64_t valid_after = 0;
+  size_t intact_records = 0;
+  int64_t bad_payload_at = -1;  // a frame whose checksums hold but that does not parse
+
+  bool corrupt() const { return corrupt_record >= 0; }
+  bool torn() const { return !corrupt() && valid_bytes < file_bytes; }
+};
+JournalScan ScanJournal(std::string_view bytes);
+
+// Corruption (JournalScan::corrupt()): what, where, and that `tune --resume --salvage` keeps the
+// valid records. Exit code 4 at the CLI, as every StudyError.
+class JournalCorrupt : public StudyError {
+ public:
+  JournalCorrupt(const std::string& path, const JournalScan& scan);
+  int64_t record() const { return record_; }
+  int64_t offset() const { return offset_; }
+  int64_t valid_after() const { return valid_after_; }
+
+ private:
+  int64_t record_, offset_, valid_after_;
+};
+
+// The records a salvage keeps, made into a journal that Tuner::Replay accepts: a trial whose
+// result was lost is dropped from where it was and started again at the end (so Run() runs it
+// again); a result whose start was lost gets its start back; a second probe record is dropped;
+// trials are renumbered so their indices run 0, 1, 2, … The first `intact` records are the ones
+// before the damage. `*checked` gets how many leading records are unchanged from before the
+// damage: those replay with every check, the rest without the proposal and digest checks.
+std::vector<pb::JournalRecord> RepairRecords(const std::vector<pb::JournalRecord>& records,
+                                             size_t intact, size_t* checked);
+
+enum class JournalRecovery {
+  kRefuseCorrupt,  // corruption: JournalCorrupt, the file unchanged
+  kSalvage,        // corruption: copy aside, keep every valid record
+};
+
 class FileJournal : public JournalSink {
  public:
   struct Opened {
     std::unique_ptr<FileJournal> journal;
     std::vector<pb::JournalRecord> records;  // the valid records, in order
     int64_t cut_bytes = 0;                   // bytes of torn tail removed
+    // Pass to Tuner::Replay: records before this index replay with every check.
+    size_t checked_records = std::numeric_limits<size_t>::max();
+    bool upgraded = false;       // a format-1 journal, rewritten in format 2
+    std::string salvaged_copy;   // a salvage: where the damaged file was copied; else empty
+    std::string salvage_report;  // a salvage: what was damaged and what was kept
   };
-  // Opens (creating if needed) the journal at `path`. Throws IoError, or StudyError on a record
-  // that passes its checksum but does not parse.
-  static Opened Open(const std::string& path);
+  // Opens (creating if needed) the journal at `path`. Throws IoError, JournalCorrupt (unless
+  // `recovery` is kSalvage), or StudyError on a frame that passes its checksums but does not
+  // parse or on a format this build does not read.
+  static Opened Open(const std::string& path,
+                     JournalRecovery recovery = JournalRecovery::kRefuseCorrupt);
   ~FileJournal() override;
 
   void Append(const pb::JournalRecord& record) override;
@@ -69,11 +149,14 @@ class FileJournal : public JournalSink {
   int64_t crash_after_bytes_ = 0;
 };
 
-// The frame of one record (length, checksum, payload).
-std::string FrameRecord(const pb::JournalRecord& record);
-// Parses frames from the start of `bytes` into `records`; returns the offset just after the last
-// valid frame. `bad_payload_at` gets the offset of a checksummed frame that does not parse, or -1.
+// The file header, and the frame of one record with its sequence number.
+std::string JournalHeader(uint64_t checked_records);
+std::string FrameRecord(const pb::JournalRecord& record, uint32_t sequence);
+// For readers of a whole journal file (`report`): appends its valid records to `records` and
+// returns JournalScan::valid_bytes. Throws JournalCorrupt on corruption, and StudyError on a
+// format this build does not read or on a checksummed frame that does not parse (then
+// `bad_payload_at` gets its offset first).
 size_t ParseFrames(std::string_view bytes, std::vector<pb::JournalRecord>* records,
-                   int64_t* bad_payload_at);
+                   int64_t* bad_payload_at, const std::string& path = "journal");
 
 }  // namespace autopar::coord

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -88,8 +89,11 @@ class Tuner {
         TrialBackend& backend, TunerObserver* observer = nullptr);
 
   // Rebuilds the state from a journal (before Run). Throws StudyError on a journal that does not
-  // replay.
-  void Replay(const std::vector<pb::JournalRecord>& records);
+  // replay. Records from index `checked_records` on (those a salvage repaired, FileJournal::Opened)
+  // replay without the proposal and digest checks: the records lost before them changed what the
+  // searcher proposed and what the state holds (docs/journal.md §9).
+  void Replay(const std::vector<pb::JournalRecord>& records,
+              size_t checked_records = std::numeric_limits<size_t>::max());
 
   // Runs until a stop rule fires; returns why. Throws what the backend or the journal throw (the
   // journal then holds everything up to the failure).
