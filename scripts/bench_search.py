@@ -2,9 +2,11 @@
 """Search quality on replay tables: Thompson sampling against random and analytic-only (and grid).
 
 Every searcher runs as a whole `autopar-tune tune --backend replay` study (journal, stop rules and
-all) per seed. A run's recommendation after k trials is its fastest measured configuration; its
-regret is that configuration's step time in the table (noise-free: a `noisy` world measures around
-it) over the table's best, minus one. Per table, over the seeds:
+all) per seed. A run's recommendation after k trials is the study's own (trials.csv `best_config`:
+the fastest measured configuration where measurements do not disagree, the lowest estimate where a
+repeated measurement showed noise, docs/search.md §7); its regret is that configuration's step time
+in the table (noise-free: a `noisy` world measures around it) over the table's best, minus one. Per
+table, over the seeds:
 
   to 2%       trials until the recommendation is within 2% of the table's best (median, p90;
               ">N" when runs never got there: they count as infinitely many)
@@ -67,7 +69,7 @@ MODELS = [
 FAMILIES = ["interactions", "kernel", "memory", "noisy", "near_memory", "mixed"]
 WORLD_SEEDS = {"tune": [1, 2, 3], "held-out": [101, 102, 103]}
 SEEDLESS = {"grid", "analytic"}  # same proposals whatever the seed: run once
-MODEL_STOPS = {"converged", "no_likely_improvement"}
+MODEL_STOPS = {"converged", "no_likely_improvement", "noise_limited"}
 KEY = ["tp", "pp", "dp", "cp", "up", "ep", "vpp", "mbs", "sp", "recompute", "recompute_layers",
        "dist_opt"]
 TARGET = {"median": 15, "p90": 40, "regret_max": 0.02, "oom": 0.20}
@@ -89,11 +91,21 @@ class Table:
 
 
 def key_of(row):
+    if row is None:
+        return None
+
     def norm(column, v):
         if column in ("sp", "dist_opt"):
             return "on" if v in ("on", "true", "1") else "off"
         return v or "0"
     return tuple(norm(c, row.get(c, "0")) for c in KEY)
+
+
+def spec_row(spec):
+    """The columns of a configuration spec (tp=2,pp=4,...); an empty spec gives None."""
+    if not spec:
+        return None
+    return dict(item.split("=", 1) for item in spec.split(","))
 
 
 def run_study(binary, table, searcher, seed, study, max_trials):
@@ -107,8 +119,13 @@ def run_study(binary, table, searcher, seed, study, max_trials):
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}\nexit {r.returncode}: {r.stderr}")
     result = json.loads(r.stdout)
-    trials = [(row["status"], key_of(row), float(row["step_time_s"]) if row["step_time_s"]
-               else None) for row in csv.DictReader(open(os.path.join(study, "trials.csv")))]
+    trials, fastest = [], (math.inf, None)
+    for row in csv.DictReader(open(os.path.join(study, "trials.csv"))):
+        if row["status"] == "ok":
+            fastest = min(fastest, (float(row["step_time_s"]), key_of(row)))
+        # A build from before `best_config` recommended its fastest measurement.
+        chosen = (key_of(spec_row(row["best_config"])) if "best_config" in row else fastest[1])
+        trials.append((row["status"], key_of(row), chosen))
     shutil.rmtree(study, ignore_errors=True)
     p = result.get("stop_p_improvement")
     return {"trials": trials, "stop_reason": result["stop_reason"],
@@ -118,10 +135,8 @@ def run_study(binary, table, searcher, seed, study, max_trials):
 
 def evaluate(run, table):
     """Regret of the recommendation after each trial (inf before the first measurement)."""
-    regret, best_measured, chosen = [], math.inf, None
-    for status, key, measured in run["trials"]:
-        if status == "ok" and measured < best_measured:
-            best_measured, chosen = measured, key
+    regret = []
+    for _, _, chosen in run["trials"]:
         regret.append(table.time[chosen] / table.best - 1 if chosen else math.inf)
     to2 = next((i + 1 for i, r in enumerate(regret) if r <= 0.02 + 1e-12), math.inf)
     return {"regret": regret, "to2": to2, "final": regret[-1] if regret else math.inf,

@@ -27,16 +27,33 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Measured trials, fastest first.
+// One trial per measured configuration (its last), the search's recommendation first, then the
+// other contenders in the order of their estimates, then the rest by their mean time.
 std::vector<const coord::TrialRecord*> MeasuredByTime(const coord::Tuner& tuner) {
-  std::vector<const coord::TrialRecord*> ok;
+  const search::SearchState& s = tuner.state();
+  std::vector<const coord::TrialRecord*> last(static_cast<size_t>(s.candidates().size()), nullptr);
   for (const coord::TrialRecord& t : tuner.trials()) {
-    if (t.result.status() == pb::OK) ok.push_back(&t);
+    if (t.result.status() == pb::OK) last[static_cast<size_t>(t.candidate)] = &t;
   }
-  std::stable_sort(ok.begin(), ok.end(), [](const auto* a, const auto* b) {
-    return a->result.step_time_s() < b->result.step_time_s();
-  });
+  std::vector<const coord::TrialRecord*> ok;
+  for (int64_t c : s.contenders()) {
+    ok.push_back(last[static_cast<size_t>(c)]);
+    last[static_cast<size_t>(c)] = nullptr;
+  }
+  const size_t ranked = ok.size();
+  for (const coord::TrialRecord* t : last) {
+    if (t != nullptr) ok.push_back(t);
+  }
+  std::stable_sort(ok.begin() + static_cast<ptrdiff_t>(ranked), ok.end(),
+                   [&](const auto* a, const auto* b) {
+                     return s.measured_time_s(a->candidate) < s.measured_time_s(b->candidate);
+                   });
   return ok;
+}
+
+// The mean of a configuration's measurements.
+double MeanTime(const TuneReport& r, const coord::TrialRecord& t) {
+  return r.tuner.state().measured_time_s(t.candidate);
 }
 
 struct Throughput {
@@ -51,12 +68,13 @@ Throughput Rate(const TuneReport& r, double step_time_s) {
 }
 
 void ConfigJson(JsonWriter& j, const TuneReport& r, const coord::TrialRecord& t) {
-  const double y = t.result.step_time_s();
+  const double y = MeanTime(r, t);
   const Throughput rate = Rate(r, y);
   const ParallelConfig& c = r.candidates.config(t.candidate);
   j.BeginObject();
   j.Field("trial", t.result.trial_index() + 1).Field("config", ToSpec(c));
-  j.Field("step_time_s", y);
+  j.Field("step_time_s", y).Field("measurements", r.tuner.state().measurements(t.candidate));
+  j.Field("estimated_step_time_s", r.tuner.state().Estimated(t.candidate).mean_s);
   j.Field("predicted_step_time_s", r.tuner.state().time().PredictMean(r.candidates, t.candidate));
   j.Field("analytic_step_time_s", r.candidates.nominal_time_s(t.candidate));
   j.Field("tokens_per_s", rate.tokens_per_s).Field("model_tflops_per_gpu", rate.tflops_per_gpu);
@@ -167,13 +185,11 @@ std::string TrialsCsv(const TuneReport& r) {
   std::ostringstream out;
   out << "trial,tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,status,"
          "step_time_s,predicted_step_time_s,peak_memory_gib,predicted_memory_gib,p_oom,attempts,"
-         "best_step_time_s,message,elapsed_s\n";
+         "best_step_time_s,message,elapsed_s,best_config\n";
   out.precision(9);
-  double best = INFINITY;
   for (const coord::TrialRecord& t : r.tuner.trials()) {
     const ParallelConfig& c = r.candidates.config(t.candidate);
     const pb::TrialResult& res = t.result;
-    if (res.status() == pb::OK) best = std::min(best, res.step_time_s());
     std::string message = res.message();
     std::replace(message.begin(), message.end(), '"', '\'');
     std::replace(message.begin(), message.end(), '\n', ' ');
@@ -185,8 +201,10 @@ std::string TrialsCsv(const TuneReport& r) {
     out << ',' << t.predicted_step_time_s << ',';
     if (res.peak_memory_gib() > 0) out << res.peak_memory_gib();
     out << ',' << t.predicted_memory_gib << ',' << t.p_oom << ',' << t.attempts << ',';
-    if (std::isfinite(best)) out << best;
-    out << ",\"" << message << "\"," << t.elapsed_s << '\n';
+    if (t.best_candidate >= 0) out << t.best_step_time_s;
+    out << ",\"" << message << "\"," << t.elapsed_s << ",\"";
+    if (t.best_candidate >= 0) out << ToSpec(r.candidates.config(t.best_candidate));
+    out << "\"\n";
   }
   return out.str();
 }
@@ -218,7 +236,7 @@ void WriteFinal(std::ostream& out, const TuneReport& r) {
         return;
       }
       out << "# " << ToSpec(r.candidates.config(best.candidate)) << "\n# " << r.in.model.name
-          << ": measured " << best.result.step_time_s() << " s per step, "
+          << ": measured " << MeanTime(r, best) << " s per step, "
           << best.result.peak_memory_gib() << " GiB (trial " << best.result.trial_index() + 1
           << " of " << r.tuner.trials().size() << ")\n";
       WriteBridgeYaml(out, overrides);
@@ -239,9 +257,9 @@ void WriteFinal(std::ostream& out, const TuneReport& r) {
   out << line;
   for (size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < r.flags.top; ++i) {
     const coord::TrialRecord& t = *ranked[i];
-    const Throughput rate = Rate(r, t.result.step_time_s());
+    const Throughput rate = Rate(r, MeanTime(r, t));
     std::snprintf(line, sizeof line, "%-4zu %-86s %10.4f %9.4f %11.0f %8.1f %5.1f%% %8.1f\n", i + 1,
-                  ToSpec(r.candidates.config(t.candidate)).c_str(), t.result.step_time_s(),
+                  ToSpec(r.candidates.config(t.candidate)).c_str(), MeanTime(r, t),
                   s.time().PredictMean(r.candidates, t.candidate), rate.tokens_per_s,
                   rate.tflops_per_gpu, 100 * rate.mfu, t.result.peak_memory_gib());
     out << line;
@@ -315,8 +333,8 @@ void ProgressPrinter::OnStopped(const search::StopCheck& check, const search::Se
   if (tty_) err_ << "\n";
   err_ << "stopped: " << search::ToString(check.reason);
   if (!std::isnan(check.on_measured)) {
-    err_ << " (" << 100 * check.on_measured << "% of draws on measured configurations, P(>"
-         << 100 * options_.stop.epsilon << "% better unmeasured) " << check.p_improvement << ")";
+    err_ << " (P(none faster than the recommendation) " << check.on_measured << ", P(one >"
+         << 100 * options_.stop.epsilon << "% faster) " << check.p_improvement << ")";
   }
   err_ << " after " << state.trials() << " trials\n";
 }

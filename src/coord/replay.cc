@@ -256,6 +256,7 @@ pb::TrialResult ReplayBackend::Run(const pb::TrialRequest& request) {
     if (row->noise_sd > 0) {
       search::Hasher key;
       key.Add(request.spec().data(), request.spec().size());
+      key.Add(static_cast<uint64_t>(request.trial_index()));  // a repeat draws afresh
       key.Add(static_cast<uint64_t>(request.attempt()));
       search::Rng rng(noise_seed_, static_cast<int64_t>(key.value()), search::Purpose::kSynthetic);
       step_time_s *= std::exp(row->noise_sd * rng.Normal());

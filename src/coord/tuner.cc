@@ -167,6 +167,7 @@ void Tuner::Finish(pb::TrialResult result, double elapsed_s) {
   record.predicted_memory_gib = s.predicted_memory_gib();
   record.p_oom = s.p_oom();
   record.best_candidate = state_->best();
+  record.best_step_time_s = state_->best_time_s();
   record.elapsed_s = elapsed_s;
   trials_.push_back(std::move(record));
   in_flight_.reset();

@@ -140,17 +140,9 @@ double TimePosterior::Observe(const CandidateSet& candidates, int64_t i, double 
                                 " coefficients for a posterior over " + std::to_string(dim_));
   }
   const SparseRow row = candidates.RelativeRow(i);
+  const Relative before = Mixture(row, /*with_noise=*/true);
   const double z = measured_s / nominal;
-  // The mixture's predictive mean and variance (a Student-t's variance is s²·ν/(ν − 2)).
-  double mean = 0, second = 0;
-  for (size_t m = 0; m < models_.size(); ++m) {
-    const double mu = models_[m].PredictMean(row);
-    const double s = models_[m].PredictScale(row, /*with_noise=*/true);
-    const double nu = models_[m].dof();
-    mean += weights_[m] * mu;
-    second += weights_[m] * (s * s * nu / (nu - 2) + mu * mu);
-  }
-  const double error = (z - mean) / std::sqrt(std::max(second - mean * mean, 1e-300));
+  const double error = (z - before.mean) / std::sqrt(std::max(before.variance, 1e-300));
   for (DualNigRegression& m : models_) m.Add(row, z);
   Refresh();
   return error;
@@ -195,6 +187,23 @@ double TimePosterior::MarginalSd(int k) const {
 
 double TimePosterior::PredictMean(const CandidateSet& candidates, int64_t i) const {
   return candidates.PredictOne(i, mean_.data());
+}
+
+TimePosterior::Relative TimePosterior::Mixture(const SparseRow& row, bool with_noise) const {
+  double mean = 0, second = 0;
+  for (size_t m = 0; m < models_.size(); ++m) {
+    const double mu = models_[m].PredictMean(row);
+    const double s = models_[m].PredictScale(row, with_noise);
+    const double nu = models_[m].dof();
+    mean += weights_[m] * mu;
+    second += weights_[m] * (s * s * nu / (nu - 2) + mu * mu);
+  }
+  return {mean, std::max(second - mean * mean, 0.0)};
+}
+
+TimePosterior::Relative TimePosterior::Predict(const CandidateSet& candidates, int64_t i,
+                                               bool with_noise) const {
+  return Mixture(candidates.RelativeRow(i), with_noise);
 }
 
 double TimePosterior::noise_sd() const {

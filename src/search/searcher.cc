@@ -26,10 +26,31 @@ int64_t EligibleArgmin(const SearchState& state, const std::vector<double>& t) {
 
 std::optional<int64_t> ThompsonSearcher::Propose(const SearchState& state, uint64_t seed,
                                                  int64_t trial_index) const {
-  if (state.eligible_count() == 0) return std::nullopt;
+  // The repeats that tell the noise: the recommendation, once it has held over confirm_after,
+  // then 2·confirm_after, ... newly measured configurations (state.h).
+  const SearchSettings& settings = state.settings();
+  const int64_t incumbent = state.best();
+  if (state.repeats() < settings.confirm_repeats &&
+      state.best_unchanged_for() >= settings.confirm_after * (state.repeats() + 1) &&
+      incumbent >= 0 && state.repeatable(incumbent)) {
+    return incumbent;
+  }
   Rng rng(seed, trial_index, Purpose::kProposal);
   std::vector<double> theta(static_cast<size_t>(state.time().dim()));
   state.time().Draw(rng, theta.data());
+  // A contender worth measuring again takes part with a draw of its estimate: it is
+  // measured again with the probability that it is the fastest.
+  int64_t repeat = -1;
+  double repeat_t = std::numeric_limits<double>::infinity();
+  for (int64_t c : state.contenders()) {
+    if (!state.worth_repeating(c)) continue;
+    const SearchState::Estimate e = state.Estimated(c);
+    const double drawn = e.mean_s + e.sd_s * rng.Normal();
+    if (drawn < repeat_t) repeat = c, repeat_t = drawn;
+  }
+  if (state.eligible_count() == 0) {
+    return repeat >= 0 ? std::optional<int64_t>(repeat) : std::nullopt;
+  }
   std::vector<double> t;
   const CandidateSet& cs = state.candidates();
   cs.Predict(theta.data(), &t);
@@ -41,6 +62,7 @@ std::optional<int64_t> ThompsonSearcher::Propose(const SearchState& state, uint6
   const MemoryPosterior::Sample memory = state.memory().Draw(rng);
   for (int rejected = 0;; ++rejected) {
     const int64_t best = EligibleArgmin(state, t);
+    if (repeat >= 0 && (best < 0 || repeat_t <= t[best])) return repeat;
     if (best < 0) return std::nullopt;
     if (rejected == kMaxRejections ||
         memory.Fits(state.memory_row(best), cs.capacity_gib(), rng.Normal())) {

@@ -74,16 +74,83 @@ SearchState::SearchState(const CandidateSet& candidates, SearchSettings settings
     throw std::invalid_argument("max_p_oom must be in (0, 1)");
   }
   if (settings_.max_failures < 1) throw std::invalid_argument("max_failures must be >= 1");
+  if (settings_.max_measurements < 1 || settings_.max_measurements > 255) {
+    throw std::invalid_argument("max_measurements must be in [1, 255]");
+  }
+  if (!(settings_.noise_prior_sd > 0 && settings_.noise_prior_dof > 0 &&
+        settings_.contender_margin >= 0 && settings_.resolution >= 0)) {
+    throw std::invalid_argument(
+        "noise prior sd and dof must be > 0, contender margin and resolution >= 0");
+  }
   const size_t n = static_cast<size_t>(candidates_.size());
   flags_.assign(n, 0);
   eligible_.assign(n, 0);
   failures_.assign(n, 0);
   measured_time_s_.assign(n, std::numeric_limits<double>::quiet_NaN());
+  measurements_.assign(n, 0);
+  log_sum_.assign(n, 0.0);
   RefreshMemoryFit();
 }
 
 double SearchState::best_time_s() const {
-  return best_ < 0 ? std::numeric_limits<double>::infinity() : measured_time_s_[best_];
+  return best_ < 0 ? std::numeric_limits<double>::infinity() : Estimated(best_).mean_s;
+}
+
+bool SearchState::repeatable(int64_t i) const {
+  return measured(i) && !retired(i) && measurements_[i] < settings_.max_measurements;
+}
+
+bool SearchState::worth_repeating(int64_t i) const {
+  // Before any repeat the noise is the prior's guess: the searcher's first repeats tell it.
+  return repeatable(i) && repeats_ > 0 &&
+         measurement_noise_sd() / std::sqrt(static_cast<double>(measurements_[i])) >
+             settings_.resolution;
+}
+
+double SearchState::measurement_noise_sd() const {
+  const double s0 = settings_.noise_prior_sd, nu0 = settings_.noise_prior_dof;
+  return std::sqrt((nu0 * s0 * s0 + noise_ss_) / (nu0 + static_cast<double>(repeats_)));
+}
+
+SearchState::Estimate SearchState::Estimated(int64_t i) const {
+  const double y = measured_time_s_[i];
+  if (!measured(i)) return {std::numeric_limits<double>::quiet_NaN(), 0};
+  if (!settings_.learn_time) return {y, 0};
+  // In the posterior's relative units z = y/ŷ: the measured mean, variance σ_m²·z²/k...
+  const double nominal = candidates_.nominal_time_s(i);
+  const double z = y / nominal;
+  const double noise = measurement_noise_sd() * z;
+  const double measured_var = noise * noise / measurements_[i];
+  // ...and the model's prediction, its variance widened by the residual variance σ_m leaves
+  // unexplained (a deviation of this configuration that the model cannot see).
+  const TimePosterior::Relative model = time_.Predict(candidates_, i, /*with_noise=*/false);
+  const double residual = time_.noise_sd() * time_.noise_sd();
+  const double model_var = model.variance + std::max(residual - noise * noise, 0.0);
+  if (!(model_var > 0)) return {time_.PredictMean(candidates_, i), 0};
+  const double var = 1 / (1 / measured_var + 1 / model_var);
+  const double mean = var * (z / measured_var + model.mean / model_var);
+  return {mean * nominal, std::sqrt(var) * nominal};
+}
+
+void SearchState::RefreshBest() {
+  const int64_t before = best_;
+  contenders_.clear();
+  best_ = -1;
+  double lowest = std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < candidates_.size(); ++i) {
+    if (measured(i)) lowest = std::min(lowest, measured_time_s_[i]);
+  }
+  if (!std::isfinite(lowest)) return;
+  const double bound = lowest * (1 + settings_.contender_margin + 4 * measurement_noise_sd());
+  std::vector<std::pair<double, int64_t>> ranked;
+  for (int64_t i = 0; i < candidates_.size(); ++i) {
+    if (measured(i) && measured_time_s_[i] <= bound) ranked.push_back({Estimated(i).mean_s, i});
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [estimate, i] : ranked) contenders_.push_back(i);
+  best_ = contenders_.front();
+  if (best_ != before) best_since_ = measured_count_;
 }
 
 MemoryRow SearchState::memory_row(int64_t i) const {
@@ -137,16 +204,33 @@ void SearchState::Observe(const Observation& o) {
                                     " with step time " + std::to_string(o.step_time_s) +
                                     " (report it as nonfinite)");
       }
-      if (measured(i)) {
-        throw std::invalid_argument(ToSpec(candidates_.config(i)) + " was already measured");
+      if (measured(i) && !repeatable(i)) {
+        throw std::invalid_argument(ToSpec(candidates_.config(i)) + " was already measured " +
+                                    std::to_string(measurements_[i]) + " times");
       }
-      if (settings_.learn_time) {
+      // The time posterior learns a configuration once, from its first measurement: its rows
+      // are configurations, and a repeat fed as another row would count the same deviation from
+      // the model twice and shrink the residual it has to explain (the repeats tell the noise
+      // instead, below, and Estimated() combines the two).
+      if (settings_.learn_time && measurements_[i] == 0) {
         time_errors_.push_back(time_.Observe(candidates_, i, o.step_time_s));
       }
+      {
+        const double x = std::log(o.step_time_s);
+        const double k = measurements_[i];
+        if (k > 0) {  // Welford: the within-configuration sum of squares grows by this much
+          const double d = x - log_sum_[i] / k;
+          noise_ss_ += d * d * k / (k + 1);
+          ++repeats_;
+          measured_time_s_[i] = (measured_time_s_[i] * k + o.step_time_s) / (k + 1);
+        } else {
+          measured_time_s_[i] = o.step_time_s;
+          ++measured_count_;
+        }
+        log_sum_[i] += x;
+        ++measurements_[i];
+      }
       flags_[i] |= kMeasured;
-      measured_time_s_[i] = o.step_time_s;
-      ++measured_count_;
-      if (best_ < 0 || o.step_time_s < measured_time_s_[best_]) best_ = i;
       break;
     case Outcome::kOom:
       memory_changed = memory_.ObserveOom(memory_row(i), candidates_.capacity_gib());
@@ -171,6 +255,7 @@ void SearchState::Observe(const Observation& o) {
   }
   RefreshEligible(i);
   if (memory_changed) RefreshMemoryFit();
+  if (o.outcome == Outcome::kOk) RefreshBest();
   history_.push_back(o);
 }
 
@@ -183,6 +268,7 @@ uint64_t SearchState::Digest() const {
   h.Add(static_cast<uint64_t>(best_));
   h.Add(reinterpret_cast<const char*>(flags_.data()), flags_.size());
   h.Add(reinterpret_cast<const char*>(failures_.data()), failures_.size());
+  h.Add(reinterpret_cast<const char*>(measurements_.data()), measurements_.size());
   return h.value();
 }
 

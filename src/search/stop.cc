@@ -40,6 +40,8 @@ const char* ToString(StopReason r) {
       return "converged";
     case StopReason::kNoLikelyImprovement:
       return "no_likely_improvement";
+    case StopReason::kNoiseLimited:
+      return "noise_limited";
   }
   return "?";
 }
@@ -55,8 +57,13 @@ StopCheck EvaluateDraws(const SearchState& state, const StopSettings& settings, 
   Rng rng(seed, trials_done, Purpose::kStopCheck);
   const int d = state.time().dim();
   std::vector<double> theta(static_cast<size_t>(d) * draws), sigma(draws), one(d);
+  // σ of a draw is the residual of the model, measurement noise included; what an unmeasured
+  // configuration may deviate from the model by is the residual less the noise σ_m (a floor of a
+  // tenth of it keeps the rule from trusting the model exactly).
+  const double noise = state.measurement_noise_sd();
   for (int j = 0; j < draws; ++j) {
-    sigma[j] = state.time().Draw(rng, one.data());
+    const double s = state.time().Draw(rng, one.data());
+    sigma[j] = std::sqrt(std::max(s * s - noise * noise, 0.01 * s * s));
     for (int k = 0; k < d; ++k) theta[static_cast<size_t>(k) * draws + j] = one[k];
   }
   // Draws from hypotheses without interactions hold them at 0: when every draw does, skip them.
@@ -64,10 +71,40 @@ StopCheck EvaluateDraws(const SearchState& state, const StopSettings& settings, 
   const auto first_interaction = theta.begin() + first;
   const bool interactions =
       std::any_of(first_interaction, theta.end(), [](double v) { return v != 0; });
-  // log Π_i P(y_i ≥ τ) per draw for τ = best (converged) and τ = (1 − ε)·best (improvement).
-  const double thresholds[2] = {best, (1 - settings.epsilon) * best};
+  // The recommendation's own time is an estimate too (state.h): each draw takes one value of it.
+  // log Π_i P(y_i ≥ τ) per draw for τ = that value (converged) and (1 − ε)·τ (improvement).
+  const SearchState::Estimate rec = state.Estimated(state.best());
+  std::vector<double> thresholds[2] = {std::vector<double>(draws), std::vector<double>(draws)};
+  for (int j = 0; j < draws; ++j) {
+    thresholds[0][j] = rec.sd_s > 0 ? rec.mean_s + rec.sd_s * rng.Normal() : best;
+    thresholds[1][j] = (1 - settings.epsilon) * thresholds[0][j];
+  }
+  // Two sums per threshold: what more trials can still settle (the unmeasured configurations and
+  // the contenders that can be measured again) and what they cannot (the contenders measured as
+  // often as the study allows: their estimates are as known as they will be).
   std::vector<double> log_none[2] = {std::vector<double>(draws, 0.0),
                                      std::vector<double>(draws, 0.0)};
+  std::vector<double> log_settled[2] = {std::vector<double>(draws, 0.0),
+                                        std::vector<double>(draws, 0.0)};
+  // P(y ≥ τ) for a normal y = N(mean, sd²), summed in the log: below z = -8 it is 1 − 1e-15 and
+  // the candidate cannot matter. 1 − p_fit·Φ(z) as (1 − p_fit) + p_fit·Φ(−z) keeps the small
+  // tail exact.
+  auto add_to = [&](std::vector<double>* sums, int r, int j, double mean, double sd, double p_fit) {
+    const double z = (thresholds[r][j] - mean) / sd;
+    if (z > -8) sums[r][j] += std::log(std::max((1 - p_fit) + p_fit * NormalCdf(-z), 1e-300));
+  };
+  // The other contenders: their estimates against τ. A doubt between two of them is settled
+  // when measuring either again would not tell more (SearchState::worth_repeating).
+  const bool best_settled = !state.worth_repeating(state.best());
+  for (int64_t c : state.contenders()) {
+    if (c == state.best()) continue;
+    const SearchState::Estimate e = state.Estimated(c);
+    if (!(e.sd_s > 0)) continue;
+    std::vector<double>* sums = best_settled && !state.worth_repeating(c) ? log_settled : log_none;
+    for (int r = 0; r < 2; ++r) {
+      for (int j = 0; j < draws; ++j) add_to(sums, r, j, e.mean_s, e.sd_s, 1.0);
+    }
+  }
   std::vector<double> t(draws);
   for (int64_t i = 0; i < cs.size(); ++i) {
     if (!state.eligible(i)) continue;
@@ -88,23 +125,20 @@ StopCheck EvaluateDraws(const SearchState& state, const StopSettings& settings, 
       add(static_cast<int>(cs.interaction_coefficient(i, p)), scale);
     }
     for (int r = 0; r < 2; ++r) {
-      for (int j = 0; j < draws; ++j) {
-        // P(i fits and y_i < τ) = p_fit·Φ(z); below z = -8 it is under 1e-15 and the candidate
-        // cannot matter. 1 − p_fit·Φ(z) as (1 − p_fit) + p_fit·Φ(−z) keeps the small tail exact.
-        const double z = (thresholds[r] - t[j]) / (scale * sigma[j]);
-        if (z > -8) {
-          log_none[r][j] += std::log(std::max((1 - p_fit) + p_fit * NormalCdf(-z), 1e-300));
-        }
-      }
+      for (int j = 0; j < draws; ++j) add_to(log_none, r, j, t[j], scale * sigma[j], p_fit);
     }
   }
-  double on_measured = 0, improving = 0;
+  double on_measured = 0, improving = 0, on_measured_open = 0, improving_open = 0;
   for (int j = 0; j < draws; ++j) {
-    on_measured += std::exp(log_none[0][j]);
-    improving += 1 - std::exp(log_none[1][j]);
+    on_measured += std::exp(log_none[0][j] + log_settled[0][j]);
+    improving += 1 - std::exp(log_none[1][j] + log_settled[1][j]);
+    on_measured_open += std::exp(log_none[0][j]);
+    improving_open += 1 - std::exp(log_none[1][j]);
   }
   check.on_measured = on_measured / draws;
   check.p_improvement = improving / draws;
+  check.on_measured_open = on_measured_open / draws;
+  check.p_improvement_open = improving_open / draws;
   return check;
 }
 
@@ -125,6 +159,12 @@ StopCheck CheckStop(const SearchState& state, const StopSettings& settings, bool
     return check;
   }
   if (!model_rules || state.measured_count() < settings.min_measured) return check;
+  // Nor before the repeats that tell the noise (state.h): a study that has not seen its noise
+  // would stop on one lucky measurement.
+  if (state.settings().learn_time && state.repeats() < state.settings().confirm_repeats &&
+      state.repeatable(state.best())) {
+    return check;
+  }
   check = EvaluateDraws(state, settings, seed, trials_done);
   // The model rules trust the posterior only while it predicts what is measured.
   const std::vector<double>& errors = state.time_errors();
@@ -138,6 +178,9 @@ StopCheck CheckStop(const SearchState& state, const StopSettings& settings, bool
     check.reason = StopReason::kConverged;
   } else if (check.p_improvement < settings.delta) {
     check.reason = StopReason::kNoLikelyImprovement;
+  } else if (check.on_measured_open >= settings.converged_fraction ||
+             check.p_improvement_open < settings.delta) {
+    check.reason = StopReason::kNoiseLimited;
   }
   return check;
 }

@@ -88,6 +88,17 @@ std::string UlyssesKvReason(const ModelSpec& m, int64_t tp, int64_t up) {
          "them over the up ranks";
 }
 
+// Sliding-window attention and the ring (cp, Megatron's --cp-comm-type p2p, also inside a2a+p2p):
+// Transformer Engine's attention with context parallelism asserts that a window runs only with
+// the a2a or all-gather types ("The context parallel running configs cannot support sliding
+// window attention"), so a windowed model splits its sequence by Ulysses alone.
+std::string WindowRingReason(const ModelSpec& m, int64_t cp) {
+  if (cp == 1 || m.window_size == 0) return {};
+  return "cp=" + Str(cp) + ": a sliding-window model (window_size=" + Str(m.window_size) +
+         ") cannot use the ring; Transformer Engine runs windows only with all-to-all context "
+         "parallelism (up)";
+}
+
 std::string SeqSplitReason(const TrainSpec& t, const char* name, int64_t v) {
   if (v > 1 && t.seq_length % (2 * v) != 0) {
     return std::string(name) + "=" + Str(v) + ": seq_length=" + Str(t.seq_length) +
@@ -120,6 +131,7 @@ void SearchSpace::ValidateOptions() const {
   }
   for (int32_t cp : options_.cp) {
     fail_if("--cp", cp < 1 ? "must be positive" : SeqSplitReason(train_, "cp", cp));
+    fail_if("--cp", WindowRingReason(model_, cp));
   }
   for (int32_t up : options_.up) {
     fail_if("--up", up < 1 ? "must be positive" : SeqSplitReason(train_, "up", up));
@@ -226,6 +238,7 @@ std::string SearchSpace::Check(const ParallelConfig& c) const {
     return "mixture-of-experts layers with tp > 1 need sp=on (Megatron-core refuses them without)";
   }
   if (std::string r = UlyssesKvReason(model_, c.tp, c.up); !r.empty()) return r;
+  if (std::string r = WindowRingReason(model_, c.cp); !r.empty()) return r;
   if (c.recompute_layers != 0 &&
       (c.recompute != Recompute::kFull || c.recompute_layers >= layers_per_stage)) {
     return "recompute_layers needs recompute=full and fewer than the " + Str(layers_per_stage) +

@@ -46,7 +46,7 @@ def main():
     check(r.stderr.count("\n[") + r.stderr.startswith("[") >= 1 and "predicted" in r.stderr,
           "a progress line per trial on stderr")
     result = json.load(open(os.path.join(a.work, "s", "result.json")))
-    check(result["stop_reason"] in ("converged", "no_likely_improvement", "exhausted"),
+    check(result["stop_reason"] in ("converged", "no_likely_improvement", "noise_limited", "exhausted"),
           f"stop reason {result['stop_reason']}")
     check(result["best"]["config"].startswith("tp="), "result.json has the best configuration")
     check(result["replay"]["regret"] >= 0, "result.json has the regret against the table")

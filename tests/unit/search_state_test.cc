@@ -106,6 +106,47 @@ TEST(SearchState, MeasuredPeaksMoveTheMemoryFit) {
   EXPECT_NEAR(s.memory().scale(), 1.3, 0.1);
 }
 
+// Repeated measurements (docs/search.md §7a): the noise is learnt from the repeats alone, a
+// configuration's measured time is its mean, a lucky single measurement does not decide the
+// recommendation once the noise is known, and exact repeats make one measurement enough.
+TEST(SearchState, RepeatsTellTheNoiseAndTheRecommendation) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  auto measure_all = [&](SearchState& s, int64_t a, int64_t b, double noise) {
+    const double t = cs.nominal_time_s(a);
+    s.Observe({a, Outcome::kOk, t});
+    s.Observe({b, Outcome::kOk, t * 0.99});  // b's one measurement is 1% faster
+    for (int k = 0; k < 4; ++k) s.Observe({a, Outcome::kOk, t * (k % 2 ? 1 + noise : 1 - noise)});
+  };
+  SearchState noisy(cs, SearchSettings::Default(cs));
+  const int64_t a = FirstEligible(noisy);
+  int64_t b = a + 1;
+  while (!noisy.eligible(b)) ++b;
+  EXPECT_FALSE(noisy.worth_repeating(a));  // no measurement yet
+  measure_all(noisy, a, b, 0.05);
+  EXPECT_EQ(noisy.measurements(a), 5);
+  EXPECT_EQ(noisy.repeats(), 4);
+  EXPECT_EQ(noisy.measured_count(), 2);
+  EXPECT_NEAR(noisy.measured_time_s(a), cs.nominal_time_s(a), 1e-9 * cs.nominal_time_s(a));
+  EXPECT_NEAR(noisy.measurement_noise_sd(), 0.05, 0.015);
+  // Both are contenders at 5% noise; each is worth measuring again.
+  EXPECT_EQ(noisy.contenders().size(), 2u);
+  EXPECT_TRUE(noisy.worth_repeating(a));
+  EXPECT_TRUE(noisy.worth_repeating(b));
+  // b's estimate is less sure than a's, which is the mean of five.
+  EXPECT_GT(noisy.Estimated(b).sd_s / cs.nominal_time_s(b),
+            noisy.Estimated(a).sd_s / cs.nominal_time_s(a));
+
+  SearchState exact(cs, SearchSettings::Default(cs));
+  measure_all(exact, a, b, 0.0);
+  EXPECT_LT(exact.measurement_noise_sd(), 0.003);
+  EXPECT_FALSE(exact.worth_repeating(a));
+  EXPECT_FALSE(exact.worth_repeating(b));
+  // Without noise, the fastest measurement is the recommendation.
+  EXPECT_EQ(exact.best(), b);
+  EXPECT_NEAR(exact.best_time_s(), 0.99 * cs.nominal_time_s(a), 0.003 * cs.nominal_time_s(a));
+}
+
 TEST(SearchState, BadMeasurementsAreRejectedLoudly) {
   Llama7bCase c;
   const CandidateSet& cs = *c.candidates;
@@ -119,8 +160,8 @@ TEST(SearchState, BadMeasurementsAreRejectedLoudly) {
   EXPECT_THROW(s.Observe({i, Outcome::kOk, 1.0, inf}), std::invalid_argument);
   EXPECT_THROW(s.Observe({cs.size(), Outcome::kOk, 1.0}), std::invalid_argument);
   EXPECT_EQ(s.trials(), 0);
-  s.Observe({i, Outcome::kOk, 1.0});
-  EXPECT_THROW(s.Observe({i, Outcome::kOk, 1.0}), std::invalid_argument);  // measured twice
+  for (int k = 0; k < s.settings().max_measurements; ++k) s.Observe({i, Outcome::kOk, 1.0});
+  EXPECT_THROW(s.Observe({i, Outcome::kOk, 1.0}), std::invalid_argument);  // once too often
   EXPECT_EQ(ParseOutcome("comm_error"), Outcome::kCommError);
   EXPECT_EQ(ParseOutcome("bogus"), std::nullopt);
 }

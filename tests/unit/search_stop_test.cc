@@ -71,6 +71,13 @@ TEST(Stop, ConvergesOnceTheFastestAreMeasured) {
     }
     if (trials == 25) break;
   }
+  // The model rules wait for the repeats that tell the noise (here exact).
+  for (int64_t r = 0; r < s.settings().confirm_repeats; ++r) {
+    EXPECT_EQ(CheckStop(s, st, true, 1, trials, 0).reason, StopReason::kNone);
+    s.Observe({s.best(), Outcome::kOk, s.measured_time_s(s.best()),
+               cs.nominal_memory_gib(s.best())});
+    ++trials;
+  }
   const StopCheck check = CheckStop(s, st, true, 1, trials, 0);
   EXPECT_NE(check.reason, StopReason::kNone)
       << "on_measured " << check.on_measured << " p_improvement " << check.p_improvement;
@@ -99,21 +106,71 @@ TEST(Stop, ARecentSurpriseVetoesTheModelRules) {
       const double factor = trials == 25 ? last_factor : 1.0;
       s.Observe({i, Outcome::kOk, factor * cs.nominal_time_s(i), cs.nominal_memory_gib(i)});
       if (trials == 25) break;
+      if (trials == 5 || trials == 10) {  // the repeats that tell the noise
+        s.Observe({s.best(), Outcome::kOk, s.measured_time_s(s.best()),
+                   cs.nominal_memory_gib(s.best())});
+      }
     }
     return CheckStop(s, st, true, 1, trials, 0);
   };
   const StopCheck calm = run(1.0);
-  EXPECT_NE(calm.reason, StopReason::kNone);
+  EXPECT_NE(calm.reason, StopReason::kNone)
+      << "on_measured " << calm.on_measured << " p_improvement " << calm.p_improvement;
   EXPECT_LT(calm.recent_error, st.recent_bound);
   const StopCheck surprised = run(1.6);  // the 25th is 60% slower than the model says
   EXPECT_GT(surprised.recent_error, st.recent_bound);
   EXPECT_EQ(surprised.reason, StopReason::kNone);
 }
 
+// Two configurations whose measurements are 8% noisy and whose means are equal: what is in doubt
+// is between them alone. While they can be measured again, the search goes on; once both are
+// measured as often as the study allows, it stops as noise_limited, and says how unsure it is.
+TEST(Stop, NoiseLimitedOnceOnlySettledContendersAreInDoubt) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  const std::vector<int64_t> order = FastestFirst(cs);
+  StopSettings st;
+  st.min_measured = 1;
+  st.recent = 0;  // the others are exact: the two noisy first measurements surprise the model
+  const SearchSettings settings = SearchSettings::Default(cs);
+  const int64_t first = order[0], second = order[1];
+  auto run = [&](int measurements_of_second) {
+    SearchState s(cs, settings);
+    int64_t trials = 0;
+    for (int64_t i : order) {
+      if (i == first || i == second || !s.eligible(i)) continue;
+      s.Observe({i, Outcome::kOk, cs.nominal_time_s(i), cs.nominal_memory_gib(i)});
+      if (++trials == 25) break;
+    }
+    const double t = cs.nominal_time_s(first);
+    for (int k = 0; k < settings.max_measurements; ++k) {
+      const double noise = k % 2 == 0 ? 1.08 : 1 / 1.08;
+      s.Observe({first, Outcome::kOk, t * noise, cs.nominal_memory_gib(first)});
+      if (k < measurements_of_second) {
+        s.Observe({second, Outcome::kOk, t / noise, cs.nominal_memory_gib(second)});
+      }
+      trials += 2;
+    }
+    return CheckStop(s, st, true, 1, trials, 0);
+  };
+  const StopCheck open = run(settings.max_measurements - 1);
+  EXPECT_EQ(open.reason, StopReason::kNone)
+      << "on_measured " << open.on_measured << " p_improvement " << open.p_improvement;
+  const StopCheck settled = run(settings.max_measurements);
+  EXPECT_EQ(settled.reason, StopReason::kNoiseLimited)
+      << "on_measured " << settled.on_measured << " p_improvement " << settled.p_improvement
+      << " open " << settled.on_measured_open << " " << settled.p_improvement_open;
+  // The probabilities it reports are the honest ones, the settled contender included.
+  EXPECT_GT(settled.p_improvement, st.delta);
+  EXPECT_LT(settled.on_measured, st.converged_fraction);
+  EXPECT_LT(settled.p_improvement_open, settled.p_improvement);
+}
+
 TEST(Stop, ReasonNames) {
   EXPECT_STREQ(ToString(StopReason::kConverged), "converged");
   EXPECT_STREQ(ToString(StopReason::kNoLikelyImprovement), "no_likely_improvement");
   EXPECT_STREQ(ToString(StopReason::kExhausted), "exhausted");
+  EXPECT_STREQ(ToString(StopReason::kNoiseLimited), "noise_limited");
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <random>
 #include <vector>
 
 #include "autopar/common/status.h"
@@ -73,6 +75,29 @@ TEST(Thompson, LearnsAMisSpecifiedModelAndFindsTheOptimum) {
   EXPECT_LE(state.best_time_s(), 1.02 * best);
   // The posterior recovered the truth's scale on the dominant feature.
   EXPECT_LT(state.time().noise_sd(), 0.05);
+  // Measurements are exact: the repeats that tell the noise are all it measures twice.
+  EXPECT_EQ(state.repeats(), state.settings().confirm_repeats);
+}
+
+// With 5% measurement noise the same search measures its contenders again: the recommendation is
+// a mean of several measurements and the study learns the noise.
+TEST(Thompson, MeasuresContendersAgainWhenMeasurementsAreNoisy) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  const SyntheticTruth truth(cs, 5, /*noise=*/0.0);
+  SearchState state(cs, SearchSettings::Default(cs));
+  ThompsonSearcher ts;
+  std::mt19937_64 gen(7);
+  std::normal_distribution<double> normal;
+  for (int t = 0; t < 60; ++t) {
+    const auto next = ts.Propose(state, 1, t);
+    ASSERT_TRUE(next.has_value());
+    const double y = truth.step_time_s[*next] * std::exp(0.05 * normal(gen));
+    state.Observe({*next, Outcome::kOk, y, cs.nominal_memory_gib(*next)});
+  }
+  EXPECT_GT(state.repeats(), state.settings().confirm_repeats + 5);
+  EXPECT_NEAR(state.measurement_noise_sd(), 0.05, 0.02);
+  EXPECT_GE(state.measurements(state.best()), 3);
 }
 
 TEST(CandidateSet, LevelEffectsAreOneRelativeCoefficientPerKnobValue) {

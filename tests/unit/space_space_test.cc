@@ -314,5 +314,40 @@ TEST(SearchSpace, UlyssesNeedsUpToDivideTheKvHeadsPerTpRank) {
             "");
 }
 
+// Transformer Engine runs sliding-window attention with context parallelism only through the
+// all-to-all: a windowed model never uses the ring.
+TEST(SearchSpace, SlidingWindowSplitsTheSequenceByUlyssesOnly) {
+  ModelSpec m = TinyModel();
+  m.window_size = 16;
+  m.window_attn_skip_freq = 2;
+  SpaceOptions o;
+  o.up = {1, 2};
+  const SearchSpace space(m, SmallTrain(8, 64), SmallCluster(2, 4), o);
+  bool ulysses = false;
+  space.ForEach([&](const ParallelConfig& c) {
+    EXPECT_EQ(c.cp, 1) << ToSpec(c);
+    ulysses = ulysses || c.up == 2;
+  });
+  EXPECT_TRUE(ulysses);
+  const std::string reason = space.Check(Complete(ParseSpec("tp=1,cp=2"), 8));
+  EXPECT_NE(reason.find("sliding-window"), std::string::npos) << reason;
+  o.cp = {2};
+  try {
+    SearchSpace(m, SmallTrain(8, 64), SmallCluster(2, 4), o);
+    ADD_FAILURE() << "--cp 2 accepted for a sliding-window model";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "--cp");
+  }
+  // Without a window the ring is there.
+  m.window_size = 0;
+  m.window_attn_skip_freq = 0;
+  o.cp = {1, 2};
+  bool ring = false;
+  SearchSpace(m, SmallTrain(8, 64), SmallCluster(2, 4), o).ForEach([&](const ParallelConfig& c) {
+    ring = ring || c.cp == 2;
+  });
+  EXPECT_TRUE(ring);
+}
+
 }  // namespace
 }  // namespace autopar

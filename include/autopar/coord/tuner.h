@@ -43,7 +43,8 @@ struct TrialRecord {
   double predicted_step_time_s = 0;  // posterior mean when proposed
   double predicted_memory_gib = 0;
   double p_oom = 0;
-  int64_t best_candidate = -1;  // after this trial
+  int64_t best_candidate = -1;  // the recommendation after this trial
+  double best_step_time_s = 0;  // its estimated step time (SearchState::Estimated)
   double elapsed_s = 0;
 };
 

@@ -106,6 +106,13 @@ class TimePosterior {
   double MarginalSd(int k) const;
   // Posterior mean step time of candidate i (seconds).
   double PredictMean(const CandidateSet& candidates, int64_t i) const;
+  // Candidate i's step time relative to its analytic time, z = y/ŷ, over the mixture: the mean
+  // and variance of the model's value (`with_noise` false) or of a new measurement (true). A
+  // Student-t's variance is s²·ν/(ν − 2); the spread of the hypotheses' means adds to it.
+  struct Relative {
+    double mean, variance;
+  };
+  Relative Predict(const CandidateSet& candidates, int64_t i, bool with_noise) const;
   // E[σ]: the relative noise the data show.
   double noise_sd() const;
   // The hypotheses and their posterior weights (summing to 1).
@@ -115,6 +122,7 @@ class TimePosterior {
 
  private:
   void Refresh();
+  Relative Mixture(const SparseRow& row, bool with_noise) const;
 
   int dim_ = 0;
   std::vector<Hypothesis> hypotheses_;

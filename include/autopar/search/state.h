@@ -14,6 +14,22 @@
 // A candidate is eligible for a proposal when it is neither measured, retired nor pruned and its
 // predicted P(OOM) is below `max_p_oom`.
 //
+// Measurements are noisy (a shared cluster, a clock that moves between runs), so a measured
+// configuration may be measured again, up to `max_measurements` times (docs/search.md §7a):
+//   - its measured time is the mean of its measurements;
+//   - the relative measurement noise σ_m is learnt from the repeats alone (pooled within-
+//     configuration variance of log times, with an inverse-gamma prior of `noise_prior_sd`
+//     and strength `noise_prior_dof`);
+//   - what the study believes of a measured configuration, Estimated(i), combines its measured
+//     mean (variance σ_m²/k) with the posterior's prediction of its time (the model's variance
+//     plus the part of the residual variance that σ_m does not explain: a deviation of that
+//     configuration, not noise): precision weighting, as for two normal estimates of one value;
+//   - the recommendation best() is the lowest estimate among the contenders: the measured
+//     configurations whose mean is within ε + 4σ_m of the lowest mean (the others cannot win).
+// Where repeats show no noise, σ_m falls, an estimate is its measured mean, and the best is the
+// fastest measured configuration, as before; where they show 5% noise, one lucky measurement
+// no longer decides the recommendation.
+//
 // Observe() is the only mutator, so replaying the same observations gives the same state, bit for
 // bit; Digest() summarises it for the journal's replay check.
 #pragma once
@@ -62,6 +78,24 @@ struct SearchSettings {
   // Whether measured step times feed the time posterior (O(n²) per measurement). The baselines
   // that do not follow it (grid, random, analytic) turn it off: they record times all the same.
   bool learn_time = true;
+  // Repeated measurements: at most this many of one configuration, and the prior of the
+  // relative measurement noise (a sd and its strength in pseudo-degrees of freedom).
+  int max_measurements = 8;
+  // The repeats that tell the noise: Thompson measures the recommendation again once it has
+  // stayed the recommendation over confirm_after·(r + 1) newly measured configurations, while
+  // fewer than `confirm_repeats` repeats have been made (r): where the search is settling, not
+  // while it is still finding better ones. The stop rule's model rules wait for them. Two,
+  // because one repeat of a 4%-noisy measurement agrees to 0.5% one time in ten and would make
+  // the study trust single measurements; two, one time in seventy.
+  int64_t confirm_after = 5;
+  int64_t confirm_repeats = 2;
+  double noise_prior_sd = 0.005;
+  double noise_prior_dof = 1;
+  // The relative margin beyond the best mean within which a measured configuration stays a
+  // contender for the recommendation (plus 4 σ_m).
+  double contender_margin = 0.02;
+  // The relative sd of a measured mean below which it is known well enough (worth_repeating).
+  double resolution = 0.005;
 
   // Defaults for a candidate set: the time prior's θ₀ scale follows its median step time.
   static SearchSettings Default(const CandidateSet& candidates);
@@ -88,13 +122,34 @@ class SearchState {
   const std::vector<uint8_t>& eligible_mask() const { return eligible_; }
   int64_t eligible_count() const { return eligible_count_; }
   bool measured(int64_t i) const { return (flags_[i] & kMeasured) != 0; }
+  int measurements(int64_t i) const { return measurements_[i]; }
+  // Measured and not yet measured max_measurements times (nor retired).
+  bool repeatable(int64_t i) const;
+  // Repeatable, some repeat has shown the noise, and the configuration's measured mean is still
+  // noisier than `resolution` (σ_m/√k): another measurement would tell something. Where the
+  // noise is small, one measurement is enough.
+  bool worth_repeating(int64_t i) const;
+  int64_t repeats() const { return repeats_; }  // ok measurements of a measured configuration
   bool retired(int64_t i) const { return (flags_[i] & kRetired) != 0; }
   bool pruned(int64_t i) const { return (flags_[i] & kPruned) != 0; }
   int failures(int64_t i) const { return failures_[i]; }
-  double measured_time_s(int64_t i) const { return measured_time_s_[i]; }  // NaN if not measured
+  // The mean of its measurements (NaN if not measured).
+  double measured_time_s(int64_t i) const { return measured_time_s_[i]; }
   int64_t measured_count() const { return measured_count_; }
-  // The fastest measured candidate (-1 before the first ok trial) and its time (+inf).
+  // σ_m: the relative noise of one measurement.
+  double measurement_noise_sd() const;
+  // What the study believes a measured configuration's step time is (seconds): a normal with
+  // this mean and sd (see above).
+  struct Estimate {
+    double mean_s, sd_s;
+  };
+  Estimate Estimated(int64_t i) const;
+  // The measured configurations that can still be the best (see above), recommendation first.
+  const std::vector<int64_t>& contenders() const { return contenders_; }
+  // The recommendation (-1 before the first ok trial) and its estimated time (+inf).
   int64_t best() const { return best_; }
+  // Configurations measured since the recommendation last changed.
+  int64_t best_unchanged_for() const { return measured_count_ - best_since_; }
   double best_time_s() const;
 
   const TimePosterior& time() const { return time_; }
@@ -111,6 +166,7 @@ class SearchState {
   enum Flag : uint8_t { kMeasured = 1, kRetired = 2, kPruned = 4, kUnlikelyFit = 8 };
   void RefreshMemoryFit();
   void RefreshEligible(int64_t i);
+  void RefreshBest();
 
   const CandidateSet& candidates_;
   SearchSettings settings_;
@@ -118,11 +174,17 @@ class SearchState {
   MemoryPosterior memory_;
   std::vector<uint8_t> flags_, eligible_, failures_;
   std::vector<double> measured_time_s_;
+  std::vector<uint8_t> measurements_;
+  std::vector<double> log_sum_;  // Σ log y of each configuration
+  double noise_ss_ = 0;          // pooled within-configuration Σ (log y − mean)²
+  int64_t repeats_ = 0;
+  std::vector<int64_t> contenders_;
   std::vector<double> time_errors_;
   std::vector<Observation> history_;
   int64_t eligible_count_ = 0;
   int64_t measured_count_ = 0;
   int64_t best_ = -1;
+  int64_t best_since_ = 0;  // measured_count_ when best_ last changed
 };
 
 }  // namespace autopar::search

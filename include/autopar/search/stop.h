@@ -3,28 +3,36 @@
 //   exhausted   no candidate is eligible any more;
 //   max_trials  --max-trials trials have finished;
 //   budget      the study's tuning wall time reached --budget (8 h by default);
-//   converged   the fastest configuration is a measured one with probability at least
-//               `converged_fraction` (95%) over `draws` (200) posterior draws;
+//   converged   no other configuration is faster than the recommendation, with probability at
+//               least `converged_fraction` (95%) over `draws` (200) posterior draws;
 //   no_likely_improvement
-//               the probability that some unmeasured configuration beats the best measured step
-//               time by more than ε (2%) is below δ (1%).
-// The last two follow the posterior and apply only to a searcher that does (Thompson), once
+//               the probability that some other configuration beats the recommendation by more
+//               than ε (2%) is below δ (1%);
+//   noise_limited
+//               neither holds, but one of them would without the contenders that, like the
+//               recommendation, are not worth measuring again (SearchState::worth_repeating:
+//               measured max_measurements times, or known to `resolution`): what is left in
+//               doubt is within the measurement noise, and more trials cannot settle it.
+// The last three follow the posterior and apply only to a searcher that does (Thompson), once
 // `min_measured` configurations have been measured.
 //
-// Both probabilities are over the posterior predictive, not the posterior mean: a configuration's
-// step time is y_i = t_i(θ) + ŷ_i·σ·ε_i, the model plus the per-configuration deviation the data
-// show (a configuration predicted 1% slower than the best still beats it with a real
-// probability). For each draw (θ_j, σ_j) the probability that no eligible configuration beats a
-// threshold τ is Π_i Φ((t_i(θ_j) − τ)/(ŷ_i σ_j)), in closed form; the rules average it over the
-// draws (a Monte Carlo estimate over θ, exact over the noise). The draws come from
-// Rng(seed, trial, kStopCheck), so the decision replays exactly.
+// The recommendation is the lowest estimate (SearchState::Estimated), itself uncertain under
+// noise: each draw takes a value of it as its threshold, and the other contenders count with
+// their estimates. The probabilities are over the posterior predictive, not the posterior mean:
+// a configuration's step time is y_i = t_i(θ) + ŷ_i·σ'·ε_i, the model plus the per-configuration
+// deviation the data show, the measurement noise taken out of σ (a configuration predicted 1%
+// slower than the best still beats it with a real probability). For each draw (θ_j, σ_j) the
+// probability that no eligible configuration beats a threshold τ is Π_i Φ((t_i(θ_j) − τ)/(ŷ_i
+// σ'_j)), in closed form; the rules average it over the draws (a Monte Carlo estimate over θ,
+// exact over the noise). The draws come from Rng(seed, trial, kStopCheck), so the decision
+// replays exactly.
 //
-// Neither fires while the posterior is being surprised: each of the last `recent` (3) measured
+// None fires while the posterior is being surprised: each of the last `recent` (3) measured
 // step times must have fallen within `recent_bound` (2) standard deviations of the predictive it
 // had before it was learnt (SearchState::time_errors). A cluster that differs from the model in a
 // way the posterior has not yet taken in shows up there first, while the draws still look sure.
 //
-// The two model rules are complementary: `converged` asks for near-certainty that nothing is
+// The first two model rules are complementary: `converged` asks for near-certainty that nothing is
 // better at all, `no_likely_improvement` for near-certainty that nothing is better by a margin
 // that matters.
 #pragma once
@@ -36,7 +44,15 @@
 
 namespace autopar::search {
 
-enum class StopReason { kNone, kExhausted, kMaxTrials, kBudget, kConverged, kNoLikelyImprovement };
+enum class StopReason {
+  kNone,
+  kExhausted,
+  kMaxTrials,
+  kBudget,
+  kConverged,
+  kNoLikelyImprovement,
+  kNoiseLimited,
+};
 const char* ToString(StopReason r);  // none, exhausted, max_trials, budget, converged, ...
 
 struct StopSettings {
@@ -53,10 +69,13 @@ struct StopSettings {
 
 struct StopCheck {
   StopReason reason = StopReason::kNone;
-  // From the model rules' draws (NaN when they were not evaluated): the probability that the
-  // fastest configuration is a measured one, and that an unmeasured one is faster by more than ε.
+  // From the model rules' draws (NaN when they were not evaluated): the probability that no
+  // other configuration is faster than the recommendation, and that one is faster by more than ε.
   double on_measured = std::numeric_limits<double>::quiet_NaN();
   double p_improvement = std::numeric_limits<double>::quiet_NaN();
+  // The same without the contenders not worth measuring again (noise_limited).
+  double on_measured_open = std::numeric_limits<double>::quiet_NaN();
+  double p_improvement_open = std::numeric_limits<double>::quiet_NaN();
   // The largest |standardised error| of the last `recent` measurements (NaN when not checked).
   double recent_error = std::numeric_limits<double>::quiet_NaN();
 };

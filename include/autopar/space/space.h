@@ -103,7 +103,9 @@ void SearchSpace::ForEach(Fn&& fn) const {
                                                 Recompute::kFull};
   const std::vector<Recompute>& recompute_values =
       options_.recompute.empty() ? all_recompute : options_.recompute;
-  const std::vector<int32_t> cp_values = SeqSplitValues(options_.cp);
+  // A sliding-window model splits its sequence by Ulysses only (WindowRingReason in space.cc).
+  const std::vector<int32_t> cp_values =
+      model_.window_size > 0 ? std::vector<int32_t>{1} : SeqSplitValues(options_.cp);
   const std::vector<int32_t> up_values = SeqSplitValues(options_.up);
   const std::vector<int32_t> kEveryLayer = {0};
   const std::vector<bool> on = {true};
