@@ -13,20 +13,10 @@
 #include "autopar/cli/commands.h"
 #include "autopar/cli/help.h"
 #include "autopar/common/status.h"
+#include "cli_test_util.h"
 
 namespace autopar::cli {
 namespace {
-
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-Result RunCli(const std::vector<std::string>& argv) {
-  std::ostringstream out, err;
-  const int code = Main(argv, out, err);
-  return {code, out.str(), err.str()};
-}
 
 std::vector<std::string> Llama7bOn(int nnodes, std::vector<std::string> extra = {}) {
   std::vector<std::string> argv = {"--model", "llama2-7b", "--gpu", "a100-80gb",

@@ -9,20 +9,10 @@
 
 #include "autopar/cli/commands.h"
 #include "autopar/common/status.h"
+#include "cli_test_util.h"
 
 namespace autopar::cli {
 namespace {
-
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-Result RunCli(const std::vector<std::string>& argv) {
-  std::ostringstream out, err;
-  const int code = Main(argv, out, err);
-  return {code, out.str(), err.str()};
-}
 
 // predict of one SPEC for `model` on 2 x 8 h100 in `format`.
 Result Predict(const std::string& model, const std::string& spec, const std::string& format,

@@ -10,20 +10,10 @@
 
 #include "autopar/cli/commands.h"
 #include "autopar/common/status.h"
+#include "cli_test_util.h"
 
 namespace autopar::cli {
 namespace {
-
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-Result RunCli(std::vector<std::string> argv) {
-  std::ostringstream out, err;
-  const int code = Main(argv, out, err);
-  return {code, out.str(), err.str()};
-}
 
 std::string Script(const std::string& name) {
   return std::string(AUTOPAR_SOURCE_DIR) + "/tests/data/spec/nvidia-" + name + ".sh";

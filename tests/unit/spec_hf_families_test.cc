@@ -11,29 +11,10 @@
 
 #include "autopar/common/status.h"
 #include "autopar/spec/parse.h"
+#include "spec_test_util.h"
 
 namespace autopar {
 namespace {
-
-std::string ReadFixture(const std::string& name) {
-  const std::string path = std::string(AUTOPAR_SOURCE_DIR) + "/tests/data/spec/" + name;
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << "cannot read " << path;
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// The field named by the InputError that `fn` throws; "" if it throws none.
-std::string ErrorField(const std::function<void()>& fn, std::string* message = nullptr) {
-  try {
-    fn();
-  } catch (const InputError& e) {
-    if (message != nullptr) *message = e.what();
-    return e.field();
-  }
-  return "";
-}
 
 // `text` with the first occurrence of `from` replaced by `to` (which must be there).
 std::string Replace(std::string text, const std::string& from, const std::string& to) {

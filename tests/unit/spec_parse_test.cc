@@ -10,18 +10,10 @@
 
 #include "autopar/common/status.h"
 #include "autopar/spec/parse.h"
+#include "spec_test_util.h"
 
 namespace autopar {
 namespace {
-
-std::string ReadFixture(const std::string& name) {
-  const std::string path = std::string(AUTOPAR_SOURCE_DIR) + "/tests/data/spec/" + name;
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << "cannot read " << path;
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // Every architecture field of ModelSpec, not the name.
 ::testing::AssertionResult SameArchitecture(const ModelSpec& got, const ModelSpec& want) {
@@ -59,17 +51,6 @@ std::string ReadFixture(const std::string& name) {
   check("mtp_num_layers", got.mtp_num_layers, want.mtp_num_layers);
   if (diff.str().empty()) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "architectures differ:" << diff.str();
-}
-
-// The field named by the InputError that `fn` throws; "" if it throws none.
-std::string ErrorField(const std::function<void()>& fn, std::string* message = nullptr) {
-  try {
-    fn();
-  } catch (const InputError& e) {
-    if (message != nullptr) *message = e.what();
-    return e.field();
-  }
-  return "";
 }
 
 MegatronArgs FromFlags(const std::string& text, const ModelSpec& base = ModelSpec()) {
