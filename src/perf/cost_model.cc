@@ -22,6 +22,10 @@ CostModel::CostModel(const ModelSpec& model, const TrainSpec& train, const Clust
     : model_(model), train_(train), cluster_(cluster), constants_(constants) {
   params_ = CountParams(model_);
   peak_flops_ = cluster_.gpu.PeakFlops(train_.precision);
+  // FP8 training quantizes the GEMMs; attention stays in BF16 (Transformer Engine's recipes leave
+  // fp8_dpa off, Megatron-LM's --fp8-dot-product-attention is opt-in).
+  attention_peak_flops_ = cluster_.gpu.PeakFlops(
+      train_.precision == Precision::kFP8 ? Precision::kBF16 : train_.precision);
   element_bytes_ = train_.precision == Precision::kFP32 ? 4 : 2;
   model_flops_per_step_ = ModelFlopsPerStep(model_, train_.global_batch_size, train_.seq_length);
 }
@@ -97,7 +101,7 @@ double CostModel::GemmTime(double flops, double sharded_dim) const {
 }
 
 double CostModel::AttentionTime(double flops) const {
-  return flops / (peak_flops_ * constants_.eff.attention);
+  return flops / (attention_peak_flops_ * constants_.eff.attention);
 }
 
 double CostModel::MemoryBoundTime(double bytes) const {

@@ -158,10 +158,10 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     const double attn_flops = 2 * c.mbs * (s / c.cp) * s * heads * (qk_dim + v_dim);
     double softmax = 0;  // the unfused attention's passes over the score matrix
     if (stack.flash_attention) {
-      f[kAttention] =
-          0.5 * attn_flops * (windowed ? window_share : 1.0) / (peak_flops_ * e.attention);
+      f[kAttention] = 0.5 * attn_flops * (windowed ? window_share : 1.0) /
+                      (attention_peak_flops_ * e.attention);
     } else {
-      f[kAttention] = attn_flops / (peak_flops_ * e.attention_unfused);
+      f[kAttention] = attn_flops / (attention_peak_flops_ * e.attention_unfused);
       // Scale-mask-softmax and dropout over the score matrix, each one read and one write of an
       // element (+ a byte mask for dropout).
       const double score_elems = c.mbs * heads * (s / c.cp) * s;

@@ -106,7 +106,8 @@ class CostModel {
   ClusterSpec cluster_;
   PerfConstants constants_;
   ParamCounts params_;
-  double peak_flops_ = 0;
+  double peak_flops_ = 0;            // the GEMMs' (the training precision's)
+  double attention_peak_flops_ = 0;  // attention's: BF16 when training in FP8
   // Bytes of a weight or activation element: 2 under mixed precision, 4 in fp32 training.
   double element_bytes_ = 2;
   double model_flops_per_step_ = 0;
