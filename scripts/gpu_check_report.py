@@ -49,7 +49,9 @@ def preset_for(device_name):
     if "H100" in n:
         # The preset is the SXM part; PCIe and NVL boards have less compute and no NVSwitch.
         return "" if ("PCIE" in n or "NVL" in n) else "h100"
-    for key, preset in (("H200", "h200"), ("H800", "h800"), ("B200", "b200"), ("A800", "a800")):
+    # Longest names first: "NVIDIA GB200" contains "B200", "NVIDIA GB300" contains "B300".
+    for key, preset in (("GB300", "gb300"), ("GB200", "gb200"), ("B300", "b300"), ("H200", "h200"),
+                        ("H800", "h800"), ("B200", "b200"), ("A800", "a800")):
         if key in n:
             return preset
     if "A100" in n and "PCIE" not in n:

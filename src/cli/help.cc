@@ -112,7 +112,7 @@ const FlagGroup kSpace = {
         {"--recompute", "none,selective,full", "allowed recompute modes"},
         {"--recompute-layers", "LIST", "fully recomputed layers per stage (0: all)"},
         {"--fix", "KEY=VALUE,...", "pins dimensions; keys as in SPEC"},
-        {"--tp-across-nodes", "", "allow tp groups larger than a node"},
+        {"--tp-across-nodes", "", "allow tp groups beyond one NVLink domain (a node or a rack)"},
         {"--sweep-recompute-layers", "", "sweep 1..layers/pp-1 fully recomputed layers"},
         {"--max-mbs", "N", "largest micro-batch enumerated (16)"},
     }};

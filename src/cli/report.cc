@@ -42,6 +42,7 @@ void WriteJson(std::ostream& out, const Inputs& in, const PlanSummary& summary,
   j.BeginObject();
   j.Field("model", in.model.name).Field("gpu", in.cluster.gpu.name);
   j.Field("nnodes", in.cluster.nnodes).Field("gpus_per_node", in.cluster.gpus_per_node);
+  j.Field("nvlink_domain_gpus", in.cluster.NvlinkDomainGpus());
   j.Field("global_batch_size", in.train.global_batch_size).Field("seq_length", in.train.seq_length);
   j.Field("candidates", summary.candidates).Field("feasible", summary.feasible);
   j.Field("elapsed_s", summary.elapsed_s);
@@ -71,6 +72,11 @@ void WriteTable(std::ostream& out, const Inputs& in, const PlanSummary& summary,
   out << in.model.name << " on " << in.cluster.nnodes << " x " << in.cluster.gpus_per_node << " "
       << in.cluster.gpu.name << ", global batch " << in.train.global_batch_size << " x "
       << in.train.seq_length << " tokens (" << ToString(in.train.precision) << ")\n";
+  if (in.cluster.NvlinkDomainGpus() > in.cluster.gpus_per_node) {
+    out << "NVLink domains of " << in.cluster.NvlinkDomainGpus() << " GPUs ("
+        << in.cluster.NvlinkDomainGpus() / in.cluster.gpus_per_node
+        << " nodes): groups inside one are costed on NVLink\n";
+  }
   if (summary.candidates > 0) {
     out << summary.candidates << " configurations satisfy the constraints, " << summary.feasible
         << " fit in " << Fixed(in.cluster.gpu.memory_gib, 1) << " GiB; ranked in "

@@ -91,6 +91,7 @@ pb::ClusterDesc Describe(const ClusterSpec& c) {
   g.set_intra_node_latency_s(c.gpu.intra_node_latency_s);
   g.set_inter_node_bandwidth(c.gpu.inter_node_bandwidth);
   g.set_inter_node_latency_s(c.gpu.inter_node_latency_s);
+  g.set_nvlink_domain_gpus(c.gpu.nvlink_domain_gpus);
   return d;
 }
 

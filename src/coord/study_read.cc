@@ -77,6 +77,7 @@ StudySpecs SpecsOf(const pb::StudyDescription& d) {
   g.intra_node_latency_s = c.gpu().intra_node_latency_s();
   g.inter_node_bandwidth = c.gpu().inter_node_bandwidth();
   g.inter_node_latency_s = c.gpu().inter_node_latency_s();
+  g.nvlink_domain_gpus = c.gpu().nvlink_domain_gpus();
 
   const pb::PerfDesc& p = d.perf();
   PerfConstants& k = s.constants;

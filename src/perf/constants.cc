@@ -26,7 +26,8 @@ PerfConstants DefaultConstants(const std::string& gpu_name) {
     k.eff.gemm = 0.70;
     k.eff.attention = 0.50;
     k.eff.attention_unfused = 0.30;
-  } else if (name == "b200") {
+  } else if (name == "b200" || name == "b300" || name == "gb200" || name == "gb300") {
+    // Blackwell and Blackwell Ultra share b200's set until published runs on them say otherwise.
     k.eff.gemm = 0.65;
     k.eff.attention = 0.45;
   } else if (name == "cpu") {

@@ -32,21 +32,31 @@ CostModel::CostModel(const ModelSpec& model, const TrainSpec& train, const Clust
 
 // ---- collectives on the link a group crosses (docs/models.md §4.1) ----
 
+// A group's members are ranks base + i·stride (i < n); the groups of one kind tile the world in
+// aligned blocks of n·stride ranks. The NVLink domains tile it in aligned blocks of D ranks
+// (ClusterSpec::NvlinkDomainGpus: a node, or 72 on an NVL72 rack), so every group stays in one
+// domain exactly when its block divides D; otherwise some group straddles two domains and the
+// collective, paced by its slowest hop, runs on the network.
 bool CostModel::CrossesNodes(int64_t n, int64_t stride) const {
-  if (n <= 1 || cluster_.nnodes == 1) return false;
+  const int64_t domain = cluster_.NvlinkDomainGpus();
+  if (n <= 1 || domain >= cluster_.world_size()) return false;
   const int64_t span = n * stride;
-  return span > cluster_.gpus_per_node || cluster_.gpus_per_node % span != 0;
+  return span > domain || domain % span != 0;
+}
+
+// Members of a group that share one NVLink domain (the whole group when it stays in one).
+int64_t CostModel::MembersPerDomain(int64_t n, int64_t stride) const {
+  return std::clamp<int64_t>(cluster_.NvlinkDomainGpus() / std::max<int64_t>(stride, 1), 1, n);
 }
 
 double CostModel::BusBandwidth(int64_t n, int64_t stride) const {
   const GpuSpec& g = cluster_.gpu;
   const double intra = g.intra_node_bandwidth * constants_.eff.intra_node_bus;
   if (!CrossesNodes(n, stride)) return intra;
-  // NCCL runs one ring per NIC: with k members of the group on a node, the node's k NICs carry
-  // the ring's inter-node traffic in parallel, up to what NVLink can feed them.
-  const int64_t members_per_node =
-      std::clamp<int64_t>(cluster_.gpus_per_node / std::max<int64_t>(stride, 1), 1, n);
-  return std::min(intra, members_per_node * g.inter_node_bandwidth * constants_.eff.inter_node_bus);
+  // NCCL runs one ring per NIC: with k members of the group in a domain, their k NICs carry the
+  // ring's traffic between domains in parallel, up to what NVLink can feed them.
+  return std::min(
+      intra, MembersPerDomain(n, stride) * g.inter_node_bandwidth * constants_.eff.inter_node_bus);
 }
 
 double CostModel::Latency(int64_t n, int64_t stride) const {
@@ -74,9 +84,8 @@ double CostModel::AllToAllTime(double bytes, int64_t n, int64_t stride) const {
   if (!CrossesNodes(n, stride)) {
     return sent / (g.intra_node_bandwidth * constants_.eff.intra_node_bus) + g.intra_node_latency_s;
   }
-  // Peers on the same node go over NVLink, the rest over the NIC, concurrently.
-  const double local_peers =
-      std::max<double>(1.0, std::min<double>(n, cluster_.gpus_per_node / std::max<int64_t>(1, stride)));
+  // Peers in the same NVLink domain go over NVLink, the rest over the NIC, concurrently.
+  const double local_peers = static_cast<double>(MembersPerDomain(n, stride));
   const double remote_share = (n - local_peers) / (n - 1);
   const double remote = sent * remote_share / (g.inter_node_bandwidth * constants_.eff.inter_node_bus);
   const double local =

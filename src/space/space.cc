@@ -64,8 +64,11 @@ std::string TpReason(const ModelSpec& m, const ClusterSpec& cl, bool across_node
   if (cl.world_size() % tp != 0) {
     return "tp=" + Str(tp) + " does not divide the world size " + Str(cl.world_size());
   }
-  if (!across_nodes && (tp > cl.gpus_per_node || cl.gpus_per_node % tp != 0)) {
-    return "tp=" + Str(tp) + " does not fit in a node of " + Str(cl.gpus_per_node) +
+  // Tensor parallelism talks on every layer: its groups stay inside one NVLink domain (a node,
+  // or an NVL72 rack's 72 GPUs across its trays), aligned blocks of tp consecutive ranks.
+  const int64_t domain = cl.NvlinkDomainGpus();
+  if (!across_nodes && (tp > domain || domain % tp != 0)) {
+    return "tp=" + Str(tp) + " does not fit in an NVLink domain of " + Str(domain) +
            " GPUs (pass --tp-across-nodes to allow it)";
   }
   return {};
@@ -262,7 +265,8 @@ int64_t SearchSpace::Count() const {
 }
 
 std::vector<int32_t> SearchSpace::TpValues() const {
-  const int64_t limit = options_.tp_across_nodes ? cluster_.world_size() : cluster_.gpus_per_node;
+  const int64_t limit =
+      options_.tp_across_nodes ? cluster_.world_size() : cluster_.NvlinkDomainGpus();
   return Select(options_.tp, PowersOfTwo(limit), [&](int32_t tp) {
     return TpReason(model_, cluster_, options_.tp_across_nodes, tp).empty();
   });

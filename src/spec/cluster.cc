@@ -1,5 +1,6 @@
 #include "autopar/spec/cluster.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -69,6 +70,11 @@ void Validate(const GpuSpec& g) {
   RequireNonNegative(g.intra_node_latency_s, "intra_node_latency_s");
   RequirePositive(g.inter_node_bandwidth, "inter_node_bandwidth");
   RequireNonNegative(g.inter_node_latency_s, "inter_node_latency_s");
+  if (g.nvlink_domain_gpus < 0) {
+    throw InputError("nvlink_domain_gpus",
+                     "must be a positive number of GPUs (or 0 for the node), got " +
+                         std::to_string(g.nvlink_domain_gpus));
+  }
 }
 
 void Validate(const ClusterSpec& c) {
@@ -80,6 +86,21 @@ void Validate(const ClusterSpec& c) {
                      "must be a positive integer, got " + std::to_string(c.gpus_per_node));
   }
   Validate(c.gpu);
+  // A domain is whole nodes: the collectives' placement (docs/models.md §4.1) and the space's tp
+  // rule count ranks in aligned blocks of it, and a node never straddles two NVLink fabrics.
+  const int64_t domain = c.gpu.nvlink_domain_gpus;
+  if (domain > 0 && domain % c.gpus_per_node != 0) {
+    throw InputError("nvlink_domain_gpus",
+                     "must be a whole number of nodes: a multiple of gpus_per_node=" +
+                         std::to_string(c.gpus_per_node) + " (--nproc-per-node), got " +
+                         std::to_string(domain) + " for GPU '" + c.gpu.name +
+                         "' (an NVL72 rack's trays hold 4 GPUs each: --nproc-per-node 4)");
+  }
+}
+
+int64_t ClusterSpec::NvlinkDomainGpus() const {
+  const int64_t domain = gpu.nvlink_domain_gpus > 0 ? gpu.nvlink_domain_gpus : gpus_per_node;
+  return std::min(domain, world_size());
 }
 
 }  // namespace autopar

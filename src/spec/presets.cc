@@ -128,6 +128,71 @@ constexpr double kNetworkLatencyS = 8e-6;
 
 constexpr char kLatencyNote[] = "latencies 3 us NVLink / 8 us network are estimates";
 
+// Blackwell Ultra and the Grace-Blackwell racks. Dense FP4 (B300 13.5, GB200 10, GB300 15
+// PFLOP/s) is not carried: no precision the model trains in uses it. GB200/GB300 come as NVL72
+// racks: 18 compute trays of 4 GPUs, all 72 on one NVLink 5 switch fabric (9 switch trays).
+std::vector<GpuSpec> BlackwellUltraAndRackPresets(const GpuSpec& b200) {
+  std::vector<GpuSpec> p;
+  GpuSpec b300 = b200;
+  b300.name = "b300";
+  b300.memory_gib = 267.69;
+  b300.peak_flops_fp32 = 75e12;
+  b300.hbm_bandwidth = 7.67e12;
+  b300.inter_node_bandwidth = 100e9;
+  b300.source =
+      std::string(
+          "B300 (Blackwell Ultra) in HGX/DGX B300. Peak dense bf16 2.25 / fp8 4.5 PFLOP/s: HGX "
+          "B300 datasheet (36 / 72 PFLOP/s sparse for 8 GPUs), fp32 75 TFLOP/s: tabulated at "
+          "glennklockwood.com/garden/processors/B300; HBM3e 7.67 TB/s: the 7680-bit bus and "
+          "3996 MHz memory clock the driver reports on the B300 SXM6 AC (8 TB/s is the 8192-bit "
+          "figure); NVLink5 1.8 TB/s total = 900 GB/s per direction, one 8-GPU domain per board; "
+          "network: one 800 Gb/s ConnectX-8 SuperNIC per GPU (DGX B300); memory: 267.69 GiB total "
+          "capacity in PyTorch OOM reports on the B300 SXM6 AC (nvidia-smi 275040 MiB; 15 of 16 "
+          "memory controllers enabled, 270 of 288 GB); ") +
+      kLatencyNote;
+  p.push_back(b300);
+
+  GpuSpec gb200 = b200;
+  gb200.name = "gb200";
+  gb200.memory_gib = 184.31;
+  gb200.peak_flops_bf16 = 2.5e15;
+  gb200.peak_flops_fp16 = 2.5e15;
+  gb200.peak_flops_fp8 = 5e15;
+  gb200.peak_flops_fp32 = 90e12;
+  gb200.hbm_bandwidth = 8e12;
+  gb200.inter_node_bandwidth = 50e9;
+  gb200.nvlink_domain_gpus = 72;
+  gb200.source =
+      std::string(
+          "B200 in GB200 NVL72 (1200 W). Peak dense bf16 2.5 / fp8 5 PFLOP/s: NVIDIA's GB200 "
+          "NVL72 figures (360 / 720 PFLOP/s sparse for 72 GPUs), fp32 90 TFLOP/s: GB200 variant "
+          "as tabulated at glennklockwood.com/garden/processors/B200; HBM3e 8 TB/s (576 TB/s per "
+          "rack); NVLink5 1.8 TB/s total = 900 GB/s per direction across all 72 GPUs of the rack "
+          "(18 trays of 4); network: one 400 Gb/s ConnectX-7 per GPU, 4 per compute tray (NVIDIA "
+          "multi-node NVLink tuning guide); memory: 184.31 GiB total capacity in PyTorch OOM "
+          "reports; ") +
+      kLatencyNote;
+  p.push_back(gb200);
+
+  GpuSpec gb300 = gb200;
+  gb300.name = "gb300";
+  gb300.memory_gib = 276.50;
+  gb300.peak_flops_fp32 = 80e12;
+  gb300.inter_node_bandwidth = 100e9;
+  gb300.source =
+      std::string(
+          "B300 (Blackwell Ultra) in GB300 NVL72 (1400 W). Peak dense bf16 2.5 / fp8 5 PFLOP/s: "
+          "NVIDIA's GB300 NVL72 figures (180 / 360 PFLOP/s dense for 72 GPUs), fp32 80 TFLOP/s "
+          "(vendor per-GPU tables, secondary); HBM3e 8 TB/s (576 TB/s per rack); NVLink5 900 GB/s "
+          "per direction across all 72 GPUs of the rack (18 trays of 4); network: one 800 Gb/s "
+          "ConnectX-8 per GPU, 4 per compute tray (NVIDIA GB300 NVL72 enterprise reference "
+          "architecture); memory: 276.50 GiB total capacity in PyTorch OOM reports "
+          "(NVIDIA-NeMo/Megatron-Bridge#2221); ") +
+      kLatencyNote;
+  p.push_back(gb300);
+  return p;
+}
+
 // memory_gib is the total the CUDA runtime reports (PyTorch's "total capacity"), which is what
 // allocations count against; marketing "80 GB" is neither 80e9 bytes nor 80 GiB.
 std::vector<GpuSpec> BuildGpuPresets() {
@@ -252,6 +317,8 @@ std::vector<GpuSpec> BuildGpuPresets() {
           "B200); memory: 178.35 GiB reported by the CUDA runtime (nvidia-smi 183359 MiB); ") +
       kLatencyNote;
   p.push_back(b200);
+
+  for (const GpuSpec& g : BlackwellUltraAndRackPresets(b200)) p.push_back(g);
 
   GpuSpec ascend;
   ascend.name = "ascend-910b";

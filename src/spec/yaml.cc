@@ -129,7 +129,7 @@ constexpr GpuKey kGpuKeys[] = {
 };
 
 std::vector<std::string> KnownGpuKeys() {
-  std::vector<std::string> keys = {"base", "name", "source"};
+  std::vector<std::string> keys = {"base", "name", "source", "nvlink_domain_gpus"};
   for (const GpuKey& k : kGpuKeys) keys.push_back(k.key);
   return keys;
 }
@@ -167,6 +167,17 @@ GpuSpec GpuFromNode(const YAML::Node& root, const std::string& prefix) {
     }
     if (key == "source") {
       g.source = NodeString(entry.second, field);
+      continue;
+    }
+    if (key == "nvlink_domain_gpus") {
+      g.nvlink_domain_gpus = NodeInt(entry.second, field);
+      if (g.nvlink_domain_gpus <= 0) {
+        throw InputError(field,
+                         "must be a positive number of GPUs, a whole number of nodes (72 "
+                         "for an NVL72 rack), got " +
+                             std::to_string(g.nvlink_domain_gpus));
+      }
+      overridden = true;
       continue;
     }
     const GpuKey* spec_key = nullptr;
@@ -265,10 +276,24 @@ ClusterSpec ClusterFromYaml(const std::string& text) {
           throw spec_internal::Rename(e, "gpu");
         }
       }
+    } else if (key == "nvlink_domain_gpus") {
+      throw InputError(key,
+                       "is a property of the GPU's system: give it in the GPU map, e.g. "
+                       "`gpu: {base: gb200, nvlink_domain_gpus: 36}`");
     } else {
       throw InputError(key, "unknown key in " + std::string(kClusterDoc) +
                                 "; known keys: nnodes, gpus_per_node (or nproc_per_node), gpu");
     }
+  }
+  // What the file alone can tell: a domain that is not whole nodes of the file's own size.
+  const int64_t domain = c.gpu.nvlink_domain_gpus;
+  if (c.gpus_per_node > 0 && domain > 0 && domain % c.gpus_per_node != 0) {
+    const bool in_map = root["gpu"].IsMap() && root["gpu"]["nvlink_domain_gpus"];
+    throw InputError(
+        in_map ? "gpu.nvlink_domain_gpus" : "gpus_per_node",
+        "an NVLink domain is whole nodes: nvlink_domain_gpus=" + std::to_string(domain) +
+            " (GPU '" + c.gpu.name +
+            "') is not a multiple of gpus_per_node=" + std::to_string(c.gpus_per_node));
   }
   return c;
 }

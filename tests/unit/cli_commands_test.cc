@@ -250,6 +250,68 @@ TEST(Cli, NoFeasibleConfigurationExitsThree) {
   EXPECT_NE(r.err.find("fits in memory"), std::string::npos) << r.err;
 }
 
+// GB200/GB300 NVL72 as torchrun launches a rack: 18 trays of 4 GPUs in one NVLink domain. (The
+// 72 GPUs leave a factor 9 to dp while pp divides llama2-70b's 80 layers, so the batch is 576.)
+std::vector<std::string> Llama70bOnARack(const std::string& gpu, std::vector<std::string> extra) {
+  std::vector<std::string> argv = {"--model", "llama2-70b", "--gpu", gpu};
+  for (const char* word : {"--nnodes", "18", "--nproc-per-node", "4", "--global-batch-size", "576",
+                           "--seq-length", "4096"}) {
+    argv.push_back(word);
+  }
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+double JsonNumber(const std::string& json, const std::string& key) {
+  std::smatch m;
+  const std::regex re("\"" + key + "\":([-0-9.eE+]+)");
+  if (!std::regex_search(json, m, re)) return -1;
+  return std::stod(m[1]);
+}
+
+TEST(Cli, Nvl72RacksRankTensorParallelAcrossTraysOnNvlink) {
+  for (const char* gpu : {"gb200", "gb300"}) {
+    SCOPED_TRACE(gpu);
+    const Result all = RunCli(Cmd("plan", Llama70bOnARack(gpu, {"--top", "5"})));
+    ASSERT_EQ(all.code, kExitOk) << all.err;
+    EXPECT_NE(all.out.find("NVLink domains of 72 GPUs (18 nodes)"), std::string::npos) << all.out;
+    // tp = 8 spans two trays and is in the space without --tp-across-nodes.
+    const Result tp8 = RunCli(Cmd("plan", Llama70bOnARack(gpu, {"--tp", "8", "--format", "json"})));
+    ASSERT_EQ(tp8.code, kExitOk) << tp8.err;
+    EXPECT_NE(tp8.out.find("\"config\":\"tp=8,"), std::string::npos) << tp8.out;
+    EXPECT_EQ(JsonNumber(tp8.out, "nvlink_domain_gpus"), 72);
+  }
+  // The same configuration on the same trays with NVLink only inside a tray pays the NICs.
+  const std::string trays =
+      TempFile("gb200_trays.yaml",
+               "nnodes: 18\ngpus_per_node: 4\ngpu: {base: gb200, nvlink_domain_gpus: 4}\n");
+  const std::vector<std::string> config = {"--config", "tp=8,sp=on,mbs=1", "--format", "json"};
+  const Result rack = RunCli(Cmd("predict", Llama70bOnARack("gb200", config)));
+  ASSERT_EQ(rack.code, kExitOk) << rack.err;
+  std::vector<std::string> separate = {"predict", "--model", "llama2-70b", "--cluster", trays};
+  for (const char* word : {"--global-batch-size", "576", "--seq-length", "4096"}) {
+    separate.push_back(word);
+  }
+  separate.insert(separate.end(), config.begin(), config.end());
+  const Result nics = RunCli(separate);
+  ASSERT_EQ(nics.code, kExitOk) << nics.err;
+  const double on_nvlink = JsonNumber(rack.out, "tp_comm"),
+               on_nics = JsonNumber(nics.out, "tp_comm");
+  EXPECT_GT(on_nvlink, 0);
+  EXPECT_GT(on_nics, 3 * on_nvlink) << rack.out << "\n" << nics.out;
+  // The tray-sized domain keeps plan's tp inside a tray unless --tp-across-nodes.
+  ExpectBadInput({"plan", "--model", "llama2-70b", "--cluster", trays, "--global-batch-size", "576",
+                  "--tp", "8"},
+                 "NVLink domain of 4 GPUs");
+  const Result across = RunCli({"plan", "--model", "llama2-70b", "--cluster", trays,
+                                "--global-batch-size", "576", "--tp", "8", "--tp-across-nodes"});
+  EXPECT_EQ(across.code, kExitOk) << across.err;
+  // A rack's 72 GPUs are not whole nodes of 16.
+  ExpectBadInput({"plan", "--model", "llama2-70b", "--gpu", "gb200", "--nnodes", "9",
+                  "--nproc-per-node", "16", "--global-batch-size", "576"},
+                 "nvlink_domain_gpus");
+}
+
 TEST(Cli, HuggingFaceConfigPlansLikeThePreset) {
   const std::string hf = std::string(AUTOPAR_SOURCE_DIR) + "/tests/data/spec/llama-2-7b-hf.config.json";
   std::vector<std::string> preset = Cmd("plan", Llama7bOn(1, {"--format", "csv"}));

@@ -616,5 +616,33 @@ TEST(StudyDir, ModelRoundTripsThroughTheDescription) {
   EXPECT_THROW(CheckSameStudy(d, other), StudyError);
 }
 
+// The NVLink domain round-trips; a study written before the field existed has none in its
+// GpuDesc and reads as 0, the node, which is what the h100 preset still says, so such a study
+// still resumes under the same inputs. A changed domain refuses --resume.
+TEST(StudyDir, NvlinkDomainRoundTripsAndOldStudiesReadAsTheNode) {
+  const auto describe = [](const ClusterSpec& cluster) {
+    pb::StudyDescription d;
+    *d.mutable_model() = Describe(ModelPreset("llama2-70b"));
+    *d.mutable_train() = Describe(TrainSpec{});
+    *d.mutable_cluster() = Describe(cluster);
+    *d.mutable_perf() = Describe(PerfConstants{});
+    return d;
+  };
+  const pb::StudyDescription d = describe(ClusterSpec{18, 4, GpuPreset("gb200")});
+  EXPECT_EQ(SpecsOf(d).cluster.gpu.nvlink_domain_gpus, 72);
+  EXPECT_EQ(SpecsOf(d).cluster.NvlinkDomainGpus(), 72);
+  pb::StudyDescription one_rack_less = d;
+  one_rack_less.mutable_cluster()->mutable_gpu()->set_nvlink_domain_gpus(36);
+  EXPECT_THROW(CheckSameStudy(d, one_rack_less), StudyError);
+
+  pb::StudyDescription old = describe(ClusterSpec{4, 8, GpuPreset("h100")});
+  old.mutable_cluster()->mutable_gpu()->clear_nvlink_domain_gpus();  // as written before
+  EXPECT_EQ(SpecsOf(old).cluster.gpu.nvlink_domain_gpus, 0);
+  EXPECT_EQ(SpecsOf(old).cluster.NvlinkDomainGpus(), 8);
+  const pb::StudyDescription now = describe(ClusterSpec{4, 8, GpuPreset("h100")});
+  EXPECT_EQ(old.SerializeAsString(), now.SerializeAsString());
+  EXPECT_NO_THROW(CheckSameStudy(old, now));
+}
+
 }  // namespace
 }  // namespace autopar::coord

@@ -282,6 +282,8 @@ class ReportTest(unittest.TestCase):
                              ("NVIDIA H100 NVL", ""), ("NVIDIA H200", "h200"),
                              ("NVIDIA H800", "h800"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
                              ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("NVIDIA B200", "b200"),
+                             ("NVIDIA GB200", "gb200"), ("NVIDIA B300 SXM6 AC", "b300"),
+                             ("NVIDIA GB300", "gb300"),
                              ("NVIDIA GeForce RTX 4090", ""), ("Tesla V100-SXM2-16GB", "")):
             self.assertEqual(report.preset_for(name), preset, name)
 

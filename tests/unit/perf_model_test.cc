@@ -125,6 +125,61 @@ TEST(Time, CollectivesUseTheLinkTheGroupCrosses) {
   EXPECT_EQ(cm.AllReduceTime(bytes, 1, 1), 0);
 }
 
+// GB200 NVL72 launched as torchrun sees it: 18 trays ("nodes") of 4 GPUs, one 72-GPU NVLink
+// domain. Groups between trays of the rack are costed on NVLink; an 8-GPU HGX node's are not.
+TEST(Time, CollectivesInsideAnNvlinkDomainSpanningNodesStayOnNvlink) {
+  const ModelSpec model = ModelPreset("llama2-70b");
+  const TrainSpec train = SmallTrain(512, 4096);
+  PerfConstants k;
+  k.eff.intra_node_bus = k.eff.inter_node_bus = 1;
+  const ClusterSpec rack{18, 4, GpuPreset("gb200")};
+  ClusterSpec trays_only = rack;  // the same trays without the rack's NVLink switches
+  trays_only.gpu.nvlink_domain_gpus = 0;
+  const CostModel nvl72(model, train, rack, k);
+  const CostModel separate(model, train, trays_only, k);
+  const double bytes = 1e9, nvlink = 900e9, nic = 50e9;
+  const double a_nvl = rack.gpu.intra_node_latency_s, a_net = rack.gpu.inter_node_latency_s;
+
+  // tp = 8 over two trays: NVLink in the rack, the network between separate trays (4 members a
+  // tray, one NIC each).
+  EXPECT_FALSE(nvl72.CrossesNodes(8, 1));
+  EXPECT_TRUE(separate.CrossesNodes(8, 1));
+  EXPECT_NEAR(nvl72.AllReduceTime(bytes, 8, 1), 2 * 7.0 / 8 * bytes / nvlink + 8 * a_nvl, 1e-9);
+  EXPECT_NEAR(separate.AllReduceTime(bytes, 8, 1), 2 * 7.0 / 8 * bytes / (4 * nic) + 8 * a_net,
+              1e-9);
+  // A dp group of 9 at stride 8 spans all 18 trays: still one domain.
+  EXPECT_FALSE(nvl72.CrossesNodes(9, 8));
+  EXPECT_NEAR(nvl72.AllGatherTime(bytes, 9, 8), 8.0 / 9 * bytes / nvlink + 8 * a_nvl, 1e-9);
+  // An all-to-all of 16 ranks inside the rack: all peers on NVLink.
+  EXPECT_NEAR(nvl72.AllToAllTime(bytes, 16, 1), 15.0 / 16 * bytes / nvlink + a_nvl, 1e-9);
+  // Blocks that do not divide 72 straddle two domains on two racks; pipeline p2p across racks.
+  const ClusterSpec racks{36, 4, GpuPreset("gb200")};
+  const CostModel two(model, train, racks, k);
+  EXPECT_TRUE(two.CrossesNodes(16, 1));
+  EXPECT_FALSE(two.CrossesNodes(8, 1));
+  EXPECT_TRUE(two.CrossesNodes(2, 72));  // pp = 2, one stage a rack
+  // dp = 18 at stride 8 over both racks: 9 members a rack, each with its NIC.
+  EXPECT_NEAR(two.AllReduceTime(bytes, 18, 8), 2 * 17.0 / 18 * bytes / (9 * nic) + 12 * a_net,
+              1e-9);
+
+  // The same tp = 8 on 8-GPU H100 nodes is NVLink; tp = 16 leaves the node for the network.
+  const ClusterSpec hgx{4, 8, GpuPreset("h100")};
+  const CostModel h100(model, train, hgx, k);
+  EXPECT_FALSE(h100.CrossesNodes(8, 1));
+  EXPECT_TRUE(h100.CrossesNodes(16, 1));
+  const GpuSpec& h = hgx.gpu;
+  EXPECT_NEAR(h100.AllReduceTime(bytes, 16, 1),
+              2 * 15.0 / 16 * bytes / (8 * h.inter_node_bandwidth) + 10 * h.inter_node_latency_s,
+              1e-9);
+
+  // In a whole step: tp = 8 (SP) on the rack pays NVLink, not the trays' NICs.
+  const ParallelConfig c = Complete(ParseSpec("tp=8,pp=1,sp=on,mbs=1"), rack.world_size());
+  const double tp_rack = nvl72.Time(c).features[kTpComm];
+  const double tp_trays = separate.Time(c).features[kTpComm];
+  EXPECT_GT(tp_rack, 0);
+  EXPECT_LT(tp_rack * 3, tp_trays);
+}
+
 TEST(Time, PipelineScheduleFactors) {
   // Step time components scale with the schedule's slots: m + (p − 1)/v.
   const ClusterSpec cluster = SmallCluster(1, 8);

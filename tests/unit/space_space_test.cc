@@ -1,9 +1,11 @@
+#include "autopar/space/space.h"
+
 #include <gtest/gtest.h>
 
 #include <set>
 
 #include "autopar/common/status.h"
-#include "autopar/space/space.h"
+#include "autopar/spec/parse.h"
 #include "space_test_util.h"
 
 namespace autopar {
@@ -265,6 +267,39 @@ TEST(SearchSpace, TensorParallelStaysInsideANodeUnlessAllowed) {
   SearchSpace(TinyModel(), SmallTrain(8, 64), SmallCluster(2, 2), o)
       .ForEach([&](const ParallelConfig& c) { saw_tp4 |= c.tp == 4; });
   EXPECT_TRUE(saw_tp4);
+}
+
+// "TP within a node" is "TP within an NVLink domain": on GB200 NVL72 trays of 4 the domain is the
+// rack's 72 GPUs, so tp = 8 spans two trays; 16 does not divide 72 and is refused.
+TEST(SearchSpace, TensorParallelStaysInsideAnNvlinkDomain) {
+  const ModelSpec llama = ModelPreset("llama2-70b");
+  const TrainSpec train = SmallTrain(576, 4096);  // 72 GPUs leave a factor 9 to dp (or to pp)
+  const auto tp_values = [&](const ClusterSpec& cluster) {
+    std::set<int32_t> tps;
+    SearchSpace(llama, train, cluster, SpaceOptions{}).ForEach([&](const ParallelConfig& c) {
+      tps.insert(c.tp);
+    });
+    return tps;
+  };
+  const ClusterSpec rack{18, 4, GpuPreset("gb200")};
+  EXPECT_EQ(tp_values(rack), (std::set<int32_t>{1, 2, 4, 8}));
+  EXPECT_EQ(
+      SearchSpace(llama, train, rack, SpaceOptions{}).Check(Complete(ParseSpec("tp=8,sp=on"), 72)),
+      "");
+  // Two racks: tp = 16 divides the world but not a rack, so some group would straddle two.
+  const ClusterSpec racks{36, 4, GpuPreset("gb200")};
+  const std::string why = SearchSpace(llama, train, racks, SpaceOptions{})
+                              .Check(Complete(ParseSpec("tp=16,sp=on"), 144));
+  EXPECT_NE(why.find("NVLink domain of 72 GPUs"), std::string::npos) << why;
+  // Without the rack's NVLink switches the same trays keep tp inside one.
+  ClusterSpec trays = rack;
+  trays.gpu.nvlink_domain_gpus = 0;
+  EXPECT_EQ(tp_values(trays), (std::set<int32_t>{1, 2, 4}));
+  // HGX nodes of 8 H100s: tp = 16 leaves the node.
+  const std::string h100_why = SearchSpace(llama, SmallTrain(512, 4096),
+                                           ClusterSpec{4, 8, GpuPreset("h100")}, SpaceOptions{})
+                                   .Check(Complete(ParseSpec("tp=16,sp=on"), 32));
+  EXPECT_NE(h100_why.find("NVLink domain of 8 GPUs"), std::string::npos) << h100_why;
 }
 
 // Ulysses runs as Megatron's all-to-all context parallelism, whose Transformer Engine kernels

@@ -292,6 +292,51 @@ TEST(SpecClusterYaml, BadInputNamesTheKey) {
   EXPECT_EQ(ErrorField([] { ClusterFromYaml("nnodes: [2\n"); }), "cluster YAML");
 }
 
+TEST(SpecClusterYaml, NvlinkDomainInTheGpuMap) {
+  // An NVL36x2 rack: the gb200 figures, 36 GPUs on each NVLink fabric.
+  const ClusterSpec c =
+      ClusterFromYaml("nnodes: 18\ngpus_per_node: 4\ngpu: {base: gb200, nvlink_domain_gpus: 36}\n");
+  EXPECT_EQ(c.gpu.nvlink_domain_gpus, 36);
+  EXPECT_EQ(c.NvlinkDomainGpus(), 36);
+  EXPECT_NO_THROW(Validate(c));
+  EXPECT_EQ(ClusterFromYaml("nnodes: 18\ngpus_per_node: 4\ngpu: gb300\n").NvlinkDomainGpus(), 72);
+  EXPECT_EQ(GpuFromYaml("base: b200\nnvlink_domain_gpus: 16\n").nvlink_domain_gpus, 16);
+  // Left out, it is the node.
+  EXPECT_EQ(ClusterFromYaml("nnodes: 2\ngpus_per_node: 8\ngpu: h100\n").NvlinkDomainGpus(), 8);
+}
+
+TEST(SpecClusterYaml, BadNvlinkDomainNamesTheField) {
+  std::string message;
+  EXPECT_EQ(
+      ErrorField([] { ClusterFromYaml("gpu: {base: gb200, nvlink_domain_gpus: 0}\n"); }, &message),
+      "gpu.nvlink_domain_gpus");
+  EXPECT_NE(message.find("positive"), std::string::npos) << message;
+  EXPECT_EQ(ErrorField([] { ClusterFromYaml("gpu: {base: gb200, nvlink_domain_gpus: -4}\n"); }),
+            "gpu.nvlink_domain_gpus");
+  EXPECT_EQ(ErrorField([] { ClusterFromYaml("gpu: {base: gb200, nvlink_domain_gpus: 7.5}\n"); }),
+            "gpu.nvlink_domain_gpus");
+  EXPECT_EQ(ErrorField([] { ClusterFromYaml("gpu: {base: gb200, nvlink_domain_gpus: all}\n"); }),
+            "gpu.nvlink_domain_gpus");
+  // Not whole nodes of the file's own size.
+  EXPECT_EQ(ErrorField(
+                [] {
+                  ClusterFromYaml(
+                      "gpus_per_node: 8\nnnodes: 9\ngpu: {base: gb200, nvlink_domain_gpus: 36}\n");
+                },
+                &message),
+            "gpu.nvlink_domain_gpus");
+  EXPECT_NE(message.find("not a multiple of gpus_per_node=8"), std::string::npos) << message;
+  // The preset's 72 with 16 GPUs per node: the node size is what the file got wrong.
+  EXPECT_EQ(ErrorField([] { ClusterFromYaml("gpus_per_node: 16\ngpu: gb200\n"); }),
+            "gpus_per_node");
+  // The domain belongs to the GPU's system; at the top level the error says where it goes.
+  EXPECT_EQ(ErrorField([] { ClusterFromYaml("nnodes: 18\nnvlink_domain_gpus: 72\n"); }, &message),
+            "nvlink_domain_gpus");
+  EXPECT_NE(message.find("gpu: {base: gb200"), std::string::npos) << message;
+  EXPECT_EQ(ErrorField([] { GpuFromYaml("base: h100\nnvlink_domain_gpus: 0\n"); }),
+            "nvlink_domain_gpus");
+}
+
 // ---- Megatron-LM flags ----
 
 TEST(SpecMegatronFlags, SplitCommandLineLikeAShell) {

@@ -182,8 +182,8 @@ TEST(SpecModelPresets, DeepSeekV3) {
 
 TEST(SpecGpuPresets, EveryPresetValidatesAndCitesASource) {
   const std::vector<std::string> names = GpuPresetNames();
-  for (const char* name :
-       {"a100-40gb", "a100-80gb", "a800", "h100", "h800", "h200", "b200", "ascend-910b"}) {
+  for (const char* name : {"a100-40gb", "a100-80gb", "a800", "h100", "h800", "h200", "b200", "b300",
+                           "gb200", "gb300", "ascend-910b"}) {
     EXPECT_TRUE(HasGpuPreset(name)) << name;
   }
   for (const std::string& name : names) {
@@ -224,6 +224,33 @@ TEST(SpecGpuPresets, KnownFigures) {
   EXPECT_DOUBLE_EQ(GpuPreset("ascend-910b").peak_flops_fp8, 0);
 }
 
+TEST(SpecGpuPresets, BlackwellUltraAndTheNvl72Racks) {
+  const GpuSpec b300 = GpuPreset("b300");
+  EXPECT_DOUBLE_EQ(b300.peak_flops_bf16, 2.25e15);
+  EXPECT_DOUBLE_EQ(b300.peak_flops_fp8, 4.5e15);
+  EXPECT_DOUBLE_EQ(b300.intra_node_bandwidth, 900e9);
+  EXPECT_DOUBLE_EQ(b300.inter_node_bandwidth, 100e9);  // ConnectX-8, 800 Gb/s per GPU
+  EXPECT_EQ(b300.nvlink_domain_gpus, 0);               // the 8-GPU HGX board
+  for (const char* name : {"gb200", "gb300"}) {
+    SCOPED_TRACE(name);
+    const GpuSpec g = GpuPreset(name);
+    EXPECT_DOUBLE_EQ(g.peak_flops_bf16, 2.5e15);
+    EXPECT_DOUBLE_EQ(g.peak_flops_fp8, 5e15);
+    EXPECT_DOUBLE_EQ(g.hbm_bandwidth, 8e12);
+    EXPECT_DOUBLE_EQ(g.intra_node_bandwidth, 900e9);  // NVLink 5, per direction
+    EXPECT_EQ(g.nvlink_domain_gpus, 72);
+    EXPECT_NE(g.source.find("NVL72"), std::string::npos) << g.source;
+  }
+  EXPECT_DOUBLE_EQ(GpuPreset("gb200").inter_node_bandwidth, 50e9);   // ConnectX-7, 400 Gb/s
+  EXPECT_DOUBLE_EQ(GpuPreset("gb300").inter_node_bandwidth, 100e9);  // ConnectX-8, 800 Gb/s
+  // Every other preset is an HGX-style board: its NVLink domain is the node.
+  for (const std::string& name : GpuPresetNames()) {
+    if (name != "gb200" && name != "gb300") {
+      EXPECT_EQ(GpuPreset(name).nvlink_domain_gpus, 0) << name;
+    }
+  }
+}
+
 TEST(SpecGpuPresets, MemoryIsWhatTheRuntimeReportsInGiB) {
   // Below the marketed size read as GiB (80 GB parts have 80 GiB of HBM, less what the driver
   // keeps), above the marketed size read as decimal GB (80e9 bytes = 74.5 GiB).
@@ -239,6 +266,9 @@ TEST(SpecGpuPresets, MemoryIsWhatTheRuntimeReportsInGiB) {
   within("h800", 80);
   within("h200", 141);
   within("b200", 180);
+  within("b300", 270);   // the B300 SXM6 AC: 15 of its 16 memory controllers, 288·15/16 GB
+  within("gb200", 186);  // NVIDIA's 13.4 TB per NVL72 rack
+  within("gb300", 288);
   within("ascend-910b", 64);
 }
 

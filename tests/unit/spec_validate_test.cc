@@ -15,10 +15,11 @@ namespace autopar {
 namespace {
 
 // Runs `fn`, which must throw InputError, and returns the field it names ("" if it did not throw).
-std::string FieldOfError(const std::function<void()>& fn) {
+std::string FieldOfError(const std::function<void()>& fn, std::string* message = nullptr) {
   try {
     fn();
   } catch (const InputError& e) {
+    if (message != nullptr) *message = e.what();
     return e.field();
   }
   return "";
@@ -166,6 +167,37 @@ TEST(SpecValidateCluster, NamesTheFieldAtFault) {
   EXPECT_EQ(FieldOfError([&] { Validate(no_network); }), "inter_node_bandwidth");
   ClusterSpec empty;
   EXPECT_EQ(FieldOfError([&] { Validate(empty); }), "nnodes");
+}
+
+TEST(SpecValidateCluster, NvlinkDomainIsWholeNodesAndDefaultsToTheNode) {
+  // An NVL72 rack as torchrun launches it: 18 trays of 4, one 72-GPU domain.
+  ClusterSpec rack{18, 4, GpuPreset("gb200")};
+  EXPECT_NO_THROW(Validate(rack));
+  EXPECT_EQ(rack.NvlinkDomainGpus(), 72);
+  ClusterSpec two_racks = rack;
+  two_racks.nnodes = 36;
+  EXPECT_EQ(two_racks.NvlinkDomainGpus(), 72);
+  ClusterSpec two_trays = rack;  // a job on part of a rack: all of it is one domain
+  two_trays.nnodes = 2;
+  EXPECT_EQ(two_trays.NvlinkDomainGpus(), 8);
+  // 0, the h100 preset's value, means the node.
+  ClusterSpec hgx{4, 8, GpuPreset("h100")};
+  EXPECT_EQ(hgx.gpu.nvlink_domain_gpus, 0);
+  EXPECT_EQ(hgx.NvlinkDomainGpus(), 8);
+
+  std::string message;
+  // 8 ranks a "node" still tiles 72 (9 of them, a model of the rack); 16 does not.
+  ClusterSpec eight_per_node = rack;
+  eight_per_node.gpus_per_node = 8;
+  EXPECT_NO_THROW(Validate(eight_per_node));
+  ClusterSpec sixteen_per_node = rack;
+  sixteen_per_node.gpus_per_node = 16;
+  EXPECT_EQ(FieldOfError([&] { Validate(sixteen_per_node); }, &message), "nvlink_domain_gpus");
+  EXPECT_NE(message.find("multiple of gpus_per_node=16"), std::string::npos) << message;
+  EXPECT_NE(message.find("--nproc-per-node 4"), std::string::npos) << message;
+  ClusterSpec negative = hgx;
+  negative.gpu.nvlink_domain_gpus = -72;
+  EXPECT_EQ(FieldOfError([&] { Validate(negative); }), "nvlink_domain_gpus");
 }
 
 TEST(SpecValidateTrain, NamesTheFieldAtFault) {

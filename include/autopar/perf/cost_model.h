@@ -90,6 +90,8 @@ class CostModel {
   double AllGatherTime(double bytes_total, int64_t n, int64_t stride) const;  // also RS
   double AllToAllTime(double bytes, int64_t n, int64_t stride) const;
   double P2PTime(double bytes, bool crosses_nodes) const;
+  // Whether some group of this shape leaves its NVLink domain (a node unless the GPU's system is
+  // larger, ClusterSpec::NvlinkDomainGpus) and so runs on the network.
   bool CrossesNodes(int64_t n, int64_t stride) const;
   // Compute at nominal efficiency: a GEMM whose sharded dimension is `sharded_dim`, the attention
   // core (flash-style), and memory-bound kernels moving `bytes`. Exposed for the probe.
@@ -99,6 +101,7 @@ class CostModel {
 
  private:
   double BusBandwidth(int64_t n, int64_t stride) const;
+  int64_t MembersPerDomain(int64_t n, int64_t stride) const;
   double Latency(int64_t n, int64_t stride) const;
 
   ModelSpec model_;

@@ -30,7 +30,7 @@ struct SpaceOptions {
   std::vector<Recompute> recompute;
   std::vector<bool> overlap_grad_reduce, overlap_param_gather;
   std::vector<GradReduceDtype> grad_reduce_dtype;
-  bool tp_across_nodes = false;  // allow tp groups larger than a node
+  bool tp_across_nodes = false;  // allow tp groups beyond one NVLink domain (a node, or a rack)
   int32_t max_mbs = 16;          // default upper bound on micro-batch sizes
   // Sweep the number of fully-recomputed layers per stage (1 .. layers per stage) instead of
   // recomputing every layer. Multiplies the space; off unless asked for.

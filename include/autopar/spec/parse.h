@@ -33,7 +33,8 @@ ModelSpec ModelFromYaml(const std::string& text);
 ModelSpec ModelFromHfConfig(const std::string& json_text);
 
 // A YAML document describing a GPU (GpuSpec field names, bandwidths in GB/s, latencies in us,
-// peaks in TFLOP/s) or a cluster (`nnodes`, `gpus_per_node`, `gpu: NAME` or a nested GPU map).
+// peaks in TFLOP/s, `nvlink_domain_gpus` in GPUs) or a cluster (`nnodes`, `gpus_per_node`,
+// `gpu: NAME` or a nested GPU map, where the NVLink domain is given).
 GpuSpec GpuFromYaml(const std::string& text);
 ClusterSpec ClusterFromYaml(const std::string& text);
 
