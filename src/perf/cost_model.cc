@@ -225,8 +225,8 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
     // The distributed optimizer shards the experts over their expert-data-parallel ranks,
     // tp·replicas / (etp·ep) (replicas / ep at etp = tp).
     const double expert_replicas = static_cast<double>(c.expert_dp());
-    mem.optimizer = optimizer_bytes * (c.dist_opt ? dense / replicas + experts / expert_replicas
-                                                  : dense + experts);
+    mem.optimizer = optimizer_bytes *
+                    (c.dist_opt ? dense / replicas + experts / expert_replicas : dense + experts);
 
     // Micro-batches whose activations are alive at the peak of this stage.
     double in_flight = std::min<double>(microbatches, c.pp - stage);

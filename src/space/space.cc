@@ -103,8 +103,8 @@ std::string EtpReason(const ModelSpec& m, int64_t etp) {
     return "etp=" + Str(etp) + " does not divide moe_ffn_hidden_size=" + Str(m.moe_ffn_hidden_size);
   }
   if (m.add_bias_linear && etp != 1) {
-    return "etp=" + Str(etp) + ": Megatron-core runs experts with biases (add_bias_linear) only at "
-           "etp=1";
+    return "etp=" + Str(etp) +
+           ": Megatron-core runs experts with biases (add_bias_linear) only at etp=1";
   }
   return {};
 }
@@ -179,8 +179,9 @@ void SearchSpace::ValidateOptions() const {
   for (int32_t etp : options_.etp) {
     if (etp < 1) throw InputError("--etp", "must be positive");
     if (!model_.is_moe()) {
-      throw InputError("--etp", model_.name + " is dense: its MLP splits over tp (etp applies to "
-                                              "mixture-of-experts models only)");
+      throw InputError("--etp", model_.name +
+                                    " is dense: its MLP splits over tp (etp applies to "
+                                    "mixture-of-experts models only)");
     }
     fail_if("--etp", EtpReason(model_, etp));
   }
@@ -306,7 +307,7 @@ std::vector<int32_t> SearchSpace::SeqSplitValues(const std::vector<int32_t>& all
 }
 
 std::vector<SearchSpace::ExpertSplit> SearchSpace::ExpertSplits(int32_t tp,
-                                                                 int64_t expert_block) const {
+                                                                int64_t expert_block) const {
   std::vector<ExpertSplit> out;
   for (int32_t etp : EtpValues(tp, expert_block)) {
     for (int32_t ep : EpValues(expert_block / (etp == 0 ? tp : etp))) out.push_back({etp, ep});

@@ -155,8 +155,8 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
         Piece& router = shard.parts_[kDense].pieces[li.router.index];
         router.tp_replicated = router.tp_partial = true;
         if (s.shared_ffn > 0) {
-          std::tie(li.fc1, li.fc2) = mlp(kSharedGate, kSharedUp, kSharedFc2, layer, s.shared_ffn,
-                                         kDense, at.tp, s.tp);
+          std::tie(li.fc1, li.fc2) =
+              mlp(kSharedGate, kSharedUp, kSharedFc2, layer, s.shared_ffn, kDense, at.tp, s.tp);
         }
         for (int64_t e = 0; e < s.local_experts; ++e) {
           const int64_t expert = at.ep * s.local_experts + e;  // global expert index
@@ -198,9 +198,8 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
   AUTOPAR_RETURN_IF_ERROR(shard.Allocate(device, shard.parts_[kDense], c.dist_opt ? replicas : 1,
                                          at.up + c.up * k, bucket_size, c.overlap_grad_reduce));
   AUTOPAR_RETURN_IF_ERROR(shard.Allocate(device, shard.parts_[kExperts],
-                                         c.dist_opt ? static_cast<int>(c.expert_dp()) : 1,
-                                         at.edp, bucket_size,
-                                         c.overlap_grad_reduce));
+                                         c.dist_opt ? static_cast<int>(c.expert_dp()) : 1, at.edp,
+                                         bucket_size, c.overlap_grad_reduce));
   shard.sp_ = c.sp;
   shard.device_ = &device;
   // fp32 training reduces its fp32 gradients whatever the knob says, as Megatron does (the

@@ -112,7 +112,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-moe", "tp=2,dp=2,sp=on,etp=1"},
                       Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on,etp=1,dist_opt=on"},
                       Case{"tiny-moe", "tp=2,pp=2,sp=on,etp=1,recompute=full"},
-                      Case{"tiny-moe", "dp=4,ep=2,etp=2"}, Case{"tiny-moe", "dp=4,etp=2,dist_opt=on"},
+                      Case{"tiny-moe", "dp=4,ep=2,etp=2"},
+                      Case{"tiny-moe", "dp=4,etp=2,dist_opt=on"},
                       // Data-parallel overlap off (on is the default of the cases above).
                       Case{"tiny", "dp=4,overlap_grad_reduce=off"},
                       Case{"tiny", "tp=2,dp=2,dist_opt=on,overlap_param_gather=off"},
