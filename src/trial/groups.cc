@@ -75,8 +75,8 @@ StatusOr<ProcessGroups> ProcessGroups::Create(backend::Backend& backend,
   const int up_pp = at.up + UP * at.pp;
   AUTOPAR_RETURN_IF_ERROR(make(use.etp, q / ETP + slice / ETP * up_pp, at.etp, g.etp));
   const int ep_groups = slice / (ETP * c.ep);
-  AUTOPAR_RETURN_IF_ERROR(make(
-      use.ep, at.etp + ETP * (q / (ETP * c.ep) + ep_groups * up_pp), at.ep, g.ep));
+  AUTOPAR_RETURN_IF_ERROR(
+      make(use.ep, at.etp + ETP * (q / (ETP * c.ep) + ep_groups * up_pp), at.ep, g.ep));
   AUTOPAR_RETURN_IF_ERROR(make(use.edp, at.etp + ETP * (at.ep + c.ep * at.pp), at.edp, g.edp));
   // The ranks of one sample: same dp and pp.
   AUTOPAR_RETURN_IF_ERROR(
