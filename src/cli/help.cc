@@ -107,6 +107,7 @@ const FlagGroup kSpace = {
         {"--cp", "LIST", "context-parallel ring sizes"},
         {"--up", "LIST", "Ulysses (a2a) sizes"},
         {"--ep", "LIST", "expert-parallel sizes"},
+        {"--etp", "LIST", "expert tensor parallel sizes (MoE; default: the divisors of tp)"},
         {"--vpp", "LIST", "virtual stages per pipeline rank"},
         {"--mbs", "LIST", "micro-batch sizes"},
         {"--recompute", "none,selective,full", "allowed recompute modes"},

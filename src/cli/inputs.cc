@@ -157,7 +157,6 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
   std::optional<bool> grad_reduce_in_fp32;
   // TransformerConfig's dropout defaults (megatron/core/transformer/transformer_config.py).
   std::optional<double> attention_dropout, hidden_dropout;
-  int32_t expert_tp = 0;
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i];
@@ -186,7 +185,7 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
     else if (flag == "--expert-model-parallel-size") cfg().ep = next_int();
     else if (flag == "--virtual-pipeline-model-parallel-size" ||
              flag == "--num-virtual-stages-per-pipeline-rank") cfg().vpp = next_int();
-    else if (flag == "--expert-tensor-parallel-size") expert_tp = next_int();
+    else if (flag == "--expert-tensor-parallel-size") cfg().etp = next_int();
     else if (flag == "--moe-token-dispatcher-type") {
       const std::string v = next();  // the model's experts exchange tokens by all-to-all
       if (v != "alltoall") notes.push_back(flag + " " + v + " is not modelled: costed as alltoall");
@@ -246,11 +245,14 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
       notes.push_back("--sequence-parallel: off at --tensor-model-parallel-size 1, as Megatron-LM "
                       "turns it off");
     }
-    if (expert_tp != 0 && expert_tp != config->tp) {
-      notes.push_back("--expert-tensor-parallel-size " + std::to_string(expert_tp) +
-                      " is not modelled: experts are costed at the tensor-parallel size " +
-                      std::to_string(config->tp));
+    // Megatron-core's default expert tensor parallel size is tp (0, the canonical form); a
+    // dense model has no experts for it to split.
+    if (config->etp != 0 && config->etp != config->tp && !model.is_moe()) {
+      notes.push_back("--expert-tensor-parallel-size " + std::to_string(config->etp) +
+                      ": ignored, " + model.name + " has no experts");
+      config->etp = 0;
     }
+    if (config->etp == config->tp) config->etp = 0;
     // `uniform` with N layers per checkpoint recomputes every layer; only `block` limits it.
     if (config->recompute == Recompute::kFull && recompute_method != "block") {
       config->recompute_layers = 0;
@@ -512,6 +514,7 @@ Inputs ReadInputs(Args& args) {
   list("--cp", space.cp);
   list("--up", space.up);
   list("--ep", space.ep);
+  list("--etp", space.etp);
   list("--vpp", space.vpp);
   list("--mbs", space.mbs);
   list("--recompute-layers", space.recompute_layers);

@@ -12,11 +12,12 @@ namespace autopar::cli {
 namespace {
 
 // Pasted Megatron parallel flags describe one configuration: pin every dimension they set.
-void PinSpace(const ParallelConfig& c, SpaceOptions& space) {
+void PinSpace(const ParallelConfig& c, const ModelSpec& model, SpaceOptions& space) {
   space.tp = {c.tp};
   space.pp = {c.pp};
   space.cp = {c.cp};
   space.ep = {c.ep};
+  if (model.is_moe()) space.etp = {c.expert_tp()};
   space.vpp = {c.vpp};
   space.mbs = {c.mbs};
   space.sp = {c.sp};
@@ -36,7 +37,7 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   const bool breakdown = args.Switch("--breakdown");
   Inputs in = ReadInputs(args);
   WriteNotes(err, "plan", in);
-  if (in.megatron_config) PinSpace(*in.megatron_config, in.space);
+  if (in.megatron_config) PinSpace(*in.megatron_config, in.model, in.space);
 
   const auto start = std::chrono::steady_clock::now();
   const SearchSpace space(in.model, in.train, in.cluster, in.space);

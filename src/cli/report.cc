@@ -136,7 +136,7 @@ std::string CsvField(const std::string& text) {
 void WriteCsv(std::ostream& out, const Inputs& in, const std::vector<Ranked>& ranked) {
   out << "Rank,Model Name,Seq Length,TP,PP,CP,EP,VP,MBS,Act Ckpt Layers,Num Layers,GBS,Nodes,"
          "GPUs per Node,Time per Step,Samples per Second,Model TFLOPS / GPU,"
-         "Model TFLOPS Aggregate,MFU,Peak Memory GiB,Fits,DP,UP,SP,Recompute,Dist Opt,Config\n";
+         "Model TFLOPS Aggregate,MFU,Peak Memory GiB,Fits,DP,UP,ETP,SP,Recompute,Dist Opt,Config\n";
   const int64_t gpus = in.cluster.world_size();
   for (size_t i = 0; i < ranked.size(); ++i) {
     const ParallelConfig& c = ranked[i].config;
@@ -154,8 +154,9 @@ void WriteCsv(std::ostream& out, const Inputs& in, const std::vector<Ranked>& ra
         << (step_s > 0 ? static_cast<double>(in.train.global_batch_size) / step_s : 0) << ','
         << e.model_tflops_per_gpu << ',' << e.model_tflops_per_gpu * static_cast<double>(gpus)
         << ',' << e.mfu << ',' << e.peak_memory_gib << ',' << (e.fits ? "true" : "false") << ','
-        << c.dp << ',' << c.up << ',' << (c.sp ? "on" : "off") << ',' << ToString(c.recompute)
-        << ',' << (c.dist_opt ? "on" : "off") << ',' << CsvField(ToSpec(c)) << '\n';
+        << c.dp << ',' << c.up << ',' << c.expert_tp() << ',' << (c.sp ? "on" : "off") << ','
+        << ToString(c.recompute) << ',' << (c.dist_opt ? "on" : "off") << ',' << CsvField(ToSpec(c))
+        << '\n';
   }
 }
 
@@ -209,6 +210,9 @@ std::string MegatronFlags(const ParallelConfig& c, const ModelSpec& model, const
     // all-gathers them.
     f << " --expert-model-parallel-size " << c.ep << " --moe-token-dispatcher-type alltoall";
   }
+  // Always for a MoE model, even at Megatron's default (tp): a recipe's own value (often 1)
+  // would otherwise stay in a command these flags are pasted into.
+  if (model.is_moe()) f << " --expert-tensor-parallel-size " << c.expert_tp();
   f << " --micro-batch-size " << c.mbs << " --global-batch-size " << train.global_batch_size;
   if (c.sp) f << " --sequence-parallel";
   if (c.recompute == Recompute::kSelective) f << " --recompute-granularity selective";
@@ -258,8 +262,8 @@ std::vector<BridgeOverride> BridgeOverrides(const ParallelConfig& c, const Model
   }
   if (model.is_moe()) {
     number("model.expert_model_parallel_size", c.ep);
-    // Recipes often set their own expert tp; the model times Megatron's default, tp.
-    number("model.expert_tensor_parallel_size", c.tp);
+    // Always, as in MegatronFlags: recipes often set their own.
+    number("model.expert_tensor_parallel_size", c.expert_tp());
     if (c.ep > 1) add("model.moe_token_dispatcher_type", "alltoall");
   }
   boolean("model.sequence_parallel", c.sp);

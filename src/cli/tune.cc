@@ -127,6 +127,7 @@ void RejectRestrictions(const SpaceOptions& s) {
       {"--cp", !s.cp.empty()},
       {"--up", !s.up.empty()},
       {"--ep", !s.ep.empty()},
+      {"--etp", !s.etp.empty()},
       {"--vpp", !s.vpp.empty()},
       {"--mbs", !s.mbs.empty()},
       {"--recompute", !s.recompute.empty()},

@@ -183,7 +183,7 @@ std::string ResultJson(const TuneReport& r) {
 
 std::string TrialsCsv(const TuneReport& r) {
   std::ostringstream out;
-  out << "trial,tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,status,"
+  out << "trial,tp,pp,dp,cp,up,ep,etp,vpp,mbs,sp,recompute,recompute_layers,dist_opt,status,"
          "step_time_s,predicted_step_time_s,peak_memory_gib,predicted_memory_gib,p_oom,attempts,"
          "best_step_time_s,message,elapsed_s,best_config\n";
   out.precision(9);
@@ -194,8 +194,8 @@ std::string TrialsCsv(const TuneReport& r) {
     std::replace(message.begin(), message.end(), '"', '\'');
     std::replace(message.begin(), message.end(), '\n', ' ');
     out << res.trial_index() + 1 << ',' << c.tp << ',' << c.pp << ',' << c.dp << ',' << c.cp << ','
-        << c.up << ',' << c.ep << ',' << c.vpp << ',' << c.mbs << ',' << (c.sp ? "on" : "off")
-        << ',' << ToString(c.recompute) << ',' << c.recompute_layers << ','
+        << c.up << ',' << c.ep << ',' << c.expert_tp() << ',' << c.vpp << ',' << c.mbs << ','
+        << (c.sp ? "on" : "off") << ',' << ToString(c.recompute) << ',' << c.recompute_layers << ','
         << (c.dist_opt ? "on" : "off") << ',' << coord::StatusName(res.status()) << ',';
     if (res.status() == pb::OK) out << res.step_time_s();
     out << ',' << t.predicted_step_time_s << ',';

@@ -10,6 +10,7 @@ pb::ParallelConfig ToProto(const ParallelConfig& c) {
   p.set_cp(c.cp);
   p.set_up(c.up);
   p.set_ep(c.ep);
+  p.set_etp(c.etp);
   p.set_vpp(c.vpp);
   p.set_mbs(c.mbs);
   p.set_sp(c.sp);
@@ -33,6 +34,7 @@ ParallelConfig FromProto(const pb::ParallelConfig& p) {
   c.cp = p.cp();
   c.up = p.up();
   c.ep = p.ep();
+  c.etp = p.etp() == c.tp ? 0 : p.etp();  // the canonical form
   c.vpp = p.vpp();
   c.mbs = p.mbs();
   c.sp = p.sp();

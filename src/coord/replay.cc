@@ -140,6 +140,10 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
     if (column.count("recompute_layers")) {
       c.recompute_layers = r.Int("recompute_layers", cell("recompute_layers"));
     }
+    if (column.count("etp")) {  // absent: the experts follow tp
+      const int32_t etp = r.Int("etp", cell("etp"));
+      c.etp = etp == c.tp ? 0 : etp;
+    }
     const auto status = search::ParseOutcome(cell("status"));
     if (!status) {
       r.Fail("status",
@@ -193,11 +197,16 @@ const ReplayRow* ReplayTable::Best() const {
 
 std::string ReplayTable::ToCsv() const {
   // The noise column only where it says something, so a noise-free table reads as it always did.
-  bool noisy = false;
-  for (const ReplayRow& r : rows_) noisy = noisy || r.noise_sd > 0;
+  // So is the etp column, only where some row's experts do not follow tp.
+  bool noisy = false, etp = false;
+  for (const ReplayRow& r : rows_) {
+    noisy = noisy || r.noise_sd > 0;
+    etp = etp || r.config.etp != 0;
+  }
   std::string out =
       "tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,step_time_s,"
       "peak_memory_gib,status";
+  out += etp ? ",etp" : "";
   out += noisy ? ",noise_sd\n" : "\n";
   char line[256];
   auto number = [](double v) {
@@ -213,6 +222,10 @@ std::string ReplayTable::ToCsv() const {
                   c.recompute_layers, c.dist_opt ? "on" : "off", number(r.step_time_s).c_str(),
                   number(r.peak_memory_gib).c_str(), search::ToString(r.status));
     out += line;
+    if (etp) {
+      out.back() = ',';
+      out += std::to_string(c.expert_tp()) + "\n";
+    }
     if (noisy) {
       out.back() = ',';
       out += number(r.noise_sd) + "\n";

@@ -103,6 +103,7 @@ pb::SpaceDesc Describe(const SpaceOptions& s, const search::CandidateSet& candid
   for (int32_t v : s.cp) d.add_cp(v);
   for (int32_t v : s.up) d.add_up(v);
   for (int32_t v : s.ep) d.add_ep(v);
+  for (int32_t v : s.etp) d.add_etp(v);
   for (int32_t v : s.vpp) d.add_vpp(v);
   for (int32_t v : s.mbs) d.add_mbs(v);
   for (int32_t v : s.recompute_layers) d.add_recompute_layers(v);

@@ -131,6 +131,10 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
   const StackOptions& stack = constants_.stack;
   const double t = c.tp;
   const double ep = c.ep;
+  const double et = c.expert_tp();
+  // The routed rows a rank's experts hold, as a share of the tensor-parallel region's: each rank
+  // routes its 1/tp and the etp all-gather brings etp such shares (1 at etp = tp).
+  const double gathered = et / t;
   const int64_t layers_per_stage = m.num_layers / c.pp;
   const int64_t microbatches = train_.global_batch_size / (int64_t{c.dp} * c.mbs);
   // Every rank of the up·cp·dp block holds the same dense weights (the gradient reduction and
@@ -165,13 +169,13 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
           : ((stack.dropout ? 1 + 2 * elem : elem)) * c.mbs * (a / c.up) *
                 (train_.seq_length / c.cp) * train_.seq_length;
   // A MoE layer's routed part (dropless, balanced routing): each tp rank routes its 1/tp of the
-  // rows to top-k experts; the expert-parallel all-to-all and the tp all-gather (experts are
-  // tp-sharded) bring every rank tokens·k rows, kept as the experts' input [tokens·k, h] with
-  // their tp-sharded fc1 and activation outputs; each token's k expert outputs are kept for the
-  // gates' gradient.
+  // rows to top-k experts; the expert-parallel all-to-all and the etp all-gather (experts are
+  // etp-sharded) bring every rank tokens·k·etp/tp rows, kept as the experts' input with their
+  // etp-sharded fc1 and activation outputs (tokens·k·etp/tp rows of width ffn/etp); each token's
+  // k expert outputs ([tokens·k/tp, h]) are kept for the gates' gradient.
   const double k = m.moe_router_topk;
   const double routed =
-      elem * tokens * k * h * (1 + 1 / t) + gated * tokens * k * m.moe_ffn_hidden_size / t;
+      elem * tokens * k * h * (gathered + 1 / t) + gated * tokens * k * m.moe_ffn_hidden_size / t;
   // One layer without its routed experts (what the backward pass's buffers are sized for).
   auto layer_ws = [&](bool moe) {
     const double ffn = moe ? m.moe_shared_expert_intermediate_size : m.ffn_hidden_size;
@@ -179,9 +183,9 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
   };
   auto layer_bytes = [&](bool moe) { return layer_ws(moe) + (moe ? routed : 0); };
   // Transient buffers of a MoE layer's backward: dispatch and combine ping-pong buffers
-  // ([tokens·k, h] each), the experts' input gradient and their fc1 / activation gradients; and
-  // the router's input gradient [tokens / tp, h].
-  const double moe_transient = elem * tokens * (k * 3 * h + h / t) +
+  // ([tokens·k·etp/tp, h] each), the experts' input gradient and their fc1 / activation
+  // gradients; and the router's input gradient [tokens / tp, h].
+  const double moe_transient = elem * tokens * (k * 3 * h * gathered + h / t) +
                                gated * tokens * k * m.moe_ffn_hidden_size / t;
   // The sequence-split attention's workspaces (ContextAttention): the Ulysses send and receive
   // buffers and the head-sharded output and QKV gradients; the ring's K/V blocks (the own one,
@@ -205,7 +209,7 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
         m.num_layers - m.num_moe_layers() - first_layer, 0, layers_per_stage);
     const int64_t moe_layers = layers_per_stage - dense_layers;
 
-    // Parameters held by this rank: dense ones split by tp, experts by tp·ep.
+    // Parameters held by this rank: dense ones split by tp, experts by etp·ep.
     double dense = dense_layers * static_cast<double>(params_.dense_layer()) +
                    moe_layers * static_cast<double>(params_.moe_layer_non_expert());
     if (stage == 0) dense += params_.embedding;
@@ -225,14 +229,17 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
     dense /= t;
     const double experts = (moe_layers * static_cast<double>(params_.expert_per_layer) +
                             mtp * static_cast<double>(params_.mtp_experts())) /
-                           (t * ep);
+                           (et * ep);
     mem.weights = weight_bytes * (dense + experts);
     // Megatron's main-gradient buffers are fp32, or in the parameters' dtype with
     // --grad-reduce-in-bf16 (DistributedDataParallelConfig.grad_reduce_in_fp32 off).
     const double grad_bytes = c.grad_reduce_dtype == GradReduceDtype::kFP32 ? 4 : elem;
     mem.gradients = grad_bytes * (dense + experts);
-    mem.optimizer = optimizer_bytes * (c.dist_opt ? dense / replicas + experts / (replicas / ep)
-                                                  : dense + experts);
+    // The distributed optimizer shards the experts over their expert-data-parallel ranks,
+    // tp·replicas / (etp·ep) (replicas / ep at etp = tp).
+    const double expert_replicas = static_cast<double>(c.expert_dp());
+    mem.optimizer = optimizer_bytes *
+                    (c.dist_opt ? dense / replicas + experts / expert_replicas : dense + experts);
 
     // Micro-batches whose activations are alive at the peak of this stage.
     double in_flight = std::min<double>(microbatches, c.pp - stage);

@@ -62,7 +62,7 @@ class ReverseBucketCount {
 // then the final norm and output layer on a single stage), the dense buffer and the routed
 // experts' buffer each bucketed on its own (an empty dense list still forms one bucket).
 int64_t FirstStageBuckets(const ModelSpec& m, const ParallelConfig& c, double bucket_size) {
-  const double t = c.tp, h = m.hidden_size, d = m.head_dim();
+  const double t = c.tp, et = c.expert_tp(), h = m.hidden_size, d = m.head_dim();
   const double fc1_factor = m.activation == Activation::kSwiGLU ? 2 : 1;
   const int64_t layers = m.num_layers / c.pp;
   ReverseBucketCount dense(bucket_size), experts(bucket_size);
@@ -75,8 +75,8 @@ int64_t FirstStageBuckets(const ModelSpec& m, const ParallelConfig& c, double bu
     const bool moe = m.is_moe() && layer >= m.moe_first_dense_layers;
     if (moe) {
       for (int64_t e = 0; e < m.num_experts / c.ep; ++e) {
-        experts.Add(static_cast<double>(m.moe_ffn_hidden_size) * h / t);
-        experts.Add(fc1_factor * m.moe_ffn_hidden_size * h / t);
+        experts.Add(static_cast<double>(m.moe_ffn_hidden_size) * h / et);
+        experts.Add(fc1_factor * m.moe_ffn_hidden_size * h / et);
       }
     }
     const double ffn = moe ? m.moe_shared_expert_intermediate_size : m.ffn_hidden_size;
@@ -97,6 +97,25 @@ int64_t FirstStageBuckets(const ModelSpec& m, const ParallelConfig& c, double bu
   return dense.buckets() + experts.buckets();
 }
 
+// Real-rank strides of the expert groups. The expert grid orders a pipeline stage's ranks as tp,
+// then the (cp, dp) block (at rank stride tp·up), then up (at stride tp): etp takes consecutive
+// positions, ep every etp-th, edp every (etp·ep)-th (docs/architecture.md §3). A group of n at
+// position stride σ lies in one tp group while σ·n ≤ tp (stride σ), spans (cp, dp) positions up
+// to σ·n = tp·cp·dp (stride σ·up) and beyond that every up slice too (stride σ: it covers the
+// stage's ranks). At etp = tp these are the tp, cp and tp·ep strides of the earlier model.
+struct ExpertStrides {
+  int64_t etp, ep, edp;
+};
+ExpertStrides ExpertGroupStrides(const ParallelConfig& c) {
+  const int64_t tp = c.tp, block = tp * c.cp * c.dp;
+  auto stride = [&](int64_t sigma, int64_t n) {
+    const int64_t span = sigma * n;
+    return span <= tp ? sigma : span <= block ? sigma * c.up : sigma;
+  };
+  const int64_t etp = c.expert_tp();
+  return {stride(1, etp), stride(etp, c.ep), stride(etp * c.ep, c.expert_dp())};
+}
+
 }  // namespace
 
 TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
@@ -111,12 +130,19 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   const double tokens = c.mbs * s / (c.cp * c.up);
   const double hbm = gpu.hbm_bandwidth * e.memory_bound;
 
-  // Megatron-core rank order tp-up-cp-(ep ⊂ dp)-dp-pp: each group's stride decides its link.
+  // Megatron-core rank order tp-up-cp-dp-pp: each group's stride decides its link.
   const int64_t tp_stride = 1;
   const int64_t up_stride = c.tp;
   const int64_t cp_stride = int64_t{c.tp} * c.up;
   const int64_t dp_stride = cp_stride * c.cp;
   const int64_t pp_stride = dp_stride * c.dp;
+  // The expert grid etp-ep-edp (MoE parallel folding, docs/architecture.md §3) over the tp·cp·dp
+  // ranks of an up slice, then the up slices: etp consecutive ranks, ep at stride etp.
+  const ExpertStrides ex = ExpertGroupStrides(c);
+  // Rows a rank's experts see, as a share of the routed rows of the tensor-parallel region: each
+  // rank routes its 1/tp, the ep all-to-all balances them, the etp all-gather multiplies by etp.
+  const double et = c.expert_tp();
+  const double gathered = et / t;
 
   // ---- one transformer layer, forward, per rank ----
   const double qk_dim = m.is_mla() ? m.qk_head_dim + m.qk_pos_emb_head_dim : m.head_dim();
@@ -146,7 +172,7 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
       const double routed = 2 * tokens * m.moe_router_topk * one_expert / t;
       const double shared = 2 * tokens * (params_.shared_expert_per_layer +
                                           params_.moe_router_per_layer) / t;
-      f[kGemm] += GemmTime(routed, m.moe_ffn_hidden_size / t) +
+      f[kGemm] += GemmTime(routed, m.moe_ffn_hidden_size / et) +
                   (shared > 0 ? GemmTime(shared, std::max<double>(h, 1) / t) : 0);
     } else {
       f[kGemm] += GemmTime(2 * tokens * params_.dense_mlp_per_layer / t, m.ffn_hidden_size / t);
@@ -215,17 +241,18 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
       f[kMemoryBound] +=
           (2.0 * c.cp - 2) * 3 * element_bytes_ * tokens * tp_heads * v_dim / 2 / hbm;
     }
-    // Expert parallel (the trial's dropless dispatcher): each tp rank routes its 1/tp of the rows;
-    // dispatch is an all-to-all over ep of their k copies, then (experts being tp-sharded) a tp
-    // all-gather of what arrived; combine is a tp reduce-scatter and the all-to-all back. The
-    // per-expert counts travel first (a small all-to-all and a host round trip).
+    // Expert parallel (the trial's dropless dispatcher, Megatron's all-to-all one): each tp rank
+    // routes its 1/tp of the rows; dispatch is an all-to-all over ep of their k copies, then
+    // (experts being etp-sharded) an etp all-gather of what arrived; combine is an etp
+    // reduce-scatter and the all-to-all back. The per-expert counts travel first (a small
+    // all-to-all and a host round trip).
     if (moe) {
       const double routed = element_bytes_ * tokens * m.moe_router_topk * h;
-      f[kEpComm] = 2 * AllToAllTime(routed / t, c.ep, cp_stride) +
-                   2 * AllGatherTime(routed, c.tp, tp_stride) +
-                   (c.ep > 1 ? AllToAllTime(0, c.ep, cp_stride) : 0);
+      f[kEpComm] = 2 * AllToAllTime(routed / t, c.ep, ex.ep) +
+                   2 * AllGatherTime(routed * gathered, c.expert_tp(), ex.etp) +
+                   (c.ep > 1 ? AllToAllTime(0, c.ep, ex.ep) : 0);
       // Row gathers of dispatch, sort, unsort and combine.
-      f[kMemoryBound] += 2 * (2 * routed / t + 2 * routed) / hbm;
+      f[kMemoryBound] += 2 * (2 * routed / t + 2 * routed * gathered) / hbm;
     }
 
     // Backward: twice the GEMM FLOPs (input and weight gradients), the same collectives.
@@ -323,7 +350,7 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
 
   // Data-parallel gradient reduction (and the distributed optimizer's parameter all-gather),
   // over the up·cp·dp ranks that hold the same dense parameters (up fastest, at stride tp) and
-  // the up·cp·dp / ep that hold the same experts (spanning the same ranks). Gradients travel in
+  // the tp·up·cp·dp / (etp·ep) that hold the same experts (at stride etp·ep). Gradients travel in
   // the reduction dtype: fp32 (Megatron's default) or the 16-bit parameter dtype
   // (--grad-reduce-in-bf16; fp32 training reduces its fp32 gradients either way).
   // A stage's dense parameters: its layers, plus the embedding (first stage) or the final norm
@@ -344,19 +371,19 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   const double expert_params =
       (moe_layers * static_cast<double>(params_.expert_per_layer) +
        static_cast<double>(mtp) * static_cast<double>(params_.mtp_experts())) /
-      (t * c.ep);
+      (et * c.ep);
   const double grad_bytes = c.grad_reduce_dtype == GradReduceDtype::kFP32 ? 4 : element_bytes_;
   const int64_t dp_group = int64_t{c.dp} * c.cp * c.up;
-  const int64_t edp_group = dp_group / c.ep;
+  const int64_t edp_group = c.expert_dp();
   double grad_time, gather_time = 0;
   if (c.dist_opt) {
     grad_time = AllGatherTime(grad_bytes * dense_params, dp_group, up_stride) +
-                AllGatherTime(grad_bytes * expert_params, edp_group, up_stride * c.ep);
+                AllGatherTime(grad_bytes * expert_params, edp_group, ex.edp);
     gather_time = AllGatherTime(element_bytes_ * dense_params, dp_group, up_stride) +
-                  AllGatherTime(element_bytes_ * expert_params, edp_group, up_stride * c.ep);
+                  AllGatherTime(element_bytes_ * expert_params, edp_group, ex.edp);
   } else {
     grad_time = AllReduceTime(grad_bytes * dense_params, dp_group, up_stride) +
-                AllReduceTime(grad_bytes * expert_params, edp_group, up_stride * c.ep);
+                AllReduceTime(grad_bytes * expert_params, edp_group, ex.edp);
   }
   // Megatron's overlap (megatron/core/distributed/): parameters go into buckets of
   // MegatronDdpBucketSize(dp) in reverse order, on the first pipeline stage only (later stages,

@@ -24,6 +24,8 @@ constexpr Knob kKnobs[] = {
     {"cp", [](const ParallelConfig& c) -> int64_t { return c.cp; }},
     {"up", [](const ParallelConfig& c) -> int64_t { return c.up; }},
     {"ep", [](const ParallelConfig& c) -> int64_t { return c.ep; }},
+    // The canonical etp (0 = as tp): one level, and no effect, where experts always follow tp.
+    {"etp", [](const ParallelConfig& c) -> int64_t { return c.etp; }},
     {"vpp", [](const ParallelConfig& c) -> int64_t { return c.vpp; }},
     {"mbs", [](const ParallelConfig& c) -> int64_t { return c.mbs; }},
     {"sp", [](const ParallelConfig& c) -> int64_t { return c.sp; }},
@@ -50,6 +52,8 @@ std::string LevelName(const char* knob, const ParallelConfig& c) {
     }
   } else if (k == "grad_reduce_dtype") {
     value = ToString(c.grad_reduce_dtype);
+  } else if (k == "etp") {
+    value = c.etp == 0 ? "tp" : std::to_string(c.etp);
   } else if (k == "recompute") {
     value = ToString(c.recompute);
     if (c.recompute_layers != 0) value += "/" + std::to_string(c.recompute_layers);

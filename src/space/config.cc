@@ -10,7 +10,7 @@ namespace {
 
 constexpr const char* kFlag = "--config";
 constexpr const char* kKeys =
-    "tp, pp, dp, cp, up, ep, vpp, mbs, sp, recompute, recompute_layers, dist_opt, "
+    "tp, pp, dp, cp, up, ep, etp, vpp, mbs, sp, recompute, recompute_layers, dist_opt, "
     "overlap_grad_reduce, overlap_param_gather, grad_reduce_dtype";
 
 int32_t ParsePositive(const std::string& key, const std::string& value, bool allow_zero) {
@@ -47,7 +47,9 @@ const char* ToString(GradReduceDtype d) { return d == GradReduceDtype::kBF16 ? "
 std::string ToSpec(const ParallelConfig& c) {
   std::ostringstream out;
   out << "tp=" << c.tp << ",pp=" << c.pp << ",dp=" << c.dp << ",cp=" << c.cp << ",up=" << c.up
-      << ",ep=" << c.ep << ",vpp=" << c.vpp << ",mbs=" << c.mbs << ",sp=" << (c.sp ? "on" : "off")
+      << ",ep=" << c.ep;
+  if (c.expert_tp() != c.tp) out << ",etp=" << c.etp;
+  out << ",vpp=" << c.vpp << ",mbs=" << c.mbs << ",sp=" << (c.sp ? "on" : "off")
       << ",recompute=" << ToString(c.recompute);
   if (c.recompute_layers != 0) out << ",recompute_layers=" << c.recompute_layers;
   out << ",dist_opt=" << (c.dist_opt ? "on" : "off");
@@ -80,6 +82,7 @@ ParallelConfig ParseSpec(const std::string& text) {
     else if (key == "cp") c.cp = ParsePositive(key, value, false);
     else if (key == "up") c.up = ParsePositive(key, value, false);
     else if (key == "ep") c.ep = ParsePositive(key, value, false);
+    else if (key == "etp") c.etp = ParsePositive(key, value, false);
     else if (key == "vpp") c.vpp = ParsePositive(key, value, false);
     else if (key == "mbs") c.mbs = ParsePositive(key, value, false);
     else if (key == "recompute_layers") c.recompute_layers = ParsePositive(key, value, true);
@@ -105,6 +108,7 @@ ParallelConfig ParseSpec(const std::string& text) {
   if (c.recompute_layers != 0 && c.recompute != Recompute::kFull) {
     throw InputError(kFlag, "recompute_layers needs recompute=full");
   }
+  if (c.etp == c.tp) c.etp = 0;  // the canonical form: 0 is "as tp"
   if (!param_gather_given) c.overlap_param_gather = OverlapParamGatherAllowed(c);
   return c;
 }

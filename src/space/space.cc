@@ -109,6 +109,41 @@ std::string SeqSplitReason(const TrainSpec& t, const char* name, int64_t v) {
   }
   return {};
 }
+
+// The expert tensor parallel size alone (Megatron-core's rules for it, whatever tp is): the
+// experts' width splits over it, and TransformerConfig asserts etp = 1 for MoE with biases.
+std::string EtpReason(const ModelSpec& m, int64_t etp) {
+  if (m.moe_ffn_hidden_size % etp != 0) {
+    return "etp=" + Str(etp) + " does not divide moe_ffn_hidden_size=" + Str(m.moe_ffn_hidden_size);
+  }
+  if (m.add_bias_linear && etp != 1) {
+    return "etp=" + Str(etp) +
+           ": Megatron-core runs experts with biases (add_bias_linear) only at etp=1";
+  }
+  return {};
+}
+
+// MoE parallel folding (Megatron-core's expert grid, etp × ep × edp × pp = world): the routed
+// experts are split over ep ranks and each expert's weights over etp; the grid folds into the
+// tp·cp·dp ranks of one up slice and pipeline stage (docs/architecture.md §3), so etp·ep must
+// divide tp·cp·dp. At etp = tp this is the earlier rule, ep | cp·dp.
+std::string ExpertReason(const ModelSpec& m, const ParallelConfig& c) {
+  if (!m.is_moe()) {
+    if (c.ep != 1) return "ep > 1 needs a mixture-of-experts model";
+    if (c.expert_tp() != c.tp) return "etp ≠ tp needs a mixture-of-experts model";
+    return {};
+  }
+  if (m.num_experts % c.ep != 0) {
+    return "ep=" + Str(c.ep) + " does not divide num_experts=" + Str(m.num_experts);
+  }
+  if (std::string r = EtpReason(m, c.expert_tp()); !r.empty()) return r;
+  const int64_t block = int64_t{c.tp} * c.cp * c.dp, grid = int64_t{c.expert_tp()} * c.ep;
+  if (block % grid != 0) {
+    return "etp·ep = " + Str(grid) + " does not divide tp·cp·dp = " + Str(block) +
+           " (the expert grid folds into the ranks of one up slice and pipeline stage)";
+  }
+  return {};
+}
 }  // namespace
 
 void SearchSpace::ValidateOptions() const {
@@ -156,6 +191,15 @@ void SearchSpace::ValidateOptions() const {
                                    Str(model_.num_experts));
     }
   }
+  for (int32_t etp : options_.etp) {
+    if (etp < 1) throw InputError("--etp", "must be positive");
+    if (!model_.is_moe()) {
+      throw InputError("--etp", model_.name +
+                                    " is dense: its MLP splits over tp (etp applies to "
+                                    "mixture-of-experts models only)");
+    }
+    fail_if("--etp", EtpReason(model_, etp));
+  }
   for (int32_t vpp : options_.vpp) {
     if (vpp < 1 || model_.num_layers % vpp != 0) {
       throw InputError("--vpp", "vpp=" + Str(vpp) + " must divide num_layers=" +
@@ -194,8 +238,8 @@ void SearchSpace::ValidateOptions() const {
 
 std::string SearchSpace::Check(const ParallelConfig& c) const {
   const int64_t world = cluster_.world_size();
-  if (c.tp < 1 || c.pp < 1 || c.dp < 1 || c.cp < 1 || c.up < 1 || c.ep < 1 || c.vpp < 1 ||
-      c.mbs < 1 || c.recompute_layers < 0) {
+  if (c.tp < 1 || c.pp < 1 || c.dp < 1 || c.cp < 1 || c.up < 1 || c.ep < 1 || c.etp < 0 ||
+      c.vpp < 1 || c.mbs < 1 || c.recompute_layers < 0) {
     return "every degree must be positive";
   }
   if (c.world_size() != world) {
@@ -227,15 +271,7 @@ std::string SearchSpace::Check(const ParallelConfig& c) const {
     return "the interleaved schedule runs micro-batches in groups of pp=" + Str(c.pp) + "; " +
            Str(microbatches) + " micro-batches is not a multiple";
   }
-  if (!model_.is_moe() && c.ep != 1) return "ep > 1 needs a mixture-of-experts model";
-  if (model_.is_moe()) {
-    if (model_.num_experts % c.ep != 0) {
-      return "ep=" + Str(c.ep) + " does not divide num_experts=" + Str(model_.num_experts);
-    }
-    if ((int64_t{c.dp} * c.cp) % c.ep != 0) {
-      return "ep=" + Str(c.ep) + " does not divide dp·cp = " + Str(int64_t{c.dp} * c.cp);
-    }
-  }
+  if (std::string r = ExpertReason(model_, c); !r.empty()) return r;
   if (c.sp && c.tp == 1) return "sp=on needs tp > 1";
   if (model_.is_moe() && c.tp > 1 && !c.sp) {
     return "mixture-of-experts layers with tp > 1 need sp=on (Megatron-core refuses them without)";
@@ -287,10 +323,30 @@ std::vector<int32_t> SearchSpace::SeqSplitValues(const std::vector<int32_t>& all
   });
 }
 
-std::vector<int32_t> SearchSpace::EpValues(int64_t dp_cp) const {
+std::vector<SearchSpace::ExpertSplit> SearchSpace::ExpertSplits(int32_t tp,
+                                                                int64_t expert_block) const {
+  std::vector<ExpertSplit> out;
+  for (int32_t etp : EtpValues(tp, expert_block)) {
+    for (int32_t ep : EpValues(expert_block / (etp == 0 ? tp : etp))) out.push_back({etp, ep});
+  }
+  return out;
+}
+
+std::vector<int32_t> SearchSpace::EtpValues(int32_t tp, int64_t expert_block) const {
+  if (!model_.is_moe()) return {0};
+  std::vector<int32_t> out;
+  for (int32_t etp : Select(options_.etp, Divisors(tp, tp), [&](int32_t etp) {
+         return expert_block % etp == 0 && EtpReason(model_, etp).empty();
+       })) {
+    out.push_back(etp == tp ? 0 : etp);  // the canonical form
+  }
+  return out;
+}
+
+std::vector<int32_t> SearchSpace::EpValues(int64_t ep_ranks) const {
   if (!model_.is_moe()) return {1};
-  return Select(options_.ep, Divisors(model_.num_experts, dp_cp),
-                [&](int32_t ep) { return dp_cp % ep == 0 && model_.num_experts % ep == 0; });
+  return Select(options_.ep, Divisors(model_.num_experts, ep_ranks),
+                [&](int32_t ep) { return ep_ranks % ep == 0 && model_.num_experts % ep == 0; });
 }
 
 std::vector<int32_t> SearchSpace::VppValues(int32_t pp) const {
@@ -343,6 +399,14 @@ void ApplyFix(const std::string& text, SpaceOptions& options) {
     const std::string key = item.substr(0, eq);
     if (eq == std::string::npos) {
       throw InputError("--fix", "'" + item + "' is not key=value");
+    }
+    if (key == "etp") {  // not through ParseSpec, whose canonical form drops etp equal to tp
+      const std::vector<int32_t> v = ParseIntList("--fix", item.substr(eq + 1));
+      if (v.size() != 1 || v[0] < 1) {
+        throw InputError("--fix", "key 'etp' needs a positive integer, got '" + item + "'");
+      }
+      options.etp = v;
+      continue;
     }
     // Parse the fragment with the SPEC parser so the allowed values are the same.
     ParallelConfig c;

@@ -18,9 +18,11 @@ Coordinates Coordinates::Of(int rank, const ParallelConfig& c) {
   rank /= c.cp;
   at.dp = rank % c.dp;
   at.pp = rank / c.dp;
-  const int k = at.cp + c.cp * at.dp;  // index in the (cp, dp) block, where ep groups live
-  at.ep = k % c.ep;
-  at.ep_block = k / c.ep;
+  const int q = at.tp + c.tp * (at.cp + c.cp * at.dp);  // place in the up slice's expert grid
+  const int etp = c.expert_tp();
+  at.etp = q % etp;
+  at.ep = q / etp % c.ep;
+  at.edp = at.up + c.up * (q / (etp * c.ep));
   return at;
 }
 
@@ -33,7 +35,8 @@ GroupUse UsedGroups(const ParallelConfig& c, bool moe, bool tied_embedding) {
   use.pp = c.pp > 1;
   use.dp = replicas > 1;
   use.ep = moe && c.ep > 1;
-  use.edp = moe && replicas / c.ep > 1;
+  use.edp = moe && c.expert_dp() > 1;
+  use.etp = moe && c.expert_tp() > 1 && c.expert_tp() != c.tp;
   use.seq = moe && int64_t{c.tp} * c.up * c.cp > 1;
   use.embedding = tied_embedding && c.pp > 1;
   return use;
@@ -65,12 +68,16 @@ StatusOr<ProcessGroups> ProcessGroups::Create(backend::Backend& backend,
   AUTOPAR_RETURN_IF_ERROR(make(use.pp, rank - at.pp * pp_stride, at.pp, g.pp));
   // Dense replicas: same tp and pp; ranked by (up, cp, dp), the distributed optimizer's order.
   AUTOPAR_RETURN_IF_ERROR(make(use.dp, at.tp + TP * at.pp, at.up + UP * k, g.dp));
-  // Expert parallel: same tp, up, pp and k / ep; expert replicas: same tp, pp and k mod ep.
-  const int blocks = CP * DP / c.ep;
+  // The expert grid of an up slice and stage, q = tp + TP·k: expert-tensor groups are etp
+  // consecutive q, expert-parallel groups ep of them at stride etp; expert replicas (edp) share
+  // the etp and ep rank and the stage.
+  const int ETP = c.expert_tp(), q = at.tp + TP * k, slice = TP * CP * DP;
+  const int up_pp = at.up + UP * at.pp;
+  AUTOPAR_RETURN_IF_ERROR(make(use.etp, q / ETP + slice / ETP * up_pp, at.etp, g.etp));
+  const int ep_groups = slice / (ETP * c.ep);
   AUTOPAR_RETURN_IF_ERROR(
-      make(use.ep, at.tp + TP * (at.up + UP * (at.ep_block + blocks * at.pp)), at.ep, g.ep));
-  AUTOPAR_RETURN_IF_ERROR(
-      make(use.edp, at.tp + TP * (at.ep + c.ep * at.pp), at.up + UP * at.ep_block, g.edp));
+      make(use.ep, at.etp + ETP * (q / (ETP * c.ep) + ep_groups * up_pp), at.ep, g.ep));
+  AUTOPAR_RETURN_IF_ERROR(make(use.edp, at.etp + ETP * (at.ep + c.ep * at.pp), at.edp, g.edp));
   // The ranks of one sample: same dp and pp.
   AUTOPAR_RETURN_IF_ERROR(
       make(use.seq, at.dp + DP * at.pp, at.tp + TP * (at.up + UP * at.cp), g.seq));
@@ -127,7 +134,8 @@ Shapes Shapes::Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& 
     s.experts = m.num_experts;
     s.local_experts = m.num_experts / c.ep;
     s.topk = m.moe_router_topk;
-    s.expert_ffn = m.moe_ffn_hidden_size / c.tp;
+    s.etp = c.expert_tp();
+    s.expert_ffn = m.moe_ffn_hidden_size / s.etp;
     s.shared_ffn = m.moe_shared_expert_intermediate_size / c.tp;
     s.first_dense = m.moe_first_dense_layers;
   }
@@ -166,18 +174,22 @@ std::string Unsupported(const ModelSpec& m, const TrainSpec& t, const ParallelCo
   if (kv % c.up != 0 && c.up % kv != 0) {
     return "Ulysses needs the kv heads of a tp rank to divide up or be a multiple of it";
   }
-  if (m.is_moe() || c.ep > 1) {
-    if (!m.is_moe()) return "ep > 1 needs a mixture-of-experts model";
-    if (m.num_experts % c.ep != 0 || (int64_t{c.dp} * c.cp) % c.ep != 0) {
-      return "ep must divide num_experts and dp·cp";
+  if (m.is_moe() || c.ep > 1 || c.expert_tp() != c.tp) {
+    if (!m.is_moe()) return "ep > 1 or etp ≠ tp needs a mixture-of-experts model";
+    if (m.num_experts % c.ep != 0 ||
+        (int64_t{c.tp} * c.cp * c.dp) % (int64_t{c.expert_tp()} * c.ep) != 0) {
+      return "ep must divide num_experts and etp·ep must divide tp·cp·dp";
+    }
+    if (m.moe_ffn_hidden_size % c.expert_tp() != 0) {
+      return "etp must divide the experts' width";
     }
     if (m.moe_router_topk < 1 || m.moe_router_topk > m.num_experts) {
       return "moe_router_topk must be between 1 and num_experts";
     }
-    if (m.moe_ffn_hidden_size % c.tp != 0 || m.moe_shared_expert_intermediate_size % c.tp != 0) {
-      return "tp must divide the experts' and the shared experts' widths";
+    if (m.moe_shared_expert_intermediate_size % c.tp != 0) {
+      return "tp must divide the shared experts' width";
     }
-    // Each tp rank routes its own slice of the rows (experts are tp-sharded, etp = tp).
+    // Each tp rank routes its own slice of the rows (experts are etp-sharded).
     if ((int64_t{c.mbs} * t.seq_length / seq_split) % c.tp != 0) {
       return "MoE with tp > 1 needs the micro-batch's tokens on a rank divisible by tp";
     }

@@ -37,7 +37,7 @@ StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(Device& device, const Shape
                            device.Allocate(Tr * h + Tr * E + Tr * k, device.compute_dtype()));
   AUTOPAR_ASSIGN_OR_RETURN(m->stats_,
                            device.Allocate(Tr * E + Tr * k + 2 * s.mbs * E, DType::kF32));
-  AUTOPAR_ASSIGN_OR_RETURN(m->counts_, device.Allocate((2 + s.tp) * E, DType::kI32));
+  AUTOPAR_ASSIGN_OR_RETURN(m->counts_, device.Allocate((2 + s.etp) * E, DType::kI32));
   const Tensor c = m->compute_.tensor(), f = m->stats_.tensor(), n = m->counts_.tensor();
   m->dx_ = c.Slice(0, Tr * h);
   m->dlogits_ = c.Slice(Tr * h, Tr * E);
@@ -47,7 +47,7 @@ StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(Device& device, const Shape
   m->sample_stats_ = f.Slice(Tr * E + Tr * k, 2 * s.mbs * E);
   m->send_counts_ = n.Slice(0, E);
   m->recv_counts_ = n.Slice(E, E);
-  m->all_counts_ = n.Slice(2 * E, s.tp * E);
+  m->all_counts_ = n.Slice(2 * E, s.etp * E);
   AUTOPAR_RETURN_IF_ERROR(device.Fill(m->ones_, 1.0f));
   return m;
 }
@@ -116,11 +116,11 @@ Status MoeLayer::Route(const LayerWeights& w, MoeActs& a, Tensor x, bool count_a
   return OkStatus();
 }
 
-// Dispatch order (by expert, then token), the per-expert counts over the ep and tp groups, and
+// Dispatch order (by expert, then token), the per-expert counts over the ep and etp groups, and
 // the index lists of every row gather.
 Status MoeLayer::Exchange(MoeActs& a) {
   const int64_t Tr = s_.tokens / s_.tp, E = s_.experts, k = s_.topk, El = s_.local_experts;
-  const int64_t ep = E / El, tp = s_.tp;
+  const int64_t ep = E / El, etp = s_.etp;
   std::vector<int32_t> count(E, 0);
   for (int32_t e : a.choice) ++count[e];
   std::vector<int64_t> first(E + 1, 0);
@@ -138,7 +138,7 @@ Status MoeLayer::Exchange(MoeActs& a) {
   a.send_rows.assign(ep, 0);
   for (int64_t e = 0; e < E; ++e) a.send_rows[e / El] += count[e];
 
-  // recv[q][s][e]: rows tp rank q receives from ep rank s for its local expert e.
+  // recv[q][s][e]: rows etp rank q receives from ep rank s for its local expert e.
   std::vector<int32_t> recv(count);
   if (ep > 1) {
     AUTOPAR_RETURN_IF_ERROR(dev_.Upload(send_counts_, count));
@@ -146,9 +146,9 @@ Status MoeLayer::Exchange(MoeActs& a) {
     AUTOPAR_ASSIGN_OR_RETURN(recv, dev_.Download<int32_t>(recv_counts_));
   }
   std::vector<int32_t> all(recv);
-  if (tp > 1) {
+  if (etp > 1) {
     AUTOPAR_RETURN_IF_ERROR(dev_.Upload(recv_counts_, recv));
-    AUTOPAR_RETURN_IF_ERROR(g_.tp.AllGather(recv_counts_, all_counts_));
+    AUTOPAR_RETURN_IF_ERROR(etp_.AllGather(recv_counts_, all_counts_));
     AUTOPAR_ASSIGN_OR_RETURN(all, dev_.Download<int32_t>(all_counts_));
   }
   auto cnt = [&](int64_t q, int64_t src, int64_t e) {
@@ -158,18 +158,18 @@ Status MoeLayer::Exchange(MoeActs& a) {
   for (int64_t src = 0; src < ep; ++src) {
     for (int64_t e = 0; e < El; ++e) a.recv_rows[src] += recv[src * El + e];
   }
-  std::vector<int64_t> received(tp, 0);
-  for (int64_t q = 0; q < tp; ++q) {
+  std::vector<int64_t> received(etp, 0);
+  for (int64_t q = 0; q < etp; ++q) {
     for (int64_t i = 0; i < ep * El; ++i) received[q] += all[q * ep * El + i];
   }
   a.max_received = *std::max_element(received.begin(), received.end());
   a.all_received = std::accumulate(received.begin(), received.end(), int64_t{0});
-  // Rows arrive as [tp rank q (padded to max_received)][ep rank s][local expert e]; the experts
+  // Rows arrive as [etp rank q (padded to max_received)][ep rank s][local expert e]; the experts
   // want them grouped by e.
-  std::vector<int32_t> sort, unsort(tp * a.max_received, static_cast<int32_t>(a.all_received));
+  std::vector<int32_t> sort, unsort(etp * a.max_received, static_cast<int32_t>(a.all_received));
   a.expert_rows.assign(El, 0);
   for (int64_t e = 0; e < El; ++e) {
-    for (int64_t q = 0; q < tp; ++q) {
+    for (int64_t q = 0; q < etp; ++q) {
       int64_t at = q * a.max_received;
       for (int64_t src = 0; src < ep; ++src) {
         for (int64_t e2 = 0; e2 < El; ++e2) {
@@ -201,9 +201,9 @@ StatusOr<Tensor> MoeLayer::Dispatch(MoeActs& a, Tensor send, Tensor other) {
         g_.ep.AllToAllV(cur, Elements(a.send_rows), other, Elements(a.recv_rows)));
     std::swap(cur, other);
   }
-  if (s_.tp > 1) {
+  if (s_.etp > 1) {
     const int64_t block = a.max_received * s_.hidden;
-    AUTOPAR_RETURN_IF_ERROR(g_.tp.AllGather(cur.Slice(0, block), other.Slice(0, s_.tp * block)));
+    AUTOPAR_RETURN_IF_ERROR(etp_.AllGather(cur.Slice(0, block), other.Slice(0, s_.etp * block)));
     std::swap(cur, other);
   }
   return cur;
@@ -211,10 +211,10 @@ StatusOr<Tensor> MoeLayer::Dispatch(MoeActs& a, Tensor send, Tensor other) {
 
 StatusOr<Tensor> MoeLayer::Combine(MoeActs& a, Tensor unsorted, Tensor other) {
   Tensor cur = unsorted;
-  if (s_.tp > 1) {
+  if (s_.etp > 1) {
     const int64_t block = a.max_received * s_.hidden;
     AUTOPAR_RETURN_IF_ERROR(
-        g_.tp.ReduceScatter(cur.Slice(0, s_.tp * block), other.Slice(0, block)));
+        etp_.ReduceScatter(cur.Slice(0, s_.etp * block), other.Slice(0, block)));
     std::swap(cur, other);
   }
   if (s_.experts / s_.local_experts > 1) {
@@ -271,7 +271,7 @@ Status MoeLayer::Forward(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out
   AUTOPAR_RETURN_IF_ERROR(Exchange(a));
   const int64_t Tr = s_.tokens / s_.tp, k = s_.topk, h = s_.hidden, R = a.all_received;
   const int64_t f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
-  const int64_t rows = std::max(Tr * k, s_.tp * a.max_received);
+  const int64_t rows = std::max(Tr * k, s_.etp * a.max_received);
   a.compute.Reset();
   AUTOPAR_ASSIGN_OR_RETURN(
       a.compute, dev_.Allocate(R * (h + fc1 + f) + Tr * k * (h + 1), dev_.compute_dtype()));
@@ -299,7 +299,7 @@ Status MoeLayer::Forward(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out
 Status MoeLayer::BackwardExperts(const LayerWeights& w, MoeActs& a, Tensor dy) {
   const int64_t Tr = s_.tokens / s_.tp, E = s_.experts, k = s_.topk, h = s_.hidden;
   const int64_t R = a.all_received, f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
-  const int64_t rows = std::max(Tr * k, s_.tp * a.max_received);
+  const int64_t rows = std::max(Tr * k, s_.etp * a.max_received);
   AUTOPAR_ASSIGN_OR_RETURN(Buffer work,
                            dev_.Allocate(2 * rows * h + R * (f + fc1 + h), dev_.compute_dtype()));
   const Tensor wt = work.tensor();

@@ -7,15 +7,16 @@
 // f_e the share of the sample's tokens routed to e and P_e its mean router probability, whose
 // statistics are summed over the ranks holding the sample. Dispatch sorts the rows by expert, sends
 // per-expert counts over the ep group (an equal-split all-to-all), then the rows (all-to-all-v);
-// with tp > 1 the tp ranks all-gather what they received, since every expert is tp-sharded
-// (etp = tp: fc1 column-, fc2 row-parallel); the rows are sorted by local expert and each expert
-// runs its GEMMs. Combine is the mirror image: unsort, reduce-scatter over tp (the partial sums of
-// the row-parallel fc2), all-to-all-v back, and the gate-weighted sum of each token's k outputs.
+// with etp > 1 the expert-tensor group (Megatron's --expert-tensor-parallel-size, the tp group
+// when etp = tp) all-gathers what its ranks received, since every expert is etp-sharded (fc1
+// column-, fc2 row-parallel); the rows are sorted by local expert and each expert runs its GEMMs.
+// Combine is the mirror image: unsort, reduce-scatter over etp (the partial sums of the
+// row-parallel fc2), all-to-all-v back, and the gate-weighted sum of each token's k outputs.
 //
 // Token counts vary per expert, so the exchange is variable-size (Collectives::AllToAllV), and
 // everything whose size depends on the routing is allocated per micro-batch: results are exact
-// (no capacity, no dropped tokens) and independent of the layout. The tp all-gather and
-// reduce-scatter pad each rank's block to the largest count in the tp group.
+// (no capacity, no dropped tokens) and independent of the layout. The etp all-gather and
+// reduce-scatter pad each rank's block to the largest count in the etp group.
 #pragma once
 
 #include <memory>
@@ -37,8 +38,8 @@ struct MoeActs {
   std::vector<float> gate, probs;              // [Tr·k] gates, [Tr·E] router probabilities
   std::vector<float> load;                     // [mbs·E] f_e of each sample
   std::vector<int64_t> send_rows, recv_rows;   // rows sent to / received from each ep rank
-  std::vector<int64_t> expert_rows;            // rows of each local expert (over the tp group)
-  int64_t max_received = 0, all_received = 0;  // over the tp group
+  std::vector<int64_t> expert_rows;            // rows of each local expert (over the etp group)
+  int64_t max_received = 0, all_received = 0;  // over the etp group
   std::vector<float> dlogits;                  // [Tr·E], from BackwardExperts for BackwardRouter
 };
 
@@ -65,13 +66,13 @@ class MoeLayer {
 
  private:
   MoeLayer(Device& d, const Shapes& s, ProcessGroups& g, double samples)
-      : dev_(d), s_(s), g_(g), samples_per_step_(samples) {}
+      : dev_(d), s_(s), g_(g), etp_(s.etp == s.tp ? g.tp : g.etp), samples_per_step_(samples) {}
   Status Route(const LayerWeights& w, MoeActs& a, Tensor x, bool count_aux);
   Status Exchange(MoeActs& a);
   // Per-peer row counts as element counts of [rows, hidden].
   std::vector<int64_t> Elements(const std::vector<int64_t>& rows) const;
-  // Rows in dispatch order through the ep all-to-all and the tp all-gather (Dispatch), or
-  // unsorted expert outputs through the tp reduce-scatter and the all-to-all back (Combine).
+  // Rows in dispatch order through the ep all-to-all and the etp all-gather (Dispatch), or
+  // unsorted expert outputs through the etp reduce-scatter and the all-to-all back (Combine).
   // The two buffers alternate as source and destination; the result is in the returned one.
   StatusOr<Tensor> Dispatch(MoeActs& a, Tensor send, Tensor other);
   StatusOr<Tensor> Combine(MoeActs& a, Tensor unsorted, Tensor other);
@@ -82,11 +83,12 @@ class MoeLayer {
   Device& dev_;
   const Shapes s_;
   ProcessGroups& g_;
+  Comm& etp_;  // the expert-tensor group (the tp group at etp = tp)
   const double samples_per_step_;
   Buffer compute_, stats_, counts_;
   Tensor dx_, dlogits_, ones_;                     // compute: [Tr, h], [Tr, E], [Tr·k]
   Tensor logits_, dgate_, sample_stats_;           // f32: [Tr, E], [Tr·k], [2·mbs·E]
-  Tensor send_counts_, recv_counts_, all_counts_;  // i32: [E], [E], [tp·E]
+  Tensor send_counts_, recv_counts_, all_counts_;  // i32: [E], [E], [etp·E]
   double aux_sum_ = 0;
 };
 

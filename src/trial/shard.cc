@@ -104,14 +104,16 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
     bool moe = false;
     std::vector<std::pair<Ref, Ref>> experts;  // fc1 (gate, up), fc2
   };
-  // A column-parallel fc1 ([gate; up] for SwiGLU) and row-parallel fc2 of width `ffn` per tp rank.
-  auto mlp = [&](Kind gate, Kind up, Kind fc2, int64_t key, int64_t ffn, int part) {
-    const Ref fc1 = matrix(SeedOf(seed, gate, key), ffn, h, h, at.tp * ffn, 0, part);
+  // A column-parallel fc1 ([gate; up] for SwiGLU) and row-parallel fc2 of width `ffn` per rank
+  // of a group of `size` (tp, or etp for routed experts) in which this rank is `rank`.
+  auto mlp = [&](Kind gate, Kind up, Kind fc2, int64_t key, int64_t ffn, int part, int64_t rank,
+                 int64_t size) {
+    const Ref fc1 = matrix(SeedOf(seed, gate, key), ffn, h, h, rank * ffn, 0, part);
     if (s.swiglu) {
-      const Ref up_rows = matrix(SeedOf(seed, up, key), ffn, h, h, at.tp * ffn, 0, part);
+      const Ref up_rows = matrix(SeedOf(seed, up, key), ffn, h, h, rank * ffn, 0, part);
       shard.parts_[part].pieces[up_rows.index].continues = true;
     }
-    return std::pair{fc1, matrix(SeedOf(seed, fc2, key), h, ffn, ffn * s.tp, 0, at.tp * ffn, part)};
+    return std::pair{fc1, matrix(SeedOf(seed, fc2, key), h, ffn, ffn * size, 0, rank * ffn, part)};
   };
   const bool first_stage = at.pp == 0, last_stage = at.pp == s.pp - 1;
   // Megatron registers the embedding first: its gradient, complete last, goes in the last bucket.
@@ -145,7 +147,7 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
       if (layernorm) li.n2b = norm(true);
       li.moe = s.IsMoe(layer);
       if (!li.moe) {
-        std::tie(li.fc1, li.fc2) = mlp(kGate, kUp, kFc2, layer, s.ffn, kDense);
+        std::tie(li.fc1, li.fc2) = mlp(kGate, kUp, kFc2, layer, s.ffn, kDense, at.tp, s.tp);
       } else {
         // The router is replicated; every tp rank routes its own rows, so its gradient is a
         // partial sum over tp.
@@ -153,13 +155,13 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
         Piece& router = shard.parts_[kDense].pieces[li.router.index];
         router.tp_replicated = router.tp_partial = true;
         if (s.shared_ffn > 0) {
-          std::tie(li.fc1, li.fc2) = mlp(kSharedGate, kSharedUp, kSharedFc2, layer, s.shared_ffn,
-                                         kDense);
+          std::tie(li.fc1, li.fc2) =
+              mlp(kSharedGate, kSharedUp, kSharedFc2, layer, s.shared_ffn, kDense, at.tp, s.tp);
         }
         for (int64_t e = 0; e < s.local_experts; ++e) {
           const int64_t expert = at.ep * s.local_experts + e;  // global expert index
           li.experts.push_back(mlp(kExpertGate, kExpertUp, kExpertFc2, layer * s.experts + expert,
-                                   s.expert_ffn, kExperts));
+                                   s.expert_ffn, kExperts, at.etp, s.etp));
         }
       }
       layer_idx[chunk].push_back(std::move(li));
@@ -179,7 +181,7 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
   }
 
   // Flat buffers, padded so the distributed optimizer can split them evenly: dense parameters over
-  // their up·cp·dp replicas, experts over their up·cp·dp / ep replicas.
+  // their up·cp·dp replicas, experts over their tp·up·cp·dp / (etp·ep) replicas.
   const int replicas = c.up * c.cp * c.dp;
   const int k = at.cp + c.cp * at.dp;
   shard.separate_master_ = device.compute_dtype() != DType::kF32;
@@ -196,9 +198,8 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
   AUTOPAR_RETURN_IF_ERROR(shard.Allocate(device, shard.parts_[kDense], c.dist_opt ? replicas : 1,
                                          at.up + c.up * k, bucket_size, c.overlap_grad_reduce));
   AUTOPAR_RETURN_IF_ERROR(shard.Allocate(device, shard.parts_[kExperts],
-                                         c.dist_opt ? replicas / c.ep : 1,
-                                         at.up + c.up * at.ep_block, bucket_size,
-                                         c.overlap_grad_reduce));
+                                         c.dist_opt ? static_cast<int>(c.expert_dp()) : 1, at.edp,
+                                         bucket_size, c.overlap_grad_reduce));
   shard.sp_ = c.sp;
   shard.device_ = &device;
   // fp32 training reduces its fp32 gradients whatever the knob says, as Megatron does (the
@@ -455,8 +456,8 @@ StatusOr<std::pair<double, double>> ModelShard::Fingerprint(Device& device, Proc
   for (int part : {kDense, kExperts}) {
     const Partition& p = parts_[part];
     // Every replica holds the same weights: count the first one (dense: up = cp = dp = 0;
-    // experts: the first expert-parallel group of up = 0).
-    const bool owner = at.up == 0 && (part == kDense ? at.cp == 0 && at.dp == 0 : at.ep_block == 0);
+    // experts: expert-data-parallel rank 0).
+    const bool owner = part == kDense ? at.up == 0 && at.cp == 0 && at.dp == 0 : at.edp == 0;
     if (p.padded_numel == 0 || !owner) continue;
     // The weights on the host as floats: bf16 is the upper half of an fp32.
     const Tensor w = p.weights.tensor();

@@ -22,12 +22,17 @@ using backend::Device;
 using backend::StatusOr;
 
 // Megatron-core rank order with Ulysses next to tp: rank = tp + TP·(up + UP·(cp + CP·(dp +
-// DP·pp))). Expert parallelism lives inside the (cp, dp) block (docs/architecture.md §3: ep | dp·cp): with
-// k = cp + CP·dp, the ep consecutive values of k form an expert-parallel group (tp-up-cp-ep-dp-pp).
+// DP·pp))). The experts' grid (MoE parallel folding, docs/architecture.md §3: etp·ep | tp·cp·dp)
+// orders the tp·cp·dp ranks of one up slice and stage by q = tp + TP·k, k = cp + CP·dp: etp
+// consecutive values of q form an expert-tensor group, ep such groups an expert-parallel one
+// (etp-ep-edp). At etp = tp the ep consecutive values of k form an expert-parallel group.
 struct Coordinates {
   int tp = 0, up = 0, cp = 0, dp = 0, pp = 0;
-  int ep = 0;        // rank in the expert-parallel group: k mod ep
-  int ep_block = 0;  // which expert-parallel group of the (cp, dp) block: k / ep
+  int etp = 0;  // rank in the expert-tensor group: q mod etp
+  int ep = 0;   // rank in the expert-parallel group: (q / etp) mod ep
+  // Rank among the ranks holding the same experts (the expert-data-parallel group), up fastest:
+  // up + UP·(q / (etp·ep)).
+  int edp = 0;
   static Coordinates Of(int rank, const ParallelConfig& c);
 };
 
@@ -37,6 +42,7 @@ struct Coordinates {
 struct GroupUse {
   bool tp = false, up = false, cp = false, pp = false, dp = false;
   bool ep = false, edp = false, seq = false, embedding = false;
+  bool etp = false;  // an expert-tensor group of its own: etp > 1 and etp ≠ tp
   friend bool operator==(const GroupUse&, const GroupUse&) = default;
 };
 GroupUse UsedGroups(const ParallelConfig& c, bool moe, bool tied_embedding);
@@ -50,8 +56,10 @@ struct ProcessGroups {
   Comm tp, up, cp, pp;
   // dp: every rank holding the same dense weights (same tp and pp: up·cp·dp ranks), over which
   // dense gradients are reduced and the distributed optimizer shards. edp: the ranks holding the
-  // same experts (same tp, pp and ep rank: up·cp·dp / ep ranks). ep: the expert-parallel group.
-  Comm dp, edp, ep;
+  // same experts (same etp rank, ep rank and pp: tp·up·cp·dp / (etp·ep) ranks). ep: the
+  // expert-parallel group. etp: the expert-tensor group, connected only where it is not the tp
+  // group (at etp = tp the experts use tp).
+  Comm dp, edp, ep, etp;
   Comm seq;        // the ranks that hold pieces of the same samples (tp·up·cp): MoE statistics
   Comm embedding;  // first and last pipeline stage (tied weights)
   static StatusOr<ProcessGroups> Create(backend::Backend& backend, const backend::Group& world,
@@ -73,9 +81,10 @@ struct Shapes {
   // each up rank heads/up query heads (`ul_heads`) and the kv heads they read (`ul_kv_heads`,
   // replicated when kv_heads < up) for the cp rank's rows.
   int64_t cp, up, chunk, ul_heads, ul_kv_heads, ul_cols;
-  // Mixture of experts: experts and the ep rank's share, routed top-k, the tp shard of one
-  // expert's width and of the shared experts' width, and the leading dense layers.
-  int64_t experts, local_experts, topk, expert_ffn, shared_ffn, first_dense;
+  // Mixture of experts: experts and the ep rank's share, routed top-k, the expert tensor
+  // parallel size and its shard of one expert's width, the tp shard of the shared experts'
+  // width, and the leading dense layers.
+  int64_t experts, local_experts, topk, etp, expert_ffn, shared_ffn, first_dense;
   // The transformer layers' linear GEMMs (qkv, proj, fc1, fc2, a MoE layer's shared experts) in
   // fp8 with --fp8-format, as TransformerEngine's layers; the output layer and the router stay in
   // the compute dtype, as in Megatron. Routed experts stay too: their token counts vary per step

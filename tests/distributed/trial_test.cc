@@ -102,6 +102,18 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-moe", "pp=2,dp=2,ep=2"}, Case{"tiny-moe", "dp=4,ep=4,dist_opt=on"},
                       Case{"tiny-moe", "dp=4,ep=2,mbs=2,recompute=full"},
                       Case{"tiny-moe", "tp=2,pp=2,sp=on,recompute=selective"},
+                      // Expert tensor parallel other than tp (MoE parallel folding): etp = 1
+                      // with tp = 2 puts both tp ranks in one ep group (the same layout as
+                      // tp=2,dp=2,ep=2,sp=on above, at etp = 2), or spreads experts over all
+                      // four ranks, or replicates them everywhere; etp = 2 at tp = 1 all-gathers
+                      // over two dp ranks.
+                      Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on,etp=1"},
+                      Case{"tiny-moe", "tp=2,dp=2,ep=4,sp=on,etp=1"},
+                      Case{"tiny-moe", "tp=2,dp=2,sp=on,etp=1"},
+                      Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on,etp=1,dist_opt=on"},
+                      Case{"tiny-moe", "tp=2,pp=2,sp=on,etp=1,recompute=full"},
+                      Case{"tiny-moe", "dp=4,ep=2,etp=2"},
+                      Case{"tiny-moe", "dp=4,etp=2,dist_opt=on"},
                       // Data-parallel overlap off (on is the default of the cases above).
                       Case{"tiny", "dp=4,overlap_grad_reduce=off"},
                       Case{"tiny", "tp=2,dp=2,dist_opt=on,overlap_param_gather=off"},
@@ -284,7 +296,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny", "tp=2,up=2"}, Case{"tiny", "cp=2,up=2,recompute=selective"},
                       Case{"tiny-moe", "dp=4,ep=2"}, Case{"tiny-moe", "dp=4,ep=4"},
                       Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"},
-                      Case{"tiny-moe", "dp=4,ep=4,dist_opt=on"}),
+                      Case{"tiny-moe", "dp=4,ep=4,dist_opt=on"},
+                      Case{"tiny-moe", "tp=2,dp=2,ep=4,sp=on,etp=1"},
+                      Case{"tiny-moe", "dp=4,ep=2,etp=2"}),
     CaseName);
 
 INSTANTIATE_TEST_SUITE_P(
@@ -293,7 +307,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny", "tp=2,cp=2,sp=on"},
                       Case{"tiny", "cp=2,up=2,recompute=selective"},
                       Case{"tiny", "tp=2,up=2,recompute=full"}, Case{"tiny-moe", "dp=4,ep=4"},
-                      Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"}, Case{"tiny-moe", "cp=2,dp=2,ep=2"}),
+                      Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"}, Case{"tiny-moe", "cp=2,dp=2,ep=2"},
+                      Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on,etp=1"}),
     CaseName);
 
 }  // namespace
@@ -318,6 +333,7 @@ TEST_P(MoeGradient, MatchesCentralDifferences) {
   s.hidden = 8;
   s.experts = s.local_experts = 4;
   s.topk = 2;
+  s.etp = 1;
   s.expert_ffn = 6;
   s.swiglu = true;
   ProcessGroups g;  // one rank: every group is unconnected

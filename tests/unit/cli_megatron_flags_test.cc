@@ -46,8 +46,10 @@ constexpr FlagMeaning kEmitted[] = {
      "ModelParallelConfig.hierarchical_context_parallel_sizes: the a2a group's size, then the "
      "p2p group's; their product is the cp size"},
     {"--expert-model-parallel-size", "ep > 1",
-     "ModelParallelConfig.expert_model_parallel_size: experts split over ep ranks (expert tensor "
-     "parallelism left at its default, tp)"},
+     "ModelParallelConfig.expert_model_parallel_size: experts split over ep ranks"},
+    {"--expert-tensor-parallel-size", "etp, for every MoE model (even at its default, tp)",
+     "ModelParallelConfig.expert_tensor_parallel_size: each expert's weights split over etp "
+     "ranks; the expert grid etp·ep·edp·pp folds over the world (parallel_state.py)"},
     {"--moe-token-dispatcher-type", "ep > 1: alltoall, the dispatch the cost model times",
      "TransformerConfig.moe_token_dispatcher_type (default allgather)"},
     {"--micro-batch-size", "mbs", "TrainingConfig.micro_batch_size"},
@@ -101,62 +103,87 @@ struct Case {
 // clang-format off
 const Case kCases[] = {
     {"tp=1,pp=1", Precision::kBF16,
-     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
-     "--global-batch-size 64 --overlap-grad-reduce"},
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--overlap-grad-reduce"},
     {"tp=2,pp=2,vpp=2,mbs=2,sp=on", Precision::kBF16,
      "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
-     "--num-layers-per-virtual-pipeline-stage 1 --micro-batch-size 2 --global-batch-size 64 "
-     "--sequence-parallel --overlap-grad-reduce"},
+     "--num-layers-per-virtual-pipeline-stage 1 --expert-tensor-parallel-size 2 "
+     "--micro-batch-size 2 --global-batch-size 64 --sequence-parallel --overlap-grad-reduce"},
     {"cp=2", Precision::kBF16,
      "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 2 "
-     "--micro-batch-size 1 --global-batch-size 64 --overlap-grad-reduce"},
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--overlap-grad-reduce"},
     {"up=2", Precision::kBF16,
      "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 2 "
-     "--cp-comm-type a2a --micro-batch-size 1 --global-batch-size 64 --overlap-grad-reduce"},
+     "--cp-comm-type a2a --expert-tensor-parallel-size 1 --micro-batch-size 1 "
+     "--global-batch-size 64 --overlap-grad-reduce"},
     {"cp=4,up=2", Precision::kBF16,
      "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 8 "
-     "--cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 4 --micro-batch-size 1 "
-     "--global-batch-size 64 --overlap-grad-reduce"},
+     "--cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 4 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--overlap-grad-reduce"},
     {"tp=2,ep=4,sp=on", Precision::kBF16,
      "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 "
-     "--expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall --micro-batch-size 1 "
-     "--global-batch-size 64 --sequence-parallel --overlap-grad-reduce"},
+     "--expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall "
+     "--expert-tensor-parallel-size 2 --micro-batch-size 1 --global-batch-size 64 "
+     "--sequence-parallel --overlap-grad-reduce"},
+    {"tp=2,ep=4,etp=1,sp=on", Precision::kBF16,
+     "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 "
+     "--expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--sequence-parallel --overlap-grad-reduce"},
+    {"ep=2,etp=2", Precision::kBF16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+     "--expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall "
+     "--expert-tensor-parallel-size 2 --micro-batch-size 1 --global-batch-size 64 "
+     "--overlap-grad-reduce"},
     {"recompute=selective", Precision::kBF16,
-     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
-     "--global-batch-size 64 --recompute-granularity selective --overlap-grad-reduce"},
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--recompute-granularity selective --overlap-grad-reduce"},
     {"recompute=full", Precision::kBF16,
-     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
-     "--global-batch-size 64 --recompute-granularity full --recompute-method uniform "
-     "--recompute-num-layers 1 --overlap-grad-reduce"},
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 "
+     "--overlap-grad-reduce"},
     {"pp=2,recompute=full,recompute_layers=1", Precision::kBF16,
-     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --micro-batch-size 1 "
-     "--global-batch-size 64 --recompute-granularity full --recompute-method block "
-     "--recompute-num-layers 1 --overlap-grad-reduce"},
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--recompute-granularity full --recompute-method block --recompute-num-layers 1 "
+     "--overlap-grad-reduce"},
     {"dist_opt=on", Precision::kBF16,
-     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
-     "--global-batch-size 64 --use-distributed-optimizer --overlap-grad-reduce "
-     "--overlap-param-gather"},
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"},
     {"dist_opt=on,overlap_param_gather=off", Precision::kBF16,
-     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
-     "--global-batch-size 64 --use-distributed-optimizer --overlap-grad-reduce"},
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--use-distributed-optimizer --overlap-grad-reduce"},
     {"dist_opt=on,overlap_grad_reduce=off", Precision::kBF16,
-     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
-     "--global-batch-size 64 --use-distributed-optimizer"},
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--use-distributed-optimizer"},
     {"grad_reduce_dtype=bf16", Precision::kBF16,
-     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
-     "--global-batch-size 64 --overlap-grad-reduce --grad-reduce-in-bf16"},
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--overlap-grad-reduce --grad-reduce-in-bf16"},
     {"grad_reduce_dtype=bf16", Precision::kFP8,
-     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
-     "--global-batch-size 64 --overlap-grad-reduce --grad-reduce-in-bf16"},
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--overlap-grad-reduce --grad-reduce-in-bf16"},
     {"tp=1", Precision::kFP8,
-     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
-     "--global-batch-size 64 --overlap-grad-reduce"},
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--overlap-grad-reduce"},
     {"tp=1", Precision::kFP16,
-     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
-     "--global-batch-size 64 --overlap-grad-reduce --accumulate-allreduce-grads-in-fp32"},
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--overlap-grad-reduce --accumulate-allreduce-grads-in-fp32"},
     {"grad_reduce_dtype=bf16", Precision::kFP16,
-     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
-     "--global-batch-size 64 --overlap-grad-reduce"},
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--overlap-grad-reduce"},
 };
 // clang-format on
 
@@ -260,6 +287,36 @@ TEST(MegatronFlags, EveryCaseReadsBackAsItsConfiguration) {
     EXPECT_EQ(predict("--megatron-args", k.flags), predict("--config", k.spec))
         << k.spec << " " << PrecisionFlag(k.precision);
   }
+}
+
+// The expert tensor parallel size is the configuration's, pasted or on our command line; a dense
+// model has no experts for it to split and says so.
+TEST(MegatronFlags, ExpertTensorParallelSizeIsReadBack) {
+  auto run = [](const std::string& model, const std::string& flags, std::string* err_text) {
+    std::ostringstream out, err;
+    const int code = Main({"predict", "--model", model, "--gpu", "h100", "--nnodes", "2",
+                           "--nproc-per-node", "8", "--global-batch-size", "64", "--seq-length",
+                           "64", "--megatron-args", flags, "--format", "csv"},
+                          out, err);
+    EXPECT_EQ(code, 0) << flags << ": " << err.str();
+    if (err_text) *err_text = err.str();
+    return out.str();
+  };
+  EXPECT_NE(run("tiny-moe",
+                "--tensor-model-parallel-size 2 --sequence-parallel "
+                "--expert-model-parallel-size 4 --expert-tensor-parallel-size 1",
+                nullptr)
+                .find("\"tp=2,pp=1,dp=8,cp=1,up=1,ep=4,etp=1,"),
+            std::string::npos);
+  // Megatron's default, tp, spelled out or not: one configuration.
+  EXPECT_EQ(run("tiny-moe", "--tensor-model-parallel-size 2 --sequence-parallel "
+                            "--expert-tensor-parallel-size 2", nullptr),
+            run("tiny-moe", "--tensor-model-parallel-size 2 --sequence-parallel", nullptr));
+  std::string notes;
+  const std::string dense =
+      run("tiny", "--tensor-model-parallel-size 2 --expert-tensor-parallel-size 1", &notes);
+  EXPECT_NE(notes.find("--expert-tensor-parallel-size 1: ignored"), std::string::npos) << notes;
+  EXPECT_EQ(dense.find("etp="), std::string::npos) << dense;
 }
 
 TEST(MegatronFlags, ContextParallelFlagsThatDoNotDescribeOurSplitsAreRefused) {

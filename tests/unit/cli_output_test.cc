@@ -236,6 +236,12 @@ TEST(CliBridge, OverridesSelectTheConfiguration) {
        {{"model.expert_model_parallel_size", "1"},
         {"model.expert_tensor_parallel_size", "2"},
         {"model.moe_token_dispatcher_type", ""}}},
+      {"tiny-moe",
+       "tp=2,ep=4,etp=1,sp=on",
+       {{"model.tensor_model_parallel_size", "2"},
+        {"model.expert_model_parallel_size", "4"},
+        {"model.expert_tensor_parallel_size", "1"}}},
+      {"llama2-7b", "tp=2", {{"model.expert_tensor_parallel_size", ""}}},
   };
   for (const Case& k : cases) {
     const Result bridge = Predict(k.model, k.spec, "bridge");

@@ -47,6 +47,24 @@ TEST(ReplayTable, ParsesColumnsInAnyOrderWithExtras) {
   EXPECT_EQ(again.rows()[0].step_time_s, 1.5);
 }
 
+TEST(ReplayTable, ReadsAnEtpColumnAndWritesOneOnlyWhereARowNeedsIt) {
+  const ReplayTable t = ReplayTable::Parse(std::string("etp,") + kHeader +
+                                               "1,2,1,8,1,1,4,1,1,on,none,off,1.5,40,ok\n"
+                                               "2,2,1,8,1,1,2,1,1,on,none,off,1.7,40,ok\n",
+                                           "t.csv");
+  ASSERT_EQ(t.rows().size(), 2u);
+  EXPECT_EQ(t.rows()[0].config.etp, 1);
+  EXPECT_EQ(t.rows()[1].config.etp, 0);  // etp = tp: the canonical 0
+  EXPECT_NE(t.ToCsv().find(",etp\n"), std::string::npos) << t.ToCsv();
+  const ReplayTable again = ReplayTable::Parse(t.ToCsv(), "again.csv");
+  EXPECT_EQ(again.rows()[0].config, t.rows()[0].config);
+  EXPECT_EQ(again.rows()[1].config, t.rows()[1].config);
+  // A table whose experts all follow tp reads and writes as it did before etp existed.
+  const ReplayTable plain = ReplayTable::Parse(
+      std::string(kHeader) + "2,1,8,1,1,2,1,1,on,none,off,1.7,40,ok\n", "t.csv");
+  EXPECT_EQ(plain.ToCsv().find("etp"), std::string::npos);
+}
+
 TEST(ReplayTable, BadInputNamesLineColumnAndAllowedValues) {
   ExpectBad("tp,pp\n1,1\n", "'dp'");
   ExpectBad(std::string(kHeader) + "1,1,8,1,1,1,1,1,maybe,none,off,1,1,ok\n", "on, off");

@@ -83,6 +83,22 @@ TEST(Tuner, ReplayedStateProposesTheSameNext) {
   EXPECT_EQ(f.searcher.Propose(replayed.state(), 17, 6), f.searcher.Propose(live.state(), 17, 6));
 }
 
+// A configuration survives its message: every field, the expert tensor parallel size included;
+// a message without etp (an older journal's) means experts that follow tp.
+TEST(Convert, ParallelConfigRoundTripsThroughItsMessage) {
+  for (const char* spec : {"tp=4,pp=2,dp=2,ep=8,etp=1,vpp=2,mbs=2,sp=on,recompute=selective",
+                           "tp=2,dp=8,ep=4,sp=on,dist_opt=on,grad_reduce_dtype=bf16",
+                           "tp=1,dp=16,ep=2,etp=2,recompute=full,recompute_layers=1"}) {
+    const ParallelConfig c = ParseSpec(spec);
+    EXPECT_EQ(FromProto(ToProto(c)), c) << spec;
+  }
+  pb::ParallelConfig old = ToProto(ParseSpec("tp=4,dp=4,ep=4,sp=on"));
+  old.clear_etp();
+  EXPECT_EQ(FromProto(old).expert_tp(), 4);
+  old.set_etp(4);  // written explicitly equal to tp: the same configuration
+  EXPECT_EQ(FromProto(old), ParseSpec("tp=4,dp=4,ep=4,sp=on"));
+}
+
 // The posterior and the whole state survive serialisation: records framed to a file, read back,
 // replayed.
 TEST(Tuner, StateRoundTripsThroughTheJournalFile) {

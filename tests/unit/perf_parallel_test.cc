@@ -110,6 +110,98 @@ TEST(Time, ExpertParallelDispatchAndCombine) {
   EXPECT_LT(ep8m.weights, 0.3 * ep1.weights);
 }
 
+// Expert tensor parallel (etp, MoE parallel folding). At etp = tp the model is what it was before
+// etp existed: these are that model's numbers, bit for bit (step time, peak memory).
+TEST(ExpertTensorParallelAtTp, EstimatesAreThoseOfTheModelBeforeEtp) {
+  struct Golden {
+    const char* model;
+    const char* gpu;
+    int64_t nnodes, gbs, seq;
+    const char* spec;
+    double step_time_s, memory_bytes;
+  };
+  const Golden golden[] = {
+      {"mixtral-8x7b", "h100", 4, 256, 4096,
+       "tp=2,pp=2,dp=8,ep=8,vpp=2,mbs=1,sp=on,recompute=selective,dist_opt=on",
+       0x1.8bea41fcb8f45p+2, 0x1.a0814cp+35},
+      {"mixtral-8x7b", "h100", 4, 256, 4096, "tp=4,dp=8,ep=4,mbs=2,sp=on,recompute=full",
+       0x1.34b7f64612bfbp+3, 0x1.e659d97333333p+35},
+      {"mixtral-8x7b", "h100", 4, 64, 32768,
+       "tp=2,dp=4,cp=2,up=2,ep=4,sp=on,recompute=full,dist_opt=on", 0x1.50dc0c8ba2e21p+4,
+       0x1.eac88fe333333p+35},
+      {"deepseek-v3", "h800", 32, 1024, 4096,
+       "tp=2,dp=128,ep=64,sp=on,recompute=full,dist_opt=on", 0x1.02e307385187dp+5,
+       0x1.df2e77ded999ap+36},
+      {"deepseek-v3", "h800", 32, 1024, 4096,
+       "tp=8,dp=32,ep=32,sp=on,recompute=selective,dist_opt=on", 0x1.86489a2ab1ca1p+5,
+       0x1.9c4946afa6666p+36},
+      {"deepseek-v3", "h800", 8, 64, 32768,
+       "tp=4,dp=4,cp=2,up=2,ep=8,sp=on,recompute=full,dist_opt=on", 0x1.e1c9e33be29dcp+6,
+       0x1.193fff05a6666p+38},
+  };
+  for (const Golden& g : golden) {
+    ClusterSpec cluster;
+    cluster.nnodes = g.nnodes;
+    cluster.gpus_per_node = 8;
+    cluster.gpu = GpuPreset(g.gpu);
+    const CostModel cm(ModelPreset(g.model), SmallTrain(g.gbs, g.seq), cluster,
+                       DefaultConstants(g.gpu));
+    for (const std::string etp : {"", ",etp="}) {
+      ParallelConfig c = Spec(g.spec, g.nnodes * 8);
+      if (!etp.empty()) c = Spec(std::string(g.spec) + etp + std::to_string(c.tp), g.nnodes * 8);
+      const Estimate e = cm.Evaluate(c);
+      EXPECT_EQ(e.time.step_time_s, g.step_time_s) << g.model << " " << g.spec << etp;
+      EXPECT_EQ(e.memory.total(), g.memory_bytes) << g.model << " " << g.spec << etp;
+    }
+  }
+}
+
+struct ExpertTensorParallel : ::testing::Test {
+  ModelSpec model = ModelPreset("mixtral-8x7b");
+  CostModel cm{model, SmallTrain(256, 4096), SmallCluster(4, 8), PerfConstants{}};
+  ParamCounts p = CountParams(model);
+  TimeBreakdown T(const std::string& spec) { return cm.Time(Spec(spec, 32)); }
+  MemoryBreakdown M(const std::string& spec) { return cm.Memory(Spec(spec, 32)); }
+};
+
+TEST_F(ExpertTensorParallel, ExpertsSplitByEtpNotTp) {
+  // Weights per rank: dense ones by tp, the experts by etp·ep.
+  const double experts = model.num_layers * static_cast<double>(p.expert_per_layer);
+  const MemoryBreakdown at_tp = M("tp=4,dp=8,ep=2,sp=on"), one = M("tp=4,dp=8,ep=2,sp=on,etp=1");
+  EXPECT_NEAR(one.weights - at_tp.weights, 2 * experts / 2 * (1 - 1.0 / 4), 1e-6 * one.weights);
+  // etp·ep fixed: the same expert shard, whichever way it is cut.
+  EXPECT_NEAR(M("tp=4,dp=8,ep=8,sp=on,etp=1").weights, M("tp=4,dp=8,ep=2,sp=on").weights,
+              1e-9 * one.weights);
+  // The distributed optimizer shards the experts over tp·dp / (etp·ep) = 32 / (1·2) ranks.
+  const MemoryBreakdown dist = M("tp=4,dp=8,ep=2,sp=on,etp=1,dist_opt=on");
+  const double dense = (p.embedding + p.output_layer + p.final_norm +
+                        model.num_layers * static_cast<double>(p.moe_layer_non_expert())) /
+                       4;
+  EXPECT_NEAR(dist.optimizer, 12 * (dense / 8 + experts / 2 / 16), 1e-6 * dist.optimizer);
+}
+
+TEST_F(ExpertTensorParallel, EtpOneNeedsNoAllGatherAndRunsWiderExpertGemms) {
+  // Without expert parallelism the only expert communication is the etp all-gather and
+  // reduce-scatter: none at etp = 1.
+  EXPECT_GT(T("tp=4,dp=8,sp=on").features[kEpComm], 0);
+  EXPECT_EQ(T("tp=4,dp=8,sp=on,etp=1").features[kEpComm], 0);
+  // Same FLOPs, full-width expert GEMMs instead of quarter-width ones.
+  EXPECT_LT(T("tp=4,dp=8,ep=2,sp=on,etp=1").features[kGemm],
+            T("tp=4,dp=8,ep=2,sp=on").features[kGemm]);
+  // Experts over etp·ep = 8 ranks of a node: the all-to-all stays on NVLink (stride 1), where at
+  // etp = tp an ep of 8 runs at stride tp across nodes.
+  const double inside = T("tp=4,dp=8,ep=8,sp=on,etp=1").features[kEpComm];
+  const double across = T("tp=4,dp=8,ep=8,sp=on").features[kEpComm];
+  EXPECT_LT(inside, across);
+}
+
+TEST_F(ExpertTensorParallel, ExpertGradientsReduceOverTheExpertDataParallelGroup) {
+  // tp=4, dp=8, ep=2: 16 expert replicas at etp = 1 (each rank holds 4 times the expert bytes of
+  // etp = 4, reduced over 4 times as many ranks); the bytes on the wire grow with the shard.
+  const TimeBreakdown one = T("tp=4,dp=8,ep=2,sp=on,etp=1"), at_tp = T("tp=4,dp=8,ep=2,sp=on");
+  EXPECT_GT(one.dp_comm_s, at_tp.dp_comm_s);
+}
+
 // Data-parallel overlap (ParallelConfig's knobs, Megatron's buckets): llama2-7b on 64 GPUs with
 // tp=8, dp=8, so a rank holds ~840 M parameters in tensors of 2–11 M: 17 buckets, each closed
 // once it holds Megatron's default 40 M.

@@ -128,6 +128,7 @@ TEST(SearchSpace, EnumerationEqualsBruteForceFilteredByCheck) {
         for (int32_t cp : {1, 2})
           for (int32_t up : {1, 2})
             for (int32_t ep : degrees)
+              for (int32_t etp : {0, 1, 2, 4})  // 0 = tp; enumerated: the divisors of tp
               for (int32_t vpp : {1, 2, 4})
                 for (int32_t mbs : {1, 2, 4, 8})
                   for (bool sp : {false, true})
@@ -136,11 +137,120 @@ TEST(SearchSpace, EnumerationEqualsBruteForceFilteredByCheck) {
                         for (bool dist_opt : {false, true}) {
                           ParallelConfig c{tp, pp, dp, cp, up, ep, vpp, mbs, sp, r, layers, dist_opt};
                           c.overlap_param_gather = OverlapParamGatherAllowed(c);  // the default
+                          c.etp = etp;
+                          if (etp != 0 && (etp >= tp || tp % etp != 0)) continue;
                           if (dist_opt && dp * cp * up == 1) continue;  // same as dist_opt=off
                           if (space.Check(c).empty()) brute.insert(ToSpec(c));
                         }
   EXPECT_EQ(enumerated, brute);
   EXPECT_GT(brute.size(), 100u);
+  // Folding lets etp = 1 reach ep that tp·cp·dp allows and cp·dp does not.
+  EXPECT_TRUE(brute.count("tp=4,pp=1,dp=2,cp=1,up=1,ep=4,etp=1,vpp=1,mbs=1,sp=on,"
+                          "recompute=none,dist_opt=off"));
+  EXPECT_FALSE(brute.count("tp=4,pp=1,dp=2,cp=1,up=1,ep=4,vpp=1,mbs=1,sp=on,"
+                           "recompute=none,dist_opt=off"));
+}
+
+ModelSpec TinyMoe() {
+  ModelSpec m = TinyModel();
+  m.num_experts = 8;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 32;
+  return m;
+}
+
+TEST(Spec, EtpPrintsOnlyWhereItDiffersFromTpAndParsesBackCanonically) {
+  ParallelConfig c = ParseSpec("tp=4,dp=2,ep=8,etp=1");
+  EXPECT_EQ(c.etp, 1);
+  EXPECT_EQ(c.expert_tp(), 1);
+  EXPECT_EQ(ToSpec(c),
+            "tp=4,pp=1,dp=2,cp=1,up=1,ep=8,etp=1,vpp=1,mbs=1,sp=off,recompute=none,dist_opt=off");
+  EXPECT_EQ(ParseSpec(ToSpec(c)), c);
+  EXPECT_EQ(c.expert_dp(), 1);  // 4·2 ranks per expert grid of 1·8
+  // etp = tp is the default: one configuration, one text.
+  EXPECT_EQ(ParseSpec("tp=4,dp=2,etp=4"), ParseSpec("tp=4,dp=2"));
+  EXPECT_EQ(ParseSpec("tp=4,dp=2,etp=4").etp, 0);
+  EXPECT_EQ(ParseSpec("tp=4,dp=2").expert_tp(), 4);
+  EXPECT_EQ(ToSpec(ParseSpec("tp=4,dp=2,etp=4")).find("etp"), std::string::npos);
+  EXPECT_THROW(ParseSpec("etp=0"), InputError);
+}
+
+TEST(SearchSpace, ExpertTensorParallelIsADimensionForMixtureOfExpertsOnly) {
+  // Dense: experts follow tp, always.
+  SearchSpace(TinyModel(), SmallTrain(8, 64), SmallCluster(1, 8), {})
+      .ForEach([](const ParallelConfig& c) { EXPECT_EQ(c.etp, 0) << ToSpec(c); });
+  // MoE: every divisor of tp, each with the ep sizes its folding allows.
+  std::set<std::pair<int32_t, int32_t>> tp_etp;
+  int32_t widest_ep_at_etp1 = 0;
+  const SearchSpace moe(TinyMoe(), SmallTrain(8, 64), SmallCluster(1, 8), {});
+  moe.ForEach([&](const ParallelConfig& c) {
+    tp_etp.insert({c.tp, c.expert_tp()});
+    EXPECT_NE(c.etp, c.tp) << "etp = tp is spelled 0: " << ToSpec(c);
+    EXPECT_EQ(int64_t{c.tp} * c.cp * c.dp % (int64_t{c.expert_tp()} * c.ep), 0) << ToSpec(c);
+    if (c.tp == 4 && c.expert_tp() == 1) widest_ep_at_etp1 = std::max(widest_ep_at_etp1, c.ep);
+  });
+  EXPECT_EQ(tp_etp, (std::set<std::pair<int32_t, int32_t>>{
+                        {1, 1}, {2, 1}, {2, 2}, {4, 1}, {4, 2}, {4, 4}}));
+  EXPECT_EQ(widest_ep_at_etp1, 8);  // tp=4, dp=2: the 8 ranks, not dp·cp = 2
+}
+
+TEST(SearchSpace, ExpertTensorParallelFollowsMegatronsRules) {
+  const SearchSpace space(TinyMoe(), SmallTrain(8, 64), SmallCluster(1, 8), {});
+  auto check = [&](const char* spec) { return space.Check(Complete(ParseSpec(spec), 8)); };
+  EXPECT_EQ(check("tp=4,dp=2,ep=8,etp=1,sp=on"), "");
+  EXPECT_EQ(check("tp=1,dp=8,ep=4,etp=2"), "");  // etp > tp: Megatron allows it
+  EXPECT_NE(check("tp=4,dp=2,ep=8,sp=on").find("etp·ep = 32 does not divide tp·cp·dp = 8"),
+            std::string::npos);
+  EXPECT_NE(check("tp=2,dp=4,ep=2,etp=3,sp=on").find("moe_ffn_hidden_size"), std::string::npos);
+  EXPECT_NE(SearchSpace(TinyModel(), SmallTrain(8, 64), SmallCluster(1, 8), {})
+                .Check(Complete(ParseSpec("tp=2,dp=4,etp=1"), 8))
+                .find("mixture-of-experts"),
+            std::string::npos);
+  // Megatron-core asserts etp = 1 for experts with biases.
+  ModelSpec biased = TinyMoe();
+  biased.add_bias_linear = true;
+  const SearchSpace with_bias(biased, SmallTrain(8, 64), SmallCluster(1, 8), {});
+  EXPECT_NE(with_bias.Check(Complete(ParseSpec("tp=2,dp=4,sp=on"), 8)).find("add_bias_linear"),
+            std::string::npos);
+  EXPECT_EQ(with_bias.Check(Complete(ParseSpec("tp=2,dp=4,etp=1,sp=on"), 8)), "");
+  with_bias.ForEach([](const ParallelConfig& c) { EXPECT_EQ(c.expert_tp(), 1) << ToSpec(c); });
+}
+
+TEST(SearchSpace, EtpListAndFixRestrictIt) {
+  SpaceOptions o;
+  o.etp = {1};
+  SearchSpace(TinyMoe(), SmallTrain(8, 64), SmallCluster(1, 8), o)
+      .ForEach([](const ParallelConfig& c) { EXPECT_EQ(c.expert_tp(), 1) << ToSpec(c); });
+  o = {};
+  ApplyFix("etp=2,tp=1", o);
+  EXPECT_EQ(o.etp, (std::vector<int32_t>{2}));
+  int64_t n = 0;
+  SearchSpace(TinyMoe(), SmallTrain(8, 64), SmallCluster(1, 8), o)
+      .ForEach([&](const ParallelConfig& c) {
+        EXPECT_EQ(c.expert_tp(), 2) << ToSpec(c);  // given explicitly, etp may exceed tp
+        ++n;
+      });
+  EXPECT_GT(n, 0);
+  // etp = tp pinned: the canonical 0.
+  o = {};
+  ApplyFix("etp=2,tp=2", o);
+  SearchSpace(TinyMoe(), SmallTrain(8, 64), SmallCluster(1, 8), o)
+      .ForEach([](const ParallelConfig& c) { EXPECT_EQ(c.etp, 0) << ToSpec(c); });
+  EXPECT_THROW(ApplyFix("etp=0", o), InputError);
+  EXPECT_THROW(ApplyFix("etp=x", o), InputError);
+  auto field_of = [](const ModelSpec& m, std::vector<int32_t> etp) {
+    SpaceOptions p;
+    p.etp = std::move(etp);
+    try {
+      SearchSpace(m, SmallTrain(8, 64), SmallCluster(1, 8), p);
+    } catch (const InputError& e) {
+      return e.field();
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(field_of(TinyModel(), {1}), "--etp");  // dense
+  EXPECT_EQ(field_of(TinyMoe(), {3}), "--etp");    // 32 wide experts
+  EXPECT_EQ(field_of(TinyMoe(), {1, 2}), "accepted");
 }
 
 TEST(SearchSpace, CheckNamesTheBrokenConstraint) {

@@ -68,6 +68,52 @@ TEST(UsedGroups, MixtureOfExpertsConnectsExpertAndSampleGroups) {
   EXPECT_TRUE(use.edp);
 }
 
+TEST(UsedGroups, ExpertTensorGroupOnlyWhereItIsNotTheTpGroup) {
+  ParallelConfig c = Config(2, 1, 2, 1, 1, /*ep=*/2);
+  EXPECT_FALSE(UsedGroups(c, true, false).etp);  // etp = tp: the experts use the tp group
+  c.etp = 1;
+  GroupUse use = UsedGroups(c, true, false);
+  EXPECT_FALSE(use.etp);
+  EXPECT_TRUE(use.ep);
+  EXPECT_TRUE(use.edp);  // tp·dp / (etp·ep) = 2 replicas of each expert
+  c = Config(1, 1, 4, 1, 1, /*ep=*/2);
+  c.etp = 2;
+  use = UsedGroups(c, true, false);
+  EXPECT_TRUE(use.etp);
+  EXPECT_FALSE(use.edp);  // 4 / (2·2)
+  EXPECT_FALSE(UsedGroups(c, false, false).etp);
+}
+
+// The expert grid (etp-ep-edp over q = tp + TP·(cp + CP·dp) of each up slice) and, at etp = tp,
+// the earlier layout: ep groups of consecutive k = cp + CP·dp.
+TEST(Coordinates, ExpertGridFoldsOverTpCpAndDp) {
+  ParallelConfig c = Config(2, 1, 2, 1, 1, /*ep=*/2);
+  c.etp = 1;
+  for (int rank = 0; rank < 4; ++rank) {
+    const Coordinates at = Coordinates::Of(rank, c);
+    EXPECT_EQ(at.etp, 0);
+    EXPECT_EQ(at.ep, rank % 2) << rank;  // the two tp ranks of a dp rank hold different experts
+    EXPECT_EQ(at.edp, rank / 2) << rank;
+  }
+  c = Config(1, 1, 4, 1, 1, /*ep=*/2);
+  c.etp = 2;
+  for (int rank = 0; rank < 4; ++rank) {
+    const Coordinates at = Coordinates::Of(rank, c);
+    EXPECT_EQ(at.etp, rank % 2) << rank;  // etp over two dp ranks
+    EXPECT_EQ(at.ep, rank / 2) << rank;
+    EXPECT_EQ(at.edp, 0) << rank;
+  }
+  // etp = tp with Ulysses, cp and pipelines: what the layout was before etp existed.
+  c = Config(2, 2, 4, /*cp=*/2, /*up=*/2, /*ep=*/4);
+  for (int rank = 0; rank < 64; ++rank) {
+    const Coordinates at = Coordinates::Of(rank, c);
+    const int k = at.cp + c.cp * at.dp;
+    EXPECT_EQ(at.etp, at.tp) << rank;
+    EXPECT_EQ(at.ep, k % c.ep) << rank;
+    EXPECT_EQ(at.edp, at.up + c.up * (k / c.ep)) << rank;
+  }
+}
+
 TEST(UsedGroups, TiedEmbeddingsOverStagesConnectTheEndStages) {
   EXPECT_TRUE(UsedGroups(Config(1, 4, 1), false, true).embedding);
   EXPECT_FALSE(UsedGroups(Config(1, 4, 1), false, false).embedding);

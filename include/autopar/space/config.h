@@ -1,7 +1,8 @@
 // ParallelConfig: one point of the search space (docs/architecture.md §3), and its canonical text form.
 //
 // The text form is
-// `tp=8,pp=4,dp=2,cp=1,up=1,ep=1,vpp=1,mbs=1,sp=on,recompute=selective,dist_opt=on`, followed by
+// `tp=8,pp=4,dp=2,cp=1,up=1,ep=1,vpp=1,mbs=1,sp=on,recompute=selective,dist_opt=on`, with
+// `etp=N` after `ep` where the experts' tensor parallel size differs from tp, followed by
 // `overlap_grad_reduce=off`, `overlap_param_gather=off` or `grad_reduce_dtype=bf16` only where they
 // differ from their defaults (so the text of every earlier configuration keeps its meaning). Print
 // → parse is the identity; omitted keys take defaults, and an omitted `dp` is derived from the
@@ -28,7 +29,7 @@ struct ParallelConfig {
   int32_t dp = 0;   // data parallel; 0 = derive from the world size
   int32_t cp = 1;   // context parallel (ring attention)
   int32_t up = 1;   // Ulysses sequence parallel (all-to-all over heads)
-  int32_t ep = 1;   // expert parallel (a divisor of dp·cp)
+  int32_t ep = 1;   // expert parallel (etp·ep divides tp·cp·dp: docs/architecture.md §3)
   int32_t vpp = 1;  // virtual pipeline stages (model chunks) per pipeline rank
   int32_t mbs = 1;  // micro-batch size
   bool sp = false;  // Megatron sequence parallelism (needs tp > 1)
@@ -47,6 +48,16 @@ struct ParallelConfig {
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = false;
   GradReduceDtype grad_reduce_dtype = GradReduceDtype::kFP32;
+  // Expert tensor parallel (Megatron's --expert-tensor-parallel-size): the ranks one routed
+  // expert's weights are split over. 0 = tp, Megatron-core's default when the flag is unset; the
+  // canonical form (ParseSpec, the search space) keeps 0 wherever etp equals tp, so that two
+  // spellings of one configuration compare equal. Read it through expert_tp().
+  // (Last, so that positional initialisers of the earlier fields keep their meaning.)
+  int32_t etp = 0;
+
+  int32_t expert_tp() const { return etp > 0 ? etp : tp; }
+  // The ranks holding the same experts (Megatron's expert data parallel size, world / (etp·ep·pp)).
+  int64_t expert_dp() const { return int64_t{tp} * up * cp * dp / (int64_t{expert_tp()} * ep); }
 
   // GPUs one model replica's activations are split over (the tp·cp·up·pp block).
   int64_t model_parallel_size() const { return int64_t{tp} * cp * up * pp; }

@@ -25,7 +25,7 @@ namespace autopar {
 // pins them; overlap_param_gather=on means on wherever Megatron allows it (dist_opt=on and
 // overlap_grad_reduce=on), off elsewhere.
 struct SpaceOptions {
-  std::vector<int32_t> tp, pp, dp, cp, up, ep, vpp, mbs, recompute_layers;
+  std::vector<int32_t> tp, pp, dp, cp, up, ep, etp, vpp, mbs, recompute_layers;
   std::vector<bool> sp, dist_opt;
   std::vector<Recompute> recompute;
   std::vector<bool> overlap_grad_reduce, overlap_param_gather;
@@ -71,7 +71,14 @@ class SearchSpace {
   std::vector<int32_t> TpValues() const;
   std::vector<int32_t> PpValues() const;
   std::vector<int32_t> SeqSplitValues(const std::vector<int32_t>& allowed) const;
-  std::vector<int32_t> EpValues(int64_t dp_cp) const;
+  // The (etp, ep) pairs for tensor parallel size `tp` over an expert block of `expert_block` =
+  // tp·cp·dp ranks, etp outer (0 standing for tp itself, the canonical form); dense models (0, 1).
+  struct ExpertSplit {
+    int32_t etp, ep;
+  };
+  std::vector<ExpertSplit> ExpertSplits(int32_t tp, int64_t expert_block) const;
+  std::vector<int32_t> EtpValues(int32_t tp, int64_t expert_block) const;
+  std::vector<int32_t> EpValues(int64_t ep_ranks) const;
   std::vector<int32_t> VppValues(int32_t pp) const;
   std::vector<int32_t> MbsValues(int64_t batch_per_replica) const;
   std::vector<int32_t> RecomputeLayerValues(int32_t layers_per_stage) const;
@@ -141,8 +148,9 @@ void SearchSpace::ForEach(Fn&& fn) const {
           if (train_.global_batch_size % dp != 0) continue;
           c.dp = static_cast<int32_t>(dp);
           const int64_t batch_per_replica = train_.global_batch_size / dp;
-          for (int32_t ep : EpValues(dp * cp)) {
-            c.ep = ep;
+          for (const ExpertSplit& split : ExpertSplits(tp, int64_t{tp} * cp * dp)) {
+            c.etp = split.etp;
+            c.ep = split.ep;
             for (int32_t mbs : MbsValues(batch_per_replica)) {
               c.mbs = mbs;
               const int64_t microbatches = batch_per_replica / mbs;
