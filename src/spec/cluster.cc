@@ -5,6 +5,7 @@
 #include <string>
 
 #include "autopar/common/status.h"
+#include "internal.h"
 
 namespace autopar {
 
@@ -84,6 +85,14 @@ void Validate(const ClusterSpec& c) {
   if (c.gpus_per_node <= 0) {
     throw InputError("gpus_per_node",
                      "must be a positive integer, got " + std::to_string(c.gpus_per_node));
+  }
+  spec_internal::RequireAtMost(c.nnodes, spec_internal::kMaxGpus, "nnodes");
+  spec_internal::RequireAtMost(c.gpus_per_node, 1024, "gpus_per_node");
+  if (c.nnodes * c.gpus_per_node > spec_internal::kMaxGpus) {
+    throw InputError("nnodes", "nnodes x gpus_per_node must be at most " +
+                                   std::to_string(spec_internal::kMaxGpus) + " GPUs, got " +
+                                   std::to_string(c.nnodes) + " x " +
+                                   std::to_string(c.gpus_per_node));
   }
   Validate(c.gpu);
   // A domain is whole nodes: the collectives' placement (docs/models.md §4.1) and the space's tp

@@ -95,4 +95,11 @@ bool NodeBool(const YAML::Node& node, const std::string& field) {
   throw InputError(field, "expected true or false, got '" + node.Scalar() + "'");
 }
 
+void RequireAtMost(int64_t value, int64_t bound, const char* field) {
+  if (value > bound) {
+    throw InputError(field,
+                     "must be at most " + std::to_string(bound) + ", got " + std::to_string(value));
+  }
+}
+
 }  // namespace autopar::spec_internal

@@ -112,6 +112,26 @@ void Validate(const ModelSpec& m) {
   RequireNonNegative(m.window_size, "window_size");
   RequireNonNegative(m.window_attn_skip_freq, "window_attn_skip_freq");
   RequireNonNegative(m.mtp_num_layers, "mtp_num_layers");
+  using namespace spec_internal;
+  RequireAtMost(m.num_layers, kMaxLayers, "num_layers");
+  RequireAtMost(m.mtp_num_layers, kMaxLayers, "mtp_num_layers");
+  RequireAtMost(m.moe_first_dense_layers, kMaxLayers, "moe_first_dense_layers");
+  RequireAtMost(m.hidden_size, kMaxWidth, "hidden_size");
+  RequireAtMost(m.num_attention_heads, kMaxWidth, "num_attention_heads");
+  RequireAtMost(m.kv_channels, kMaxWidth, "kv_channels");
+  RequireAtMost(m.q_lora_rank, kMaxWidth, "q_lora_rank");
+  RequireAtMost(m.kv_lora_rank, kMaxWidth, "kv_lora_rank");
+  RequireAtMost(m.qk_head_dim, kMaxWidth, "qk_head_dim");
+  RequireAtMost(m.qk_pos_emb_head_dim, kMaxWidth, "qk_pos_emb_head_dim");
+  RequireAtMost(m.v_head_dim, kMaxWidth, "v_head_dim");
+  RequireAtMost(m.ffn_hidden_size, kMaxFfn, "ffn_hidden_size");
+  RequireAtMost(m.moe_ffn_hidden_size, kMaxFfn, "moe_ffn_hidden_size");
+  RequireAtMost(m.moe_shared_expert_intermediate_size, kMaxFfn,
+                "moe_shared_expert_intermediate_size");
+  RequireAtMost(m.vocab_size, kMaxVocabulary, "vocab_size");
+  RequireAtMost(m.max_position_embeddings, kMaxSequence, "max_position_embeddings");
+  RequireAtMost(m.window_size, kMaxSequence, "window_size");
+  RequireAtMost(m.num_experts, kMaxExperts, "num_experts");
   if (m.window_attn_skip_freq > 0 && m.window_size == 0) {
     throw InputError("window_attn_skip_freq",
                      "needs window_size: it says which layers keep full attention among windowed "

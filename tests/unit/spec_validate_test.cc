@@ -61,6 +61,37 @@ TEST(SpecValidateModel, ZeroOrNegativeSizesNameTheField) {
             "max_position_embeddings");
 }
 
+// Sizes past the stated bounds are refused at the boundary, naming the field and the bound, so
+// nothing the models multiply from them can overflow.
+TEST(SpecValidate, SizesPastTheirBoundsNameTheFieldAndTheBound) {
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.num_layers = 100'001; }), "num_layers");
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.num_layers = 100'000; }), "");
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.hidden_size = 4'000'000; }), "hidden_size");
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.vocab_size = int64_t{1} << 40; }), "vocab_size");
+  EXPECT_EQ(ModelErrorField([](ModelSpec& m) {
+              m.num_experts = 70'000;
+              m.moe_router_topk = 2;
+              m.moe_ffn_hidden_size = 64;
+            }),
+            "num_experts");
+  std::string message;
+  TrainSpec t{16, (int64_t{1} << 24) + 1};
+  EXPECT_EQ(FieldOfError([&] { Validate(t); }, &message), "seq_length");
+  EXPECT_NE(message.find("at most 16777216"), std::string::npos) << message;
+  t = {int64_t{1} << 22, int64_t{1} << 22};  // 2^44 tokens per step
+  EXPECT_EQ(FieldOfError([&] { Validate(t); }, &message), "global_batch_size");
+  EXPECT_NE(message.find("tokens per step"), std::string::npos) << message;
+  t = {4096, 4096};
+  EXPECT_EQ(FieldOfError([&] { Validate(t); }), "");
+  ClusterSpec c{int64_t{1} << 22, 8, GpuPreset("h100")};  // 2^25 GPUs
+  EXPECT_EQ(FieldOfError([&] { Validate(c); }, &message), "nnodes");
+  EXPECT_NE(message.find("16777216 GPUs"), std::string::npos) << message;
+  c = {131'072, 8, GpuPreset("h100")};  // a million GPUs plan
+  EXPECT_EQ(FieldOfError([&] { Validate(c); }), "");
+  c = {1, 4096, GpuPreset("h100")};
+  EXPECT_EQ(FieldOfError([&] { Validate(c); }), "gpus_per_node");
+}
+
 TEST(SpecValidateModel, HeadsMustSplitIntoQueryGroups) {
   // tiny has 4 heads; 3 groups would leave heads without a key/value head.
   EXPECT_EQ(ModelErrorField([](ModelSpec& m) { m.num_query_groups = 3; }), "num_query_groups");
