@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "autopar/cli/json.h"
+#include "autopar/perf/accuracy.h"
 
 namespace autopar::cli {
 namespace {
@@ -46,12 +47,23 @@ void WriteJson(std::ostream& out, const Inputs& in, const PlanSummary& summary,
   j.Field("global_batch_size", in.train.global_batch_size).Field("seq_length", in.train.seq_length);
   j.Field("candidates", summary.candidates).Field("feasible", summary.feasible);
   j.Field("elapsed_s", summary.elapsed_s);
+  const PredictionSpread spread = SpreadOf(in.train, in.constants.stack);
+  if (spread.rows > 0) {
+    j.Key("prediction_spread").BeginObject();
+    j.Field("relative", spread.relative).Field("rows", int64_t{spread.rows});
+    j.Field("like", std::string(spread.like));
+    j.EndObject();
+  }
   j.Key("configs").BeginArray();
   for (const Ranked& r : ranked) {
     const Estimate& e = r.estimate;
     j.BeginObject();
     j.Field("config", ToSpec(r.config));
     j.Field("step_time_s", e.time.step_time_s).Field("tokens_per_s", e.tokens_per_s);
+    if (spread.rows > 0) {
+      j.Field("step_time_low_s", e.time.step_time_s * (1 - spread.relative));
+      j.Field("step_time_high_s", e.time.step_time_s * (1 + spread.relative));
+    }
     j.Field("model_tflops_per_gpu", e.model_tflops_per_gpu).Field("mfu", e.mfu);
     j.Field("peak_memory_gib", e.peak_memory_gib).Field("fits", e.fits);
     j.Field("megatron_args", MegatronFlags(r.config, in.model, in.train));
@@ -93,6 +105,12 @@ void WriteTable(std::ostream& out, const Inputs& in, const PlanSummary& summary,
                   ToSpec(ranked[i].config).c_str(), e.time.step_time_s, e.tokens_per_s,
                   e.model_tflops_per_gpu, 100 * e.mfu, e.peak_memory_gib, e.fits ? "" : " (OOM)");
     out << line;
+  }
+  if (const PredictionSpread spread = SpreadOf(in.train, in.constants.stack);
+      spread.rows > 0 && !ranked.empty()) {
+    out << "prediction interval: step_s ±" << Fixed(100 * spread.relative, 1)
+        << "%, the model's mean error on " << spread.rows << " published " << spread.like
+        << " (scripts/bench_accuracy.sh)\n";
   }
   if (!with_breakdown) return;
   for (const Ranked& r : ranked) {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "autopar/perf/accuracy.h"
 #include "autopar/perf/cost_model.h"
 #include "autopar/perf/rank.h"
 #include "autopar/spec/parse.h"
@@ -251,6 +252,24 @@ TEST(Rank, KeepsTheFastestThatFitInOrder) {
     EXPECT_LE(r.top[i - 1].estimate.time.step_time_s, r.top[i].estimate.time.step_time_s);
     EXPECT_TRUE(r.top[i].estimate.fits);
   }
+}
+
+// The spread a prediction carries is the benchmark's error on the published runs that resemble
+// it: by software stack first (unfused attention is the 2020-2022 stack), then by precision.
+TEST(PredictionSpread, FollowsTheRunsTheBenchmarkMeasured) {
+  TrainSpec t{256, 4096};
+  StackOptions stack;
+  const PredictionSpread today = SpreadOf(t, stack);
+  EXPECT_EQ(today.rows, 9);
+  EXPECT_NEAR(today.relative, 0.166, 1e-12);
+  t.precision = Precision::kFP8;
+  EXPECT_EQ(SpreadOf(t, stack).rows, 17);
+  stack.flash_attention = false;
+  t.precision = Precision::kFP16;
+  EXPECT_EQ(SpreadOf(t, stack).rows, 35);
+  EXPECT_LT(SpreadOf(t, stack).relative, today.relative);
+  t.precision = Precision::kFP32;  // the CPU backend: nothing published to rest on
+  EXPECT_EQ(SpreadOf(t, stack).rows, 0);
 }
 
 }  // namespace
