@@ -84,9 +84,11 @@ GPT_ARCH = []  # Megatron-LM's defaults: GeLU, LayerNorm, learned positions, tie
 LLAMA_ARCH = ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
               "--untie-embeddings-and-output-weights", "--disable-bias-linear"]
 # The Megatron-LM of 2020-2022: unfused attention with dropout, fp16, activations sent between
-# stages with scatter/gather.
+# stages with scatter/gather; gradients reduced in fp16, the parameters' dtype (the SC21 scripts,
+# examples/academic_paper_scripts/sc21/SRUN.sh, pass --fp16 without
+# --accumulate-allreduce-grads-in-fp32, which Megatron then leaves off).
 ERA_2020_2022 = ["--no-flash-attention", "--attention-dropout", "0.1", "--hidden-dropout", "0.1",
-                 "--no-overlap-param-gather", "--fp16"]
+                 "--no-overlap-param-gather", "--fp16", "--fix", "grad_reduce_dtype=bf16"]
 # Megatron-core / NeMo of 2024-2026: Transformer Engine with flash (cuDNN fused) attention,
 # gradient reduce and parameter gather overlapped with compute (the tool's defaults), distributed
 # optimizer (in the configuration), fp32 gradient reduction (Megatron's default for bf16).

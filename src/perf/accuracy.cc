@@ -6,7 +6,7 @@ PredictionSpread SpreadOf(const TrainSpec& train, const StackOptions& stack) {
   // scripts/bench_accuracy.sh, 2026-11-25 (docs/models.md §5.1 has the per-source table).
   if (train.precision == Precision::kFP32) return {};  // the CPU backend: no published runs
   if (!stack.flash_attention) {
-    return {0.046, 35, "Megatron-LM runs of 2020-2022 (unfused attention, fp16)"};
+    return {0.044, 35, "Megatron-LM runs of 2020-2022 (unfused attention, fp16)"};
   }
   if (train.precision == Precision::kFP8) {
     // NEMO_LONGCTX_H100 (9 rows, 40.9%) and NEMO_LONGCTX_B200 (8 rows, 14.4%) pooled.
