@@ -29,6 +29,14 @@ void PinSpace(const ParallelConfig& c, const ModelSpec& model, SpaceOptions& spa
   space.grad_reduce_dtype = {c.grad_reduce_dtype};
 }
 
+// Why `c` is not a valid configuration of this job, judged by the space without the user's
+// restrictions, so the reason names the broken constraint ("" when valid).
+std::string ValidityReason(const Inputs& in, const ParallelConfig& c) {
+  SpaceOptions open = in.space;
+  open.tp_across_nodes = true;
+  return SearchSpace(in.model, in.train, in.cluster, open).Check(c);
+}
+
 }  // namespace
 
 int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
@@ -46,9 +54,7 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   std::optional<Ranked> script;
   if (in.script_config) {
     const ParallelConfig c = Complete(*in.script_config, in.cluster.world_size());
-    SpaceOptions open = in.space;
-    open.tp_across_nodes = true;
-    const std::string reason = SearchSpace(in.model, in.train, in.cluster, open).Check(c);
+    const std::string reason = ValidityReason(in, c);
     if (reason.empty()) {
       script = Ranked{c, model.Evaluate(c)};
     } else {
@@ -119,11 +125,7 @@ int RunPredict(const std::vector<std::string>& argv, std::ostream& out, std::ost
     c.overlap_param_gather = pins.overlap_param_gather[0] && OverlapParamGatherAllowed(c);
   }
   if (pins.grad_reduce_dtype.size() == 1) c.grad_reduce_dtype = pins.grad_reduce_dtype[0];
-  // The space with no restrictions judges validity, so the reason names the broken constraint.
-  SpaceOptions open = in.space;
-  open.tp_across_nodes = true;
-  const SearchSpace space(in.model, in.train, in.cluster, open);
-  if (const std::string reason = space.Check(c); !reason.empty()) {
+  if (const std::string reason = ValidityReason(in, c); !reason.empty()) {
     throw InputError("--config", reason);
   }
   const CostModel model(in.model, in.train, in.cluster, in.constants);

@@ -10,25 +10,15 @@
 #include "autopar/spec/model.h"
 #include "autopar/spec/parse.h"
 #include "autopar/spec/train.h"
+#include "spec_test_util.h"
 
 namespace autopar {
 namespace {
 
-// Runs `fn`, which must throw InputError, and returns the field it names ("" if it did not throw).
-std::string FieldOfError(const std::function<void()>& fn, std::string* message = nullptr) {
-  try {
-    fn();
-  } catch (const InputError& e) {
-    if (message != nullptr) *message = e.what();
-    return e.field();
-  }
-  return "";
-}
-
 std::string ModelErrorField(const std::function<void(ModelSpec&)>& edit) {
   ModelSpec m = ModelPreset("tiny");
   edit(m);
-  return FieldOfError([&] { Validate(m); });
+  return ErrorField([&] { Validate(m); });
 }
 
 TEST(SpecToString, SpellingsMatchMegatronFlags) {
@@ -76,20 +66,20 @@ TEST(SpecValidate, SizesPastTheirBoundsNameTheFieldAndTheBound) {
             "num_experts");
   std::string message;
   TrainSpec t{16, (int64_t{1} << 24) + 1};
-  EXPECT_EQ(FieldOfError([&] { Validate(t); }, &message), "seq_length");
+  EXPECT_EQ(ErrorField([&] { Validate(t); }, &message), "seq_length");
   EXPECT_NE(message.find("at most 16777216"), std::string::npos) << message;
   t = {int64_t{1} << 22, int64_t{1} << 22};  // 2^44 tokens per step
-  EXPECT_EQ(FieldOfError([&] { Validate(t); }, &message), "global_batch_size");
+  EXPECT_EQ(ErrorField([&] { Validate(t); }, &message), "global_batch_size");
   EXPECT_NE(message.find("tokens per step"), std::string::npos) << message;
   t = {4096, 4096};
-  EXPECT_EQ(FieldOfError([&] { Validate(t); }), "");
+  EXPECT_EQ(ErrorField([&] { Validate(t); }), "");
   ClusterSpec c{int64_t{1} << 22, 8, GpuPreset("h100")};  // 2^25 GPUs
-  EXPECT_EQ(FieldOfError([&] { Validate(c); }, &message), "nnodes");
+  EXPECT_EQ(ErrorField([&] { Validate(c); }, &message), "nnodes");
   EXPECT_NE(message.find("16777216 GPUs"), std::string::npos) << message;
   c = {131'072, 8, GpuPreset("h100")};  // a million GPUs plan
-  EXPECT_EQ(FieldOfError([&] { Validate(c); }), "");
+  EXPECT_EQ(ErrorField([&] { Validate(c); }), "");
   c = {1, 4096, GpuPreset("h100")};
-  EXPECT_EQ(FieldOfError([&] { Validate(c); }), "gpus_per_node");
+  EXPECT_EQ(ErrorField([&] { Validate(c); }), "gpus_per_node");
 }
 
 TEST(SpecValidateModel, HeadsMustSplitIntoQueryGroups) {
@@ -126,7 +116,7 @@ TEST(SpecValidateModel, MixtureOfExpertsMustBeConsistent) {
   const auto moe = [](const std::function<void(ModelSpec&)>& edit) {
     ModelSpec m = ModelPreset("tiny-moe");  // 4 experts, top-2, 4 layers, 1 dense
     edit(m);
-    return FieldOfError([&] { Validate(m); });
+    return ErrorField([&] { Validate(m); });
   };
   EXPECT_EQ(moe([](ModelSpec& m) { m.moe_router_topk = 5; }), "moe_router_topk");
   EXPECT_EQ(moe([](ModelSpec& m) { m.moe_router_topk = 0; }), "moe_router_topk");
@@ -183,21 +173,21 @@ TEST(SpecValidateCluster, NamesTheFieldAtFault) {
 
   ClusterSpec no_nodes = c;
   no_nodes.nnodes = 0;
-  EXPECT_EQ(FieldOfError([&] { Validate(no_nodes); }), "nnodes");
+  EXPECT_EQ(ErrorField([&] { Validate(no_nodes); }), "nnodes");
   ClusterSpec no_gpus = c;
   no_gpus.gpus_per_node = -8;
-  EXPECT_EQ(FieldOfError([&] { Validate(no_gpus); }), "gpus_per_node");
+  EXPECT_EQ(ErrorField([&] { Validate(no_gpus); }), "gpus_per_node");
   ClusterSpec no_memory = c;
   no_memory.gpu.memory_gib = 0;
-  EXPECT_EQ(FieldOfError([&] { Validate(no_memory); }), "memory_gib");
+  EXPECT_EQ(ErrorField([&] { Validate(no_memory); }), "memory_gib");
   ClusterSpec nan_bandwidth = c;
   nan_bandwidth.gpu.hbm_bandwidth = std::nan("");
-  EXPECT_EQ(FieldOfError([&] { Validate(nan_bandwidth); }), "hbm_bandwidth");
+  EXPECT_EQ(ErrorField([&] { Validate(nan_bandwidth); }), "hbm_bandwidth");
   ClusterSpec no_network = c;
   no_network.gpu.inter_node_bandwidth = 0;
-  EXPECT_EQ(FieldOfError([&] { Validate(no_network); }), "inter_node_bandwidth");
+  EXPECT_EQ(ErrorField([&] { Validate(no_network); }), "inter_node_bandwidth");
   ClusterSpec empty;
-  EXPECT_EQ(FieldOfError([&] { Validate(empty); }), "nnodes");
+  EXPECT_EQ(ErrorField([&] { Validate(empty); }), "nnodes");
 }
 
 TEST(SpecValidateCluster, NvlinkDomainIsWholeNodesAndDefaultsToTheNode) {
@@ -223,21 +213,21 @@ TEST(SpecValidateCluster, NvlinkDomainIsWholeNodesAndDefaultsToTheNode) {
   EXPECT_NO_THROW(Validate(eight_per_node));
   ClusterSpec sixteen_per_node = rack;
   sixteen_per_node.gpus_per_node = 16;
-  EXPECT_EQ(FieldOfError([&] { Validate(sixteen_per_node); }, &message), "nvlink_domain_gpus");
+  EXPECT_EQ(ErrorField([&] { Validate(sixteen_per_node); }, &message), "nvlink_domain_gpus");
   EXPECT_NE(message.find("multiple of gpus_per_node=16"), std::string::npos) << message;
   EXPECT_NE(message.find("--nproc-per-node 4"), std::string::npos) << message;
   ClusterSpec negative = hgx;
   negative.gpu.nvlink_domain_gpus = -72;
-  EXPECT_EQ(FieldOfError([&] { Validate(negative); }), "nvlink_domain_gpus");
+  EXPECT_EQ(ErrorField([&] { Validate(negative); }), "nvlink_domain_gpus");
 }
 
 TEST(SpecValidateTrain, NamesTheFieldAtFault) {
   EXPECT_NO_THROW(Validate(TrainSpec{512, 4096, Precision::kBF16}));
-  EXPECT_EQ(FieldOfError([] {
+  EXPECT_EQ(ErrorField([] {
               Validate(TrainSpec{0, 4096, Precision::kBF16});
             }),
             "global_batch_size");
-  EXPECT_EQ(FieldOfError([] { Validate(TrainSpec{512, -1, Precision::kBF16}); }), "seq_length");
+  EXPECT_EQ(ErrorField([] { Validate(TrainSpec{512, -1, Precision::kBF16}); }), "seq_length");
 }
 
 }  // namespace
