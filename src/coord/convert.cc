@@ -11,6 +11,8 @@ pb::ParallelConfig ToProto(const ParallelConfig& c) {
   p.set_up(c.up);
   p.set_ep(c.ep);
   p.set_etp(c.etp);
+  p.set_pp_first(c.pp_first);
+  p.set_pp_last(c.pp_last);
   p.set_vpp(c.vpp);
   p.set_mbs(c.mbs);
   p.set_sp(c.sp);
@@ -35,6 +37,8 @@ ParallelConfig FromProto(const pb::ParallelConfig& p) {
   c.up = p.up();
   c.ep = p.ep();
   c.etp = p.etp() == c.tp ? 0 : p.etp();  // the canonical form
+  c.pp_first = p.pp_first();
+  c.pp_last = p.pp_last();
   c.vpp = p.vpp();
   c.mbs = p.mbs();
   c.sp = p.sp();

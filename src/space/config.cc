@@ -10,7 +10,8 @@ namespace {
 
 constexpr const char* kFlag = "--config";
 constexpr const char* kKeys =
-    "tp, pp, dp, cp, up, ep, etp, vpp, mbs, sp, recompute, recompute_layers, dist_opt, "
+    "tp, pp, pp_first, pp_last, dp, cp, up, ep, etp, vpp, mbs, sp, recompute, recompute_layers, "
+    "dist_opt, "
     "overlap_grad_reduce, overlap_param_gather, grad_reduce_dtype";
 
 int32_t ParsePositive(const std::string& key, const std::string& value, bool allow_zero) {
@@ -46,8 +47,10 @@ const char* ToString(GradReduceDtype d) { return d == GradReduceDtype::kBF16 ? "
 
 std::string ToSpec(const ParallelConfig& c) {
   std::ostringstream out;
-  out << "tp=" << c.tp << ",pp=" << c.pp << ",dp=" << c.dp << ",cp=" << c.cp << ",up=" << c.up
-      << ",ep=" << c.ep;
+  out << "tp=" << c.tp << ",pp=" << c.pp;
+  if (c.pp_first != 0) out << ",pp_first=" << c.pp_first;
+  if (c.pp_last != 0) out << ",pp_last=" << c.pp_last;
+  out << ",dp=" << c.dp << ",cp=" << c.cp << ",up=" << c.up << ",ep=" << c.ep;
   if (c.expert_tp() != c.tp) out << ",etp=" << c.etp;
   out << ",vpp=" << c.vpp << ",mbs=" << c.mbs << ",sp=" << (c.sp ? "on" : "off")
       << ",recompute=" << ToString(c.recompute);
@@ -78,6 +81,10 @@ ParallelConfig ParseSpec(const std::string& text) {
     const std::string value = item.substr(eq + 1);
     if (key == "tp") c.tp = ParsePositive(key, value, false);
     else if (key == "pp") c.pp = ParsePositive(key, value, false);
+    else if (key == "pp_first")
+      c.pp_first = ParsePositive(key, value, true);
+    else if (key == "pp_last")
+      c.pp_last = ParsePositive(key, value, true);
     else if (key == "dp") c.dp = ParsePositive(key, value, false);
     else if (key == "cp") c.cp = ParsePositive(key, value, false);
     else if (key == "up") c.up = ParsePositive(key, value, false);
@@ -109,7 +116,75 @@ ParallelConfig ParseSpec(const std::string& text) {
     throw InputError(kFlag, "recompute_layers needs recompute=full");
   }
   if (c.etp == c.tp) c.etp = 0;  // the canonical form: 0 is "as tp"
+  if (UnevenStages(c) && c.pp == 1) {
+    throw InputError(kFlag, "pp_first and pp_last need pp > 1");
+  }
   if (!param_gather_given) c.overlap_param_gather = OverlapParamGatherAllowed(c);
+  return c;
+}
+
+std::string StageSplitError(const ParallelConfig& c, int64_t num_layers) {
+  const std::string vpp = std::to_string(c.vpp);
+  if (!UnevenStages(c)) {
+    if (num_layers % c.pp != 0) {
+      return "pp=" + std::to_string(c.pp) +
+             " does not divide num_layers=" + std::to_string(num_layers) +
+             " (pp_first/pp_last give uneven stages)";
+    }
+    if (num_layers / c.pp % c.vpp != 0) {
+      return "vpp=" + vpp + " does not divide the " + std::to_string(num_layers / c.pp) +
+             " layers per pipeline stage";
+    }
+    return {};
+  }
+  if (c.pp < 2) return "pp_first and pp_last need pp > 1";
+  int64_t rest = num_layers, middle_stages = c.pp;
+  for (const auto& [key, given] : {std::pair{"pp_first", c.pp_first}, {"pp_last", c.pp_last}}) {
+    if (given == 0) continue;
+    if (given % c.vpp != 0) {
+      return std::string(key) + "=" + std::to_string(given) + " is not a multiple of vpp=" + vpp;
+    }
+    rest -= given;
+    --middle_stages;
+  }
+  if (rest < 0 || (rest > 0) != (middle_stages > 0)) {
+    return "pp_first=" + std::to_string(c.pp_first) + " and pp_last=" + std::to_string(c.pp_last) +
+           " leave " + std::to_string(rest) + " of num_layers=" + std::to_string(num_layers) +
+           " for " + std::to_string(middle_stages) + " other stages";
+  }
+  if (middle_stages > 0 && (rest % middle_stages != 0 || rest / middle_stages % c.vpp != 0)) {
+    return "the " + std::to_string(rest) + " layers left by pp_first/pp_last do not split into " +
+           std::to_string(middle_stages) + " equal stages of a multiple of vpp=" + vpp + " layers";
+  }
+  return {};
+}
+
+int64_t StageLayers(const ParallelConfig& c, int64_t num_layers, int64_t stage) {
+  if (stage == 0 && c.pp_first != 0) return c.pp_first;
+  if (stage == c.pp - 1 && c.pp_last != 0) return c.pp_last;
+  const int64_t middle_stages = c.pp - (c.pp_first != 0) - (c.pp_last != 0);
+  return (num_layers - c.pp_first - c.pp_last) / middle_stages;
+}
+
+int64_t ChunkFirstLayer(const ParallelConfig& c, int64_t num_layers, int64_t stage, int64_t chunk) {
+  // Chunk k of every stage holds 1/vpp of the stage's layers, so chunk k starts after the
+  // num_layers/vpp layers of the earlier chunks and the earlier stages' chunk k.
+  int64_t before = 0;
+  for (int64_t s = 0; s < stage; ++s) before += StageLayers(c, num_layers, s) / c.vpp;
+  return chunk * (num_layers / c.vpp) + before;
+}
+
+ParallelConfig CanonicalStages(ParallelConfig c, int64_t num_layers) {
+  if (c.pp < 2) return c;
+  const int64_t first = StageLayers(c, num_layers, 0), last = StageLayers(c, num_layers, c.pp - 1);
+  if (c.pp == 2) {  // one given count fixes the other: the first stage's, unless they are even
+    c.pp_first = first == last ? 0 : static_cast<int32_t>(first);
+    c.pp_last = 0;
+    return c;
+  }
+  const int64_t middle = StageLayers(c, num_layers, 1);
+  c.pp_first = first == middle ? 0 : static_cast<int32_t>(first);
+  c.pp_last = last == middle ? 0 : static_cast<int32_t>(last);
   return c;
 }
 

@@ -252,13 +252,10 @@ std::string SearchSpace::Check(const ParallelConfig& c) const {
     return "tp·up = " + Str(int64_t{c.tp} * c.up) + " does not divide num_attention_heads=" +
            Str(model_.num_attention_heads);
   }
-  if (model_.num_layers % c.pp != 0) {
-    return "pp=" + Str(c.pp) + " does not divide num_layers=" + Str(model_.num_layers);
-  }
-  const int64_t layers_per_stage = model_.num_layers / c.pp;
-  if (layers_per_stage % c.vpp != 0) {
-    return "vpp=" + Str(c.vpp) + " does not divide the " + Str(layers_per_stage) +
-           " layers per pipeline stage";
+  if (std::string r = StageSplitError(c, model_.num_layers); !r.empty()) return r;
+  int64_t largest_stage = 0;
+  for (int64_t stage = 0; stage < c.pp; ++stage) {
+    largest_stage = std::max(largest_stage, StageLayers(c, model_.num_layers, stage));
   }
   if (c.vpp > 1 && c.pp == 1) return "vpp > 1 needs pp > 1";
   if (std::string r = SeqSplitReason(train_, "cp·up", int64_t{c.cp} * c.up); !r.empty()) return r;
@@ -279,9 +276,9 @@ std::string SearchSpace::Check(const ParallelConfig& c) const {
   if (std::string r = UlyssesKvReason(model_, c.tp, c.up); !r.empty()) return r;
   if (std::string r = WindowRingReason(model_, c.cp); !r.empty()) return r;
   if (c.recompute_layers != 0 &&
-      (c.recompute != Recompute::kFull || c.recompute_layers >= layers_per_stage)) {
-    return "recompute_layers needs recompute=full and fewer than the " + Str(layers_per_stage) +
-           " layers per stage (0 recomputes every layer)";
+      (c.recompute != Recompute::kFull || c.recompute_layers >= largest_stage)) {
+    return "recompute_layers needs recompute=full and fewer than the " + Str(largest_stage) +
+           " layers of the largest stage (0 recomputes every layer)";
   }
   if (c.overlap_param_gather && !OverlapParamGatherAllowed(c)) {
     return "overlap_param_gather=on needs dist_opt=on and overlap_grad_reduce=on (Megatron-LM "

@@ -90,6 +90,45 @@ TEST(Spec, BadTextNamesTheFlagAndTheAllowedValues) {
   EXPECT_THROW(Complete(ParseSpec("tp=3"), 16), InputError);
 }
 
+TEST(Stages, UnevenSplitPrintsParsesAndFollowsMegatronsLayerOffsets) {
+  // DeepSeek-V3's 61 layers over 16 stages: 1 on the first, 4 on each middle one, 0 given last.
+  ParallelConfig c = ParseSpec("tp=2,pp=16,pp_first=1,pp_last=0,dp=1");
+  EXPECT_EQ(ToSpec(c),
+            "tp=2,pp=16,pp_first=1,dp=1,cp=1,up=1,ep=1,vpp=1,mbs=1,sp=off,"
+            "recompute=none,dist_opt=off");
+  EXPECT_EQ(StageSplitError(c, 61), "");
+  EXPECT_EQ(StageLayers(c, 61, 0), 1);
+  for (int s = 1; s < 16; ++s) EXPECT_EQ(StageLayers(c, 61, s), 4) << s;
+  EXPECT_EQ(ChunkFirstLayer(c, 61, 2, 0), 5);
+  // Interleaved: 2 chunks per stage; 2 + 3·4 + 2 = 16 layers, chunk-major.
+  c = ParseSpec("pp=5,pp_first=2,pp_last=2,vpp=2");
+  EXPECT_EQ(StageSplitError(c, 16), "");
+  EXPECT_EQ(ChunkFirstLayer(c, 16, 0, 0), 0);   // layer 0
+  EXPECT_EQ(ChunkFirstLayer(c, 16, 1, 0), 1);   // layers 1-2
+  EXPECT_EQ(ChunkFirstLayer(c, 16, 4, 0), 7);   // layer 7
+  EXPECT_EQ(ChunkFirstLayer(c, 16, 0, 1), 8);   // layer 8
+  EXPECT_EQ(ChunkFirstLayer(c, 16, 4, 1), 15);  // layer 15, the last
+}
+
+TEST(Stages, SplitsMegatronRefusesAreNamedAndTheCanonicalFormIsTheFewestGiven) {
+  EXPECT_NE(StageSplitError(ParseSpec("pp=4,pp_first=3"), 16).find("do not split"),
+            std::string::npos);  // 13 layers over 3 stages
+  EXPECT_NE(StageSplitError(ParseSpec("pp=4,pp_first=3,vpp=2"), 15).find("multiple of vpp"),
+            std::string::npos);
+  EXPECT_NE(StageSplitError(ParseSpec("pp=2,pp_first=3,pp_last=3"), 8).find("leave 2"),
+            std::string::npos);  // no middle stage may hold what is left
+  EXPECT_NE(StageSplitError(ParseSpec("pp=3"), 8).find("does not divide"), std::string::npos);
+  EXPECT_THROW(ParseSpec("pp=1,pp_first=2"), InputError);
+
+  // 4, 4, 4, 4 given as first=4,last=4 is the even split; 3, 4, 4, 5 keeps both.
+  EXPECT_EQ(CanonicalStages(ParseSpec("pp=4,pp_first=4,pp_last=4"), 16), ParseSpec("pp=4"));
+  EXPECT_EQ(CanonicalStages(ParseSpec("pp=4,pp_first=3,pp_last=5"), 16),
+            ParseSpec("pp=4,pp_first=3,pp_last=5"));
+  EXPECT_EQ(CanonicalStages(ParseSpec("pp=4,pp_first=4,pp_last=1"), 13),
+            ParseSpec("pp=4,pp_last=1"));
+  EXPECT_EQ(CanonicalStages(ParseSpec("pp=2,pp_last=5"), 8), ParseSpec("pp=2,pp_first=3"));
+}
+
 TEST(SearchSpace, HandCountedTinySpace) {
   // 4 GPUs, 4 layers, 4 heads, gbs 8; no SP, recompute or distributed optimizer.
   // (tp,pp,dp): (1,1,4) mbs∈{1,2}: 2; (1,2,2) mbs∈{1,2,4} + vpp=2 for mbs∈{1,2}: 5;

@@ -1,7 +1,9 @@
-// ParallelConfig: one point of the search space (docs/architecture.md §3), and its canonical text form.
+// ParallelConfig: one point of the search space (docs/architecture.md §3), and its canonical text
+// form.
 //
 // The text form is
 // `tp=8,pp=4,dp=2,cp=1,up=1,ep=1,vpp=1,mbs=1,sp=on,recompute=selective,dist_opt=on`, with
+// `pp_first=F` and `pp_last=L` after `pp` where the pipeline's stages are uneven (StageLayers),
 // `etp=N` after `ep` where the experts' tensor parallel size differs from tp, followed by
 // `overlap_grad_reduce=off`, `overlap_param_gather=off` or `grad_reduce_dtype=bf16` only where they
 // differ from their defaults (so the text of every earlier configuration keeps its meaning). Print
@@ -54,6 +56,13 @@ struct ParallelConfig {
   // spellings of one configuration compare equal. Read it through expert_tp().
   // (Last, so that positional initialisers of the earlier fields keep their meaning.)
   int32_t etp = 0;
+  // Uneven pipeline stages, as Megatron's --decoder-first-pipeline-num-layers and
+  // --decoder-last-pipeline-num-layers give them: the transformer layers of the first and of the
+  // last pipeline stage, 0 where not given. The stages not given share the other layers evenly
+  // (StageLayers); both 0 is the even split. The canonical form (CanonicalStages) gives the
+  // fewest of the two that describe the split.
+  int32_t pp_first = 0;
+  int32_t pp_last = 0;
 
   int32_t expert_tp() const { return etp > 0 ? etp : tp; }
   // The ranks holding the same experts (Megatron's expert data parallel size, world / (etp·ep·pp)).
@@ -83,6 +92,27 @@ inline int64_t MegatronDdpBucketSize(int64_t dp) {
 inline int64_t DdpBucketSize(int64_t configured, int64_t dp) {
   return configured > 0 ? configured : MegatronDdpBucketSize(dp);
 }
+
+// ---- pipeline stages (Megatron-core's uneven split, transformer_config.py and
+// get_transformer_layer_offset) ----
+
+// Empty when Megatron-core accepts the split of `num_layers` over c's pp stages and vpp model
+// chunks, else why: pp_first/pp_last need pp > 1 and are multiples of vpp; the stages not given
+// get the remaining layers evenly, a whole number that is a multiple of vpp; a split with no
+// middle stage leaves no layer over. The even split needs pp·vpp to divide num_layers.
+std::string StageSplitError(const ParallelConfig& c, int64_t num_layers);
+// Transformer layers on pipeline stage `stage` (0-based). The split must be valid.
+int64_t StageLayers(const ParallelConfig& c, int64_t num_layers, int64_t stage);
+// Global index of the first layer of model chunk `chunk` on `stage`. Chunks are laid out
+// chunk-major: chunk 0 of every stage in stage order, then chunk 1, ...; each of a stage's vpp
+// chunks holds StageLayers / vpp consecutive layers.
+int64_t ChunkFirstLayer(const ParallelConfig& c, int64_t num_layers, int64_t stage, int64_t chunk);
+// `c` with pp_first/pp_last in canonical form: both 0 when the split is even, else the fewest
+// given (the first stage's count dropped where it equals the middle stages', likewise the
+// last's). The split must be valid.
+ParallelConfig CanonicalStages(ParallelConfig c, int64_t num_layers);
+// Whether the stages hold different numbers of layers.
+inline bool UnevenStages(const ParallelConfig& c) { return c.pp_first != 0 || c.pp_last != 0; }
 
 // Canonical text. Every key is printed; `recompute_layers` only when it is non-zero, the overlap
 // and dtype keys only when they differ from their defaults.
