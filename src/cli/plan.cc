@@ -37,6 +37,38 @@ std::string ValidityReason(const Inputs& in, const ParallelConfig& c) {
   return SearchSpace(in.model, in.train, in.cluster, open).Check(c);
 }
 
+// The note on an uneven pipeline's stages: what the balancer chose and what it equalised (each
+// stage's forward + backward of one micro-batch, and its memory).
+void WriteStagesNote(std::ostream& err, const char* command, const CostModel& model,
+                     const ParallelConfig& c, const Estimate& e) {
+  if (!UnevenStages(c)) return;
+  const std::vector<CostModel::StageEstimate> stages = model.Stages(c);
+  double fastest = stages.front().time_s, slowest = fastest;
+  double least = stages.front().memory_gib, most = least;
+  int64_t slowest_stage = 0;
+  std::string layers;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const CostModel::StageEstimate& s = stages[i];
+    layers += (i == 0 ? "" : "|") + std::to_string(s.layers);
+    fastest = std::min(fastest, s.time_s);
+    if (s.time_s > slowest) {
+      slowest = s.time_s;
+      slowest_stage = static_cast<int64_t>(i);
+    }
+    least = std::min(least, s.memory_gib);
+    most = std::max(most, s.memory_gib);
+  }
+  const std::ios::fmtflags flags = err.flags();
+  const std::streamsize precision = err.precision(4);
+  err << "autopar-tune " << command << ": note: " << ToSpec(c) << ": uneven pipeline stages of "
+      << layers << " layers, MFU " << e.mfu * 100
+      << "%; one micro-batch's forward and backward takes " << fastest << " to " << slowest
+      << " s per stage (slowest: stage " << slowest_stage << "), memory " << least << " to " << most
+      << " GiB per stage\n";
+  err.flags(flags);
+  err.precision(precision);
+}
+
 }  // namespace
 
 int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
@@ -48,8 +80,10 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   if (in.megatron_config) PinSpace(*in.megatron_config, in.model, in.space);
 
   const auto start = std::chrono::steady_clock::now();
-  const SearchSpace space(in.model, in.train, in.cluster, in.space);
   const CostModel model(in.model, in.train, in.cluster, in.constants);
+  // Pipelines with uneven stages, each split (and recompute depth) chosen by the balancer.
+  const StageBalancer balancer(model);
+  const SearchSpace space(in.model, in.train, in.cluster, in.space, &balancer);
   // A pasted script's own configuration: the search goes around it and says where it ranks.
   std::optional<Ranked> script;
   if (in.script_config) {
@@ -82,6 +116,7 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   for (const RankedConfig& r : ranking.top) ranked.push_back({r.config, r.estimate});
   WriteRanked(out, in.format, in, {ranking.candidates, ranking.feasible, elapsed}, ranked,
               breakdown);
+  WriteStagesNote(err, "plan", model, ranked.front().config, ranked.front().estimate);
   if (script) {
     const Estimate& e = script->estimate;
     err << "autopar-tune plan: the script's configuration " << ToSpec(script->config);
@@ -115,6 +150,14 @@ int RunPredict(const std::vector<std::string>& argv, std::ostream& out, std::ost
                                  "flags such as --tensor-model-parallel-size)");
   }
   c = Complete(c, in.cluster.world_size());
+  const CostModel model(in.model, in.train, in.cluster, in.constants);
+  // pp alone, where the layers do not split evenly: the balancer's split, said in a note.
+  if (!UnevenStages(c) && !StageSplitError(c, in.model.num_layers).empty() &&
+      model.BalanceStages(c, false)) {
+    err << "autopar-tune predict: note: " << in.model.num_layers << " layers do not split evenly "
+        << "over pp=" << c.pp << "; predicting the balanced split pp_first=" << c.pp_first
+        << ",pp_last=" << c.pp_last << "\n";
+  }
   // Pins of the overlap and dtype knobs (--fix, --no-overlap-*) apply to the one configuration.
   const SpaceOptions& pins = in.space;
   if (pins.overlap_grad_reduce.size() == 1) {
@@ -128,9 +171,9 @@ int RunPredict(const std::vector<std::string>& argv, std::ostream& out, std::ost
   if (const std::string reason = ValidityReason(in, c); !reason.empty()) {
     throw InputError("--config", reason);
   }
-  const CostModel model(in.model, in.train, in.cluster, in.constants);
   const Estimate estimate = model.Evaluate(c);
   WriteRanked(out, in.format, in, {}, {{c, estimate}}, /*with_breakdown=*/true);
+  WriteStagesNote(err, "predict", model, c, estimate);
   // The estimate is printed either way; a configuration that does not fit is not a plan
   // (exit 3, as `plan` with nothing that fits).
   if (!estimate.fits) {

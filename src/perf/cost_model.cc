@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "stages.h"
+
 namespace autopar {
 namespace {
 
@@ -120,6 +122,21 @@ double CostModel::MemoryBoundTime(double bytes) const {
 // ---- memory (docs/models.md §3) ----
 
 MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
+  // The peak over the stages: the first holds the most micro-batches in flight, the last the
+  // logits, and an uneven split moves layers between them.
+  MemoryBreakdown peak;
+  int64_t before = 0;
+  for (int64_t stage = 0; stage < c.pp; ++stage) {
+    const StageLayout layout = LayoutOf(model_, c, stage, before);
+    before += layout.per_chunk;
+    const MemoryBreakdown mem = StageMemory(c, layout, stage);
+    if (stage == 0 || mem.total() > peak.total()) peak = mem;
+  }
+  return peak;
+}
+
+MemoryBreakdown CostModel::StageMemory(const ParallelConfig& c, const StageLayout& layout,
+                                       int64_t stage) const {
   const ModelSpec& m = model_;
   // Mixed precision keeps 16-bit weights and activations, fp32 main gradients and an fp32
   // master copy with Adam's moments (Megatron's 18 bytes per parameter); fp32 training (the CPU
@@ -135,7 +152,6 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
   // The routed rows a rank's experts hold, as a share of the tensor-parallel region's: each rank
   // routes its 1/tp and the etp all-gather brings etp such shares (1 at etp = tp).
   const double gathered = et / t;
-  const int64_t layers_per_stage = m.num_layers / c.pp;
   const int64_t microbatches = train_.global_batch_size / (int64_t{c.dp} * c.mbs);
   // Every rank of the up·cp·dp block holds the same dense weights (the gradient reduction and
   // the distributed optimizer span them all); the experts are split over ep of them.
@@ -202,88 +218,82 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
   }
   const double layer_input = elem * tokens * h / (c.sp ? t : 1);  // what full recompute keeps
 
-  auto stage_bytes = [&](int64_t stage) {
-    MemoryBreakdown mem;
-    const int64_t first_layer = stage * layers_per_stage;
-    const int64_t dense_layers = std::clamp<int64_t>(
-        m.num_layers - m.num_moe_layers() - first_layer, 0, layers_per_stage);
-    const int64_t moe_layers = layers_per_stage - dense_layers;
+  MemoryBreakdown mem;
+  const int64_t layers_per_stage = layout.layers();
+  const int64_t dense_layers = layout.all.dense_total();
+  const int64_t moe_layers = layout.all.moe_total();
 
-    // Parameters held by this rank: dense ones split by tp, experts by etp·ep.
-    double dense = dense_layers * static_cast<double>(params_.dense_layer()) +
-                   moe_layers * static_cast<double>(params_.moe_layer_non_expert());
-    if (stage == 0) dense += params_.embedding;
-    // Multi-token-prediction modules follow the last layer on the last stage.
-    const double mtp = stage == c.pp - 1 ? static_cast<double>(m.mtp_num_layers) : 0.0;
-    if (stage == c.pp - 1) {
-      dense += params_.final_norm;
-      // A tied embedding (or the one MTP reads) is duplicated on the last stage when the
-      // pipeline splits them.
-      dense += params_.output_layer > 0 ? params_.output_layer
-                                        : (c.pp > 1 ? m.vocab_size * h : 0);
-      if (mtp > 0) {
-        dense += mtp * static_cast<double>(params_.mtp_non_expert());
-        if (c.pp > 1 && params_.output_layer > 0) dense += m.vocab_size * h;
-      }
+  // Parameters held by this rank: dense ones split by tp, experts by etp·ep.
+  double dense = dense_layers * static_cast<double>(params_.dense_layer()) +
+                 moe_layers * static_cast<double>(params_.moe_layer_non_expert());
+  if (stage == 0) dense += params_.embedding;
+  // Multi-token-prediction modules follow the last layer on the last stage.
+  const double mtp = stage == c.pp - 1 ? static_cast<double>(m.mtp_num_layers) : 0.0;
+  if (stage == c.pp - 1) {
+    dense += params_.final_norm;
+    // A tied embedding (or the one MTP reads) is duplicated on the last stage when the
+    // pipeline splits them.
+    dense += params_.output_layer > 0 ? params_.output_layer : (c.pp > 1 ? m.vocab_size * h : 0);
+    if (mtp > 0) {
+      dense += mtp * static_cast<double>(params_.mtp_non_expert());
+      if (c.pp > 1 && params_.output_layer > 0) dense += m.vocab_size * h;
     }
-    dense /= t;
-    const double experts = (moe_layers * static_cast<double>(params_.expert_per_layer) +
-                            mtp * static_cast<double>(params_.mtp_experts())) /
-                           (et * ep);
-    mem.weights = weight_bytes * (dense + experts);
-    // Megatron's main-gradient buffers are fp32, or in the parameters' dtype with
-    // --grad-reduce-in-bf16 (DistributedDataParallelConfig.grad_reduce_in_fp32 off).
-    const double grad_bytes = c.grad_reduce_dtype == GradReduceDtype::kFP32 ? 4 : elem;
-    mem.gradients = grad_bytes * (dense + experts);
-    // The distributed optimizer shards the experts over their expert-data-parallel ranks,
-    // tp·replicas / (etp·ep) (replicas / ep at etp = tp).
-    const double expert_replicas = static_cast<double>(c.expert_dp());
-    mem.optimizer = optimizer_bytes *
-                    (c.dist_opt ? dense / replicas + experts / expert_replicas : dense + experts);
+  }
+  dense /= t;
+  const double experts = (moe_layers * static_cast<double>(params_.expert_per_layer) +
+                          mtp * static_cast<double>(params_.mtp_experts())) /
+                         (et * ep);
+  mem.weights = weight_bytes * (dense + experts);
+  // Megatron's main-gradient buffers are fp32, or in the parameters' dtype with
+  // --grad-reduce-in-bf16 (DistributedDataParallelConfig.grad_reduce_in_fp32 off).
+  const double grad_bytes = c.grad_reduce_dtype == GradReduceDtype::kFP32 ? 4 : elem;
+  mem.gradients = grad_bytes * (dense + experts);
+  // The distributed optimizer shards the experts over their expert-data-parallel ranks,
+  // tp·replicas / (etp·ep) (replicas / ep at etp = tp).
+  const double expert_replicas = static_cast<double>(c.expert_dp());
+  mem.optimizer = optimizer_bytes *
+                  (c.dist_opt ? dense / replicas + experts / expert_replicas : dense + experts);
 
-    // Micro-batches whose activations are alive at the peak of this stage.
-    double in_flight = std::min<double>(microbatches, c.pp - stage);
-    if (c.vpp > 1) in_flight *= 1 + (c.pp - 1.0) / (c.pp * c.vpp);
-    const double dense_layer_bytes = layer_bytes(false);
-    const double moe_layer_bytes = layer_bytes(true);
-    // An MTP module keeps a layer's activations and its input projection's ([tokens, 2h]).
-    const double mtp_layer_bytes =
-        (m.is_moe() ? moe_layer_bytes : dense_layer_bytes) + elem * tokens * 2 * h / (c.sp ? t : 1);
-    double per_microbatch =
-        dense_layers * dense_layer_bytes + moe_layers * moe_layer_bytes + mtp * mtp_layer_bytes;
-    // The backward pass works on one layer at a time: its activation gradients are about the
-    // size of the layer's activations, plus the gathered input and partial sums of the
-    // tensor-parallel region ([s·b, h] each) and the residual-stream gradients and pipeline
-    // send/recv buffers (local [s·b, h] each). A fully recomputed layer rebuilds its activations
-    // first.
-    double working = std::max(dense_layers > 0 ? layer_ws(false) : 0.0,
-                              moe_layers > 0 ? layer_ws(true) : 0.0) +
-                     elem * tokens * h * (2 + 6 / (c.sp ? t : 1)) + context_ws +
-                     (moe_layers > 0 ? moe_transient : 0.0);
-    if (c.recompute == Recompute::kFull) {
-      // Megatron's block method recomputes the first N layers of every model chunk.
-      const int64_t per_chunk = layers_per_stage / c.vpp;
-      const int64_t recomputed = c.recompute_layers == 0
-                                     ? layers_per_stage
-                                     : std::min<int64_t>(c.recompute_layers, per_chunk) * c.vpp;
-      const double avg_layer = per_microbatch / layers_per_stage;
-      per_microbatch = recomputed * layer_input + (layers_per_stage - recomputed) * avg_layer;
-      working += std::max(dense_layer_bytes, moe_layers > 0 ? moe_layer_bytes : 0.0);
+  // Micro-batches whose activations are alive at the peak of this stage.
+  double in_flight = std::min<double>(microbatches, c.pp - stage);
+  if (c.vpp > 1) in_flight *= 1 + (c.pp - 1.0) / (c.pp * c.vpp);
+  const double dense_layer_bytes = layer_bytes(false);
+  const double moe_layer_bytes = layer_bytes(true);
+  // An MTP module keeps a layer's activations and its input projection's ([tokens, 2h]).
+  const double mtp_layer_bytes =
+      (m.is_moe() ? moe_layer_bytes : dense_layer_bytes) + elem * tokens * 2 * h / (c.sp ? t : 1);
+  double per_microbatch =
+      dense_layers * dense_layer_bytes + moe_layers * moe_layer_bytes + mtp * mtp_layer_bytes;
+  // The backward pass works on one layer at a time: its activation gradients are about the
+  // size of the layer's activations, plus the gathered input and partial sums of the
+  // tensor-parallel region ([s·b, h] each) and the residual-stream gradients and pipeline
+  // send/recv buffers (local [s·b, h] each). A fully recomputed layer rebuilds its activations
+  // first.
+  double working =
+      std::max(dense_layers > 0 ? layer_ws(false) : 0.0, moe_layers > 0 ? layer_ws(true) : 0.0) +
+      elem * tokens * h * (2 + 6 / (c.sp ? t : 1)) + context_ws +
+      (moe_layers > 0 ? moe_transient : 0.0);
+  if (c.recompute == Recompute::kFull) {
+    // Megatron's block method recomputes the first N layers of every model chunk: they keep
+    // only their input; the others (and MTP modules) keep their activations.
+    const LayerMix& rerun = layout.recomputed;
+    per_microbatch -= rerun.dense_total() * (dense_layer_bytes - layer_input) +
+                      rerun.moe_total() * (moe_layer_bytes - layer_input);
+    if (rerun.dense_total() + rerun.moe_total() == layers_per_stage) {
+      per_microbatch -= mtp * (mtp_layer_bytes - layer_input);
     }
-    mem.activations = in_flight * per_microbatch + working;
-    if (stage == c.pp - 1) {
-      // 16-bit logits plus the fp32 copy the vocab-parallel cross-entropy works on (in fp32 the
-      // loss works on the logits themselves).
-      mem.logits = (fp32 ? 4 : elem + 4) * tokens * m.vocab_size / t * (1 + m.mtp_num_layers);
-    }
-    const double tensors = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.logits;
-    mem.overhead = constants_.mem.runtime_overhead_gib * kGiB + constants_.mem.fragmentation * tensors;
-    return mem;
-  };
-  MemoryBreakdown first = stage_bytes(0);
-  if (c.pp == 1) return first;
-  MemoryBreakdown last = stage_bytes(c.pp - 1);
-  return last.total() > first.total() ? last : first;
+    working += std::max(dense_layer_bytes, moe_layers > 0 ? moe_layer_bytes : 0.0);
+  }
+  mem.activations = in_flight * per_microbatch + working;
+  if (stage == c.pp - 1) {
+    // 16-bit logits plus the fp32 copy the vocab-parallel cross-entropy works on (in fp32 the
+    // loss works on the logits themselves).
+    mem.logits = (fp32 ? 4 : elem + 4) * tokens * m.vocab_size / t * (1 + m.mtp_num_layers);
+  }
+  const double tensors = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.logits;
+  mem.overhead =
+      constants_.mem.runtime_overhead_gib * kGiB + constants_.mem.fragmentation * tensors;
+  return mem;
 }
 
 }  // namespace autopar

@@ -5,29 +5,12 @@
 #include <vector>
 
 #include "autopar/perf/cost_model.h"
+#include "stages.h"
 
 namespace autopar {
 namespace {
 
 constexpr double kAdamBytesPerParam = 4 + 12 + 12 + 2 + 4;  // see Memory(): grad, m, v, master
-
-// Forward-pass component times of one transformer layer for one micro-batch on one rank.
-struct LayerCost {
-  std::array<double, kNumFeatures> fwd{};
-  std::array<double, kNumFeatures> bwd{};
-  double Sum(const std::array<double, kNumFeatures>& x) const {
-    double s = 0;
-    for (double v : x) s += v;
-    return s;
-  }
-  double forward() const { return Sum(fwd); }
-  double backward() const { return Sum(bwd); }
-};
-
-void AddScaled(std::array<double, kNumFeatures>& to, const std::array<double, kNumFeatures>& x,
-               double scale) {
-  for (int k = 0; k < kNumFeatures; ++k) to[k] += scale * x[k];
-}
 
 // Megatron's bucket count over parameters fed in reverse layout order: a bucket closes once it
 // holds at least `bucket_size`; what is left, with the first parameter of the layout (never
@@ -64,14 +47,16 @@ class ReverseBucketCount {
 int64_t FirstStageBuckets(const ModelSpec& m, const ParallelConfig& c, double bucket_size) {
   const double t = c.tp, et = c.expert_tp(), h = m.hidden_size, d = m.head_dim();
   const double fc1_factor = m.activation == Activation::kSwiGLU ? 2 : 1;
-  const int64_t layers = m.num_layers / c.pp;
+  const int64_t per_chunk = StageLayers(c, m.num_layers, 0) / c.vpp;
   ReverseBucketCount dense(bucket_size), experts(bucket_size);
   auto norm = [&] { dense.Add(h, m.norm == NormKind::kLayerNorm ? 2 : 1); };  // weight (+ bias)
   if (c.pp == 1) {
     if (m.untie_embeddings) dense.Add(static_cast<double>(m.vocab_size) / t * h);
     norm();
   }
-  for (int64_t layer = layers; layer-- > 0;) {
+  // The stage's chunks hold layers [k·L/vpp, k·L/vpp + per_chunk); walked last to first.
+  for (int64_t i = c.vpp * per_chunk; i-- > 0;) {
+    const int64_t layer = i / per_chunk * (m.num_layers / c.vpp) + i % per_chunk;
     const bool moe = m.is_moe() && layer >= m.moe_first_dense_layers;
     if (moe) {
       for (int64_t e = 0; e < m.num_experts / c.ep; ++e) {
@@ -118,7 +103,7 @@ ExpertStrides ExpertGroupStrides(const ParallelConfig& c) {
 
 }  // namespace
 
-TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
+StageTimeParts CostModel::TimeParts(const ParallelConfig& c) const {
   const ModelSpec& m = model_;
   const StackOptions& stack = constants_.stack;
   const Efficiency& e = constants_.eff;
@@ -134,8 +119,6 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   const int64_t tp_stride = 1;
   const int64_t up_stride = c.tp;
   const int64_t cp_stride = int64_t{c.tp} * c.up;
-  const int64_t dp_stride = cp_stride * c.cp;
-  const int64_t pp_stride = dp_stride * c.dp;
   // The expert grid etp-ep-edp (MoE parallel folding, docs/architecture.md §3) over the tp·cp·dp
   // ranks of an up slice, then the up slices: etp consecutive ranks, ep at stride etp.
   const ExpertStrides ex = ExpertGroupStrides(c);
@@ -271,57 +254,133 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   };
 
   const bool windows = m.window_size > 0;
-  const LayerCost dense_layer = layer_cost(false, false);
-  const LayerCost moe_layer = m.is_moe() ? layer_cost(true, false) : LayerCost{};
-  const LayerCost dense_windowed = windows ? layer_cost(false, true) : LayerCost{};
-  const LayerCost moe_windowed = windows && m.is_moe() ? layer_cost(true, true) : LayerCost{};
+  StageTimeParts parts;
+  parts.dense = layer_cost(false, false);
+  if (m.is_moe()) parts.moe = layer_cost(true, false);
+  if (windows) parts.dense_windowed = layer_cost(false, true);
+  if (windows && m.is_moe()) parts.moe_windowed = layer_cost(true, true);
 
-  // ---- the bottleneck pipeline stage: the last one (most MoE layers, plus the logits) ----
-  // Its layers [L − L/pp, L): the dense ones (if any) first, then the MoE ones; each kind split
-  // into windowed and full-attention layers by Megatron's rule (ModelSpec::is_windowed_layer).
-  // Multi-token-prediction modules follow on the same stage: a full-attention layer of the last
-  // layer's kind each, with their projection and a second logits GEMM below.
-  const int64_t layers_per_stage = m.num_layers / c.pp;
-  const int64_t moe_layers = std::min<int64_t>(layers_per_stage, m.num_moe_layers());
-  const int64_t dense_layers = layers_per_stage - moe_layers;
-  const int64_t first_layer = m.num_layers - layers_per_stage;
-  const int64_t dense_win = m.num_windowed_layers(first_layer, dense_layers);
-  const int64_t moe_win = m.num_windowed_layers(first_layer + dense_layers, moe_layers);
-  const int64_t mtp = m.mtp_num_layers;
-  std::array<double, kNumFeatures> stage_fwd{}, stage_bwd{};
-  const auto add_layers = [&](const LayerCost& lc, int64_t count) {
-    if (count == 0) return;
-    AddScaled(stage_fwd, lc.fwd, count);
-    AddScaled(stage_bwd, lc.bwd, count);
-  };
-  add_layers(dense_layer, dense_layers - dense_win);
-  add_layers(moe_layer, moe_layers - moe_win);
-  add_layers(dense_windowed, dense_win);
-  add_layers(moe_windowed, moe_win);
-  add_layers(m.is_moe() ? moe_layer : dense_layer, mtp);
-  // Recomputed layers run their forward (GEMMs, kernels and collectives) again in backward.
-  // (Megatron's block method recomputes the first N layers of every model chunk.)
-  const int64_t layers_per_chunk = layers_per_stage / c.vpp;
-  const double recompute_share =
-      c.recompute != Recompute::kFull ? 0.0
-      : c.recompute_layers == 0
-          ? 1.0
-          : static_cast<double>(std::min<int64_t>(c.recompute_layers, layers_per_chunk)) /
-                layers_per_chunk;
-  AddScaled(stage_bwd, stage_fwd, recompute_share);
-  // Logits and vocab-parallel cross-entropy on the last stage.
+  // The last stage's logits and vocab-parallel cross-entropy; each multi-token-prediction module
+  // adds the 2h → h projection (column-parallel) and its own logits and loss.
   const double v = m.vocab_size;
+  const double mtp = m.mtp_num_layers;
   const double logits_fwd = GemmTime(2 * tokens * h * v / t, v / t);
   const double ce_fwd = 10 * tokens * v / t / hbm;
-  // Each MTP module: the 2h → h projection (column-parallel) and its own logits and loss.
   const double mtp_fwd = mtp * (logits_fwd + GemmTime(2 * tokens * 2 * h * h / t, h / t));
-  stage_fwd[kGemm] += logits_fwd + mtp_fwd;
-  stage_bwd[kGemm] += 2 * (logits_fwd + mtp_fwd);
-  stage_fwd[kMemoryBound] += (1 + mtp) * ce_fwd;
-  stage_bwd[kMemoryBound] += (1 + mtp) * ce_fwd;
-  if (c.sp) {
-    stage_fwd[kTpComm] += AllGatherTime(element_bytes_ * tokens * h, c.tp, tp_stride);
-    stage_bwd[kTpComm] += AllGatherTime(element_bytes_ * tokens * h, c.tp, tp_stride);
+  LayerCost& last = parts.last_extra;
+  last.fwd[kGemm] = logits_fwd + mtp_fwd;
+  last.bwd[kGemm] = 2 * (logits_fwd + mtp_fwd);
+  last.fwd[kMemoryBound] = (1 + mtp) * ce_fwd;
+  last.bwd[kMemoryBound] = (1 + mtp) * ce_fwd;
+  if (c.sp) {  // the final norm's output is gathered for the logits GEMM
+    last.fwd[kTpComm] = AllGatherTime(element_bytes_ * tokens * h, c.tp, tp_stride);
+    last.bwd[kTpComm] = last.fwd[kTpComm];
+  }
+  return parts;
+}
+
+LayerCost CostModel::StageTime(const StageTimeParts& parts, const ParallelConfig& c,
+                               const StageLayout& layout, int64_t stage) const {
+  // The stage's layers, then (block recompute) the forward of the recomputed ones once more in
+  // backward: GEMMs, kernels and collectives.
+  LayerCost cost;
+  parts.AddMix(cost, layout.all);
+  LayerCost rerun;
+  parts.AddMix(rerun, layout.recomputed);
+  AddScaled(cost.bwd, rerun.fwd, 1);
+  if (stage == c.pp - 1) {
+    // Multi-token-prediction modules follow the last layer (recomputed with the whole stage).
+    const double mtp = static_cast<double>(model_.mtp_num_layers);
+    const bool all_rerun =
+        layout.recomputed.dense_total() + layout.recomputed.moe_total() == layout.layers();
+    cost.Add(parts.mtp_layer(model_), mtp);
+    if (all_rerun && c.recompute == Recompute::kFull) {
+      AddScaled(cost.bwd, parts.mtp_layer(model_).fwd, mtp);
+    }
+    cost.Add(parts.last_extra, 1);
+  }
+  return cost;
+}
+
+std::vector<CostModel::StageEstimate> CostModel::Stages(const ParallelConfig& c) const {
+  const StageTimeParts time_parts = TimeParts(c);
+  std::vector<StageEstimate> out;
+  int64_t before = 0;
+  for (int64_t stage = 0; stage < c.pp; ++stage) {
+    const StageLayout layout = LayoutOf(model_, c, stage, before);
+    const LayerCost cost = StageTime(time_parts, c, layout, stage);
+    out.push_back({layout.layers(), cost.forward() + cost.backward(),
+                   StageMemory(c, layout, stage).total() / (1024.0 * 1024.0 * 1024.0)});
+    before += layout.per_chunk;
+  }
+  return out;
+}
+
+TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
+  const ModelSpec& m = model_;
+  const Efficiency& e = constants_.eff;
+  const StackOptions& stack = constants_.stack;
+  const double t = c.tp;
+  const double h = m.hidden_size;
+  const double tokens = c.mbs * static_cast<double>(train_.seq_length) / (c.cp * c.up);
+  const double hbm = cluster_.gpu.hbm_bandwidth * e.memory_bound;
+  const int64_t up_stride = c.tp;
+  const int64_t pp_stride = int64_t{c.tp} * c.up * c.cp * c.dp;
+  const ExpertStrides ex = ExpertGroupStrides(c);
+  const double et = c.expert_tp();
+  const StageTimeParts parts = TimeParts(c);
+
+  // ---- the pipeline stages (docs/models.md §4.4) ----
+  // The slowest stage paces the schedule. Each stage's dense parameters: its layers, plus the
+  // embedding (first stage) or the final norm and output layer (last stage; a tied embedding's
+  // copy when pp > 1, and the one MTP reads); its experts: its MoE layers' and the MTP modules'.
+  // The stage whose gradient reduction takes longest sets the data-parallel and optimizer terms.
+  const int64_t mtp = m.mtp_num_layers;
+  const bool embedding_copy = c.pp > 1 && (params_.output_layer == 0 || mtp > 0);
+  const double first_extra = static_cast<double>(params_.embedding);
+  const double last_extra =
+      static_cast<double>(params_.final_norm) + static_cast<double>(params_.output_layer) +
+      (embedding_copy ? static_cast<double>(m.vocab_size) * h : 0.0) +
+      static_cast<double>(mtp) * static_cast<double>(params_.mtp_non_expert());
+  const double grad_bytes = c.grad_reduce_dtype == GradReduceDtype::kFP32 ? 4 : element_bytes_;
+  const int64_t dp_group = int64_t{c.dp} * c.cp * c.up;
+  const int64_t edp_group = c.expert_dp();
+  auto reduce_time = [&](double dense, double experts) {
+    return c.dist_opt ? AllGatherTime(grad_bytes * dense, dp_group, up_stride) +
+                            AllGatherTime(grad_bytes * experts, edp_group, ex.edp)
+                      : AllReduceTime(grad_bytes * dense, dp_group, up_stride) +
+                            AllReduceTime(grad_bytes * experts, edp_group, ex.edp);
+  };
+  LayerCost slowest;
+  double slowest_time = -1, recompute_share = 0;
+  double dense_params = 0, expert_params = 0, grad_time = -1;
+  int64_t before = 0;
+  for (int64_t stage = 0; stage < c.pp; ++stage) {
+    const StageLayout layout = LayoutOf(m, c, stage, before);
+    before += layout.per_chunk;
+    const LayerCost cost = StageTime(parts, c, layout, stage);
+    if (cost.forward() + cost.backward() > slowest_time) {
+      slowest = cost;
+      slowest_time = cost.forward() + cost.backward();
+      recompute_share =
+          static_cast<double>(layout.recomputed.dense_total() + layout.recomputed.moe_total()) /
+          std::max<int64_t>(layout.layers(), 1);
+    }
+    const double dense =
+        (layout.all.dense_total() * static_cast<double>(params_.dense_layer()) +
+         layout.all.moe_total() * static_cast<double>(params_.moe_layer_non_expert()) +
+         (stage == 0 ? first_extra : 0.0) + (stage == c.pp - 1 ? last_extra : 0.0)) /
+        t;
+    const double experts =
+        (layout.all.moe_total() * static_cast<double>(params_.expert_per_layer) +
+         (stage == c.pp - 1 ? static_cast<double>(mtp) * params_.mtp_experts() : 0.0)) /
+        (et * c.ep);
+    // (Ties, e.g. with no data parallelism, go to the later stage: the last one's parameters.)
+    if (const double g = reduce_time(dense, experts); g >= grad_time) {
+      grad_time = g;
+      dense_params = dense;
+      expert_params = experts;
+    }
   }
 
   TimeBreakdown out;
@@ -330,14 +389,11 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   // 1F1B: (m + p − 1)·(t_f + t_b); interleaved: bubble (p − 1)/v instead of p − 1.
   const double slots = microbatches + (c.pp - 1.0) / c.vpp;
   out.bubble_fraction = 1.0 - microbatches / slots;
-  for (int k = 0; k < kNumFeatures; ++k) out.features[k] = slots * (stage_fwd[k] + stage_bwd[k]);
-  out.layer_forward_s = dense_layer.forward();
-  out.layer_backward_s = dense_layer.backward() + recompute_share * dense_layer.forward();
-  double fwd = 0, bwd = 0;
-  for (int k = 0; k < kNumFeatures; ++k) {
-    fwd += stage_fwd[k];
-    bwd += stage_bwd[k];
-  }
+  for (int k = 0; k < kNumFeatures; ++k)
+    out.features[k] = slots * (slowest.fwd[k] + slowest.bwd[k]);
+  out.layer_forward_s = parts.dense.forward();
+  out.layer_backward_s = parts.dense.backward() + recompute_share * parts.dense.forward();
+  const double fwd = slowest.forward(), bwd = slowest.backward();
   out.forward_per_microbatch_s = fwd;
   out.backward_per_microbatch_s = bwd;
 
@@ -353,37 +409,10 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   // the tp·up·cp·dp / (etp·ep) that hold the same experts (at stride etp·ep). Gradients travel in
   // the reduction dtype: fp32 (Megatron's default) or the 16-bit parameter dtype
   // (--grad-reduce-in-bf16; fp32 training reduces its fp32 gradients either way).
-  // A stage's dense parameters: its layers, plus the embedding (first stage) or the final norm
-  // and output layer (last stage; a tied embedding's copy when pp > 1), whichever is more.
-  const double first_extra = static_cast<double>(params_.embedding);
-  // MTP modules live on the last stage, which then also needs the embedding (a copy when
-  // pp > 1, as for tied embeddings).
-  const bool embedding_copy = c.pp > 1 && (params_.output_layer == 0 || mtp > 0);
-  const double last_extra =
-      static_cast<double>(params_.final_norm) + static_cast<double>(params_.output_layer) +
-      (embedding_copy ? static_cast<double>(m.vocab_size) * h : 0.0) +
-      static_cast<double>(mtp) * static_cast<double>(params_.mtp_non_expert());
-  const double dense_params =
-      (dense_layers * static_cast<double>(params_.dense_layer()) +
-       moe_layers * static_cast<double>(params_.moe_layer_non_expert()) +
-       (c.pp == 1 ? first_extra + last_extra : std::max(first_extra, last_extra))) /
-      t;
-  const double expert_params =
-      (moe_layers * static_cast<double>(params_.expert_per_layer) +
-       static_cast<double>(mtp) * static_cast<double>(params_.mtp_experts())) /
-      (et * c.ep);
-  const double grad_bytes = c.grad_reduce_dtype == GradReduceDtype::kFP32 ? 4 : element_bytes_;
-  const int64_t dp_group = int64_t{c.dp} * c.cp * c.up;
-  const int64_t edp_group = c.expert_dp();
-  double grad_time, gather_time = 0;
+  double gather_time = 0;
   if (c.dist_opt) {
-    grad_time = AllGatherTime(grad_bytes * dense_params, dp_group, up_stride) +
-                AllGatherTime(grad_bytes * expert_params, edp_group, ex.edp);
     gather_time = AllGatherTime(element_bytes_ * dense_params, dp_group, up_stride) +
                   AllGatherTime(element_bytes_ * expert_params, edp_group, ex.edp);
-  } else {
-    grad_time = AllReduceTime(grad_bytes * dense_params, dp_group, up_stride) +
-                AllReduceTime(grad_bytes * expert_params, edp_group, ex.edp);
   }
   // Megatron's overlap (megatron/core/distributed/): parameters go into buckets of
   // MegatronDdpBucketSize(dp) in reverse order, on the first pipeline stage only (later stages,

@@ -38,9 +38,13 @@ std::string Str(int64_t v) { return std::to_string(v); }
 
 }  // namespace
 
-SearchSpace::SearchSpace(const ModelSpec& model, const TrainSpec& train,
-                         const ClusterSpec& cluster, SpaceOptions options)
-    : model_(model), train_(train), cluster_(cluster), options_(std::move(options)) {
+SearchSpace::SearchSpace(const ModelSpec& model, const TrainSpec& train, const ClusterSpec& cluster,
+                         SpaceOptions options, const StageSplitter* splitter)
+    : model_(model),
+      train_(train),
+      cluster_(cluster),
+      options_(std::move(options)),
+      splitter_(splitter) {
   Validate(model_);
   Validate(train_);
   Validate(cluster_);
@@ -156,7 +160,13 @@ void SearchSpace::ValidateOptions() const {
                                                            options_.tp_across_nodes, tp));
   }
   for (int32_t pp : options_.pp) {
-    if (pp < 1 || model_.num_layers % pp != 0 || world % pp != 0) {
+    if (splitter_ != nullptr) {  // uneven stages
+      if (pp < 1 || pp > model_.num_layers || world % pp != 0) {
+        throw InputError("--pp", "pp=" + Str(pp) +
+                                     " must be at most num_layers=" + Str(model_.num_layers) +
+                                     " and divide the world size " + Str(world));
+      }
+    } else if (pp < 1 || model_.num_layers % pp != 0 || world % pp != 0) {
       throw InputError("--pp", "pp=" + Str(pp) + " must divide num_layers=" +
                                    Str(model_.num_layers) + " and the world size " + Str(world));
     }
@@ -306,6 +316,10 @@ std::vector<int32_t> SearchSpace::TpValues() const {
 }
 
 std::vector<int32_t> SearchSpace::PpValues() const {
+  if (splitter_ != nullptr) {  // uneven stages: every pp with a layer per stage
+    return Select(options_.pp, Divisors(cluster_.world_size(), model_.num_layers),
+                  [&](int32_t pp) { return pp <= model_.num_layers; });
+  }
   return Select(options_.pp, Divisors(model_.num_layers, cluster_.world_size()),
                 [&](int32_t pp) { return model_.num_layers % pp == 0; });
 }
@@ -350,6 +364,11 @@ std::vector<int32_t> SearchSpace::VppValues(int32_t pp) const {
   const int64_t layers_per_stage = model_.num_layers / pp;
   if (pp == 1) {
     return Select(options_.vpp, {1}, [](int32_t v) { return v == 1; });
+  }
+  if (splitter_ != nullptr) {  // chunks of equal size need vpp to divide the layers
+    return Select(
+        options_.vpp, Divisors(model_.num_layers, model_.num_layers / pp),
+        [&](int32_t v) { return model_.num_layers % v == 0 && v * pp <= model_.num_layers; });
   }
   return Select(options_.vpp, Divisors(layers_per_stage, layers_per_stage),
                 [&](int32_t v) { return layers_per_stage % v == 0; });

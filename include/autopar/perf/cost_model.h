@@ -8,10 +8,12 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "autopar/perf/constants.h"
 #include "autopar/perf/params.h"
 #include "autopar/space/config.h"
+#include "autopar/space/space.h"
 #include "autopar/spec/cluster.h"
 #include "autopar/spec/model.h"
 #include "autopar/spec/train.h"
@@ -70,6 +72,10 @@ struct Estimate {
   bool fits = false;
 };
 
+struct LayerCost;
+struct StageLayout;
+struct StageTimeParts;
+
 class CostModel {
  public:
   CostModel(const ModelSpec& model, const TrainSpec& train, const ClusterSpec& cluster,
@@ -79,6 +85,22 @@ class CostModel {
   Estimate Evaluate(const ParallelConfig& c) const;
   MemoryBreakdown Memory(const ParallelConfig& c) const;
   TimeBreakdown Time(const ParallelConfig& c) const;
+
+  // One pipeline stage of `c`: its transformer layers, one micro-batch's forward and backward
+  // through it (s, with recompute, and the logits on the last stage) and its memory (GiB).
+  struct StageEstimate {
+    int64_t layers = 0;
+    double time_s = 0;
+    double memory_gib = 0;
+  };
+  std::vector<StageEstimate> Stages(const ParallelConfig& c) const;
+
+  // Chooses c's uneven split (pp_first, pp_last), and with `choose_recompute_layers` under full
+  // recompute the block-recompute depth (recompute_layers), among every choice Megatron-LM can
+  // express for c's pp and vpp: the one whose slowest stage is fastest with every stage within
+  // the GPU's memory, or the least peak memory when no choice fits (docs/models.md §4.5). The
+  // result is canonical (CanonicalStages). False, `c` unchanged, when no split is valid.
+  bool BalanceStages(ParallelConfig& c, bool choose_recompute_layers) const;
 
   const ParamCounts& params() const { return params_; }
   double model_flops_per_step() const { return model_flops_per_step_; }
@@ -103,6 +125,13 @@ class CostModel {
   double BusBandwidth(int64_t n, int64_t stride) const;
   int64_t MembersPerDomain(int64_t n, int64_t stride) const;
   double Latency(int64_t n, int64_t stride) const;
+  // The cost of one layer of each kind and the last stage's own work (time_model.cc), and one
+  // stage's time and memory from its layers (StageLayout, src/perf/stages.h).
+  StageTimeParts TimeParts(const ParallelConfig& c) const;
+  LayerCost StageTime(const StageTimeParts& parts, const ParallelConfig& c,
+                      const StageLayout& layout, int64_t stage) const;
+  MemoryBreakdown StageMemory(const ParallelConfig& c, const StageLayout& layout,
+                              int64_t stage) const;
 
   ModelSpec model_;
   TrainSpec train_;
@@ -114,6 +143,18 @@ class CostModel {
   // Bytes of a weight or activation element: 2 under mixed precision, 4 in fp32 training.
   double element_bytes_ = 2;
   double model_flops_per_step_ = 0;
+};
+
+// The cost model's balancer as the search space's splitter.
+class StageBalancer : public StageSplitter {
+ public:
+  explicit StageBalancer(const CostModel& model) : model_(model) {}
+  bool Split(ParallelConfig& c, bool choose_recompute_layers) const override {
+    return model_.BalanceStages(c, choose_recompute_layers);
+  }
+
+ private:
+  const CostModel& model_;
 };
 
 }  // namespace autopar

@@ -45,12 +45,28 @@ void ApplyFix(const std::string& text, SpaceOptions& options);
 // Parses a list flag value such as "1,2,4". Throws InputError(flag).
 std::vector<int32_t> ParseIntList(const std::string& flag, const std::string& text);
 
+// Chooses a configuration's uneven pipeline split, and where asked its block-recompute depth:
+// the cost model's stage balancer (CostModel::BalanceStages, docs/models.md §4.5). An interface,
+// so that the space stays free of the cost model.
+class StageSplitter {
+ public:
+  virtual ~StageSplitter() = default;
+  // Sets c.pp_first and c.pp_last (and with `choose_recompute_layers` c.recompute_layers) to a
+  // split Megatron accepts; false when c's pp and vpp admit none.
+  virtual bool Split(ParallelConfig& c, bool choose_recompute_layers) const = 0;
+};
+
 class SearchSpace {
  public:
   // Throws InputError naming the flag when a restricted value can never satisfy a constraint
   // (e.g. `--tp 3` with 32 heads), so the user learns why rather than getting an empty space.
+  //
+  // Without a splitter every stage holds num_layers/pp layers, so pp·vpp must divide the layers.
+  // With one, any pp and vpp with pp·vpp ≤ num_layers is a candidate and each configuration the
+  // space yields carries the split the splitter chose (and, under full recompute with no
+  // recompute_layers given or swept, its depth); `splitter` must outlive the space.
   SearchSpace(const ModelSpec& model, const TrainSpec& train, const ClusterSpec& cluster,
-              SpaceOptions options);
+              SpaceOptions options, const StageSplitter* splitter = nullptr);
 
   // Empty when `c` is valid, else the first violated constraint in words.
   std::string Check(const ParallelConfig& c) const;
@@ -89,6 +105,7 @@ class SearchSpace {
   TrainSpec train_;
   ClusterSpec cluster_;
   SpaceOptions options_;
+  const StageSplitter* splitter_ = nullptr;
 };
 
 namespace space_detail {
@@ -124,6 +141,7 @@ void SearchSpace::ForEach(Fn&& fn) const {
   const std::vector<GradReduceDtype>& dtype_values =
       options_.grad_reduce_dtype.empty() ? fp32 : options_.grad_reduce_dtype;
   const std::vector<bool> off = {false};
+  const bool choose_depth = options_.recompute_layers.empty() && !options_.sweep_recompute_layers;
 
   ParallelConfig c;
   for (int32_t tp : TpValues()) {
@@ -183,7 +201,14 @@ void SearchSpace::ForEach(Fn&& fn) const {
                             c.overlap_param_gather = gather_overlap;
                             for (GradReduceDtype dtype : dtype_values) {
                               c.grad_reduce_dtype = dtype;
-                              fn(static_cast<const ParallelConfig&>(c));
+                              if (splitter_ == nullptr) {
+                                fn(static_cast<const ParallelConfig&>(c));
+                                continue;
+                              }
+                              ParallelConfig staged = c;
+                              if (splitter_->Split(staged, choose_depth)) {
+                                fn(static_cast<const ParallelConfig&>(staged));
+                              }
                             }
                           }
                         }

@@ -1,0 +1,179 @@
+// The stage balancer of docs/models.md §4.5: Megatron's uneven split (pp_first, pp_last, the
+// other stages even) and block-recompute depth chosen by branch and bound over every choice
+// Megatron-LM can express, so the result is the exact optimum of the model, not a heuristic.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "autopar/perf/cost_model.h"
+#include "stages.h"
+
+namespace autopar {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// Calls fn(first, last) once for every split of `layers` over c.pp stages and c.vpp chunks that
+// Megatron-core accepts, in canonical form; `skip(first, middle, last)` may rule out a split (or,
+// with first = 0 and last = 0, a whole middle-stage size) before it is evaluated. A split's
+// stages hold first, middle (pp − 2 of them) and last layers.
+template <class Skip, class Fn>
+void ForEachSplit(const ParallelConfig& c, int64_t layers, Skip&& skip, Fn&& fn) {
+  const int64_t v = c.vpp;
+  if (c.pp == 1) {
+    fn(0, 0);
+    return;
+  }
+  if (c.pp == 2) {
+    for (int64_t first = v; first <= layers - v; first += v) {
+      const int64_t last = layers - first;
+      if (skip(first, int64_t{0}, last)) continue;
+      fn(first == last ? 0 : first, 0);
+    }
+    return;
+  }
+  for (int64_t middle = v; (c.pp - 2) * middle <= layers - 2 * v; middle += v) {
+    if (skip(int64_t{0}, middle, int64_t{0})) continue;
+    const int64_t ends = layers - (c.pp - 2) * middle;
+    for (int64_t first = v; first <= ends - v; first += v) {
+      const int64_t last = ends - first;
+      if (skip(first, middle, last)) continue;
+      fn(first == middle ? 0 : first, last == middle ? 0 : last);
+    }
+  }
+}
+
+// The valid split whose largest stage is smallest (the even one where pp·vpp divides the
+// layers); false when there is none.
+bool MostEvenSplit(ParallelConfig& c, int64_t layers) {
+  int64_t fewest = std::numeric_limits<int64_t>::max();
+  ParallelConfig best = c;
+  auto never = [](int64_t, int64_t, int64_t) { return false; };
+  ForEachSplit(c, layers, never, [&](int64_t first, int64_t last) {
+    ParallelConfig trial = c;
+    trial.pp_first = static_cast<int32_t>(first);
+    trial.pp_last = static_cast<int32_t>(last);
+    int64_t largest = 0;
+    for (int64_t stage = 0; stage < c.pp; ++stage) {
+      largest = std::max(largest, StageLayers(trial, layers, stage));
+    }
+    if (largest < fewest) {
+      fewest = largest;
+      best = trial;
+    }
+  });
+  if (fewest == std::numeric_limits<int64_t>::max()) return false;
+  c = CanonicalStages(best, layers);
+  return true;
+}
+
+}  // namespace
+
+bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) const {
+  const int64_t layers = model_.num_layers;
+  if (c.pp * c.vpp > layers || layers % c.vpp != 0) return false;
+  const StageTimeParts parts = TimeParts(c);
+  const double cap = cluster_.gpu.memory_gib * kGiB;
+
+  // Recompute depths from the least recompute to the most (0 = every layer): time grows and
+  // memory shrinks along them, so a split's best depth is the first that fits.
+  std::vector<int32_t> depths = {c.recompute_layers};
+  if (choose_recompute_layers && c.recompute == Recompute::kFull) {
+    depths.clear();
+    for (int32_t d = 1; d < layers / c.pp / c.vpp + 1; ++d) depths.push_back(d);
+    depths.push_back(0);
+  }
+
+  // The slowest stage's time and the peak memory of `trial`.
+  struct Outcome {
+    double slowest = 0, peak = 0;
+  };
+  auto evaluate = [&](const ParallelConfig& trial) {
+    Outcome out;
+    int64_t before = 0;
+    for (int64_t stage = 0; stage < trial.pp; ++stage) {
+      const StageLayout layout = LayoutOf(model_, trial, stage, before);
+      before += layout.per_chunk;
+      const LayerCost cost = StageTime(parts, trial, layout, stage);
+      out.slowest = std::max(out.slowest, cost.forward() + cost.backward());
+      out.peak = std::max(out.peak, StageMemory(trial, layout, stage).total());
+    }
+    return out;
+  };
+
+  // Lower bounds for pruning: a layer takes at least the cheapest kind's time; the last stage
+  // adds its logits and loss.
+  double layer_min = parts.dense.forward() + parts.dense.backward();
+  if (model_.is_moe()) layer_min = std::min(layer_min, parts.moe.forward() + parts.moe.backward());
+  if (model_.window_size > 0) {
+    layer_min =
+        std::min(layer_min, parts.dense_windowed.forward() + parts.dense_windowed.backward());
+    if (model_.is_moe()) {
+      layer_min = std::min(layer_min, parts.moe_windowed.forward() + parts.moe_windowed.backward());
+    }
+  }
+  const double last_min = parts.last_extra.forward() + parts.last_extra.backward();
+
+  // Where even the first or the last stage cannot fit with the fewest layers Megatron allows
+  // (vpp) and everything recomputed, no split fits: keep the most even one, no search.
+  if (c.pp > 1) {
+    ParallelConfig thin = c;
+    thin.recompute_layers = depths.back();
+    const int64_t v = c.vpp;
+    thin.pp_first = static_cast<int32_t>(v);
+    thin.pp_last = static_cast<int32_t>(layers - v * (c.pp - 1));
+    const bool first_too_big = StageMemory(thin, LayoutOf(model_, thin, 0, 0), 0).total() > cap;
+    thin.pp_first = static_cast<int32_t>(layers - v * (c.pp - 1));
+    thin.pp_last = static_cast<int32_t>(v);
+    const int64_t before = (layers - v) / v;
+    const bool last_too_big =
+        StageMemory(thin, LayoutOf(model_, thin, c.pp - 1, before), c.pp - 1).total() > cap;
+    if (first_too_big || last_too_big) return MostEvenSplit(c, layers);
+  }
+
+  double best_time = std::numeric_limits<double>::infinity();
+  double least_peak = std::numeric_limits<double>::infinity(), best_peak = least_peak;
+  ParallelConfig best = c, least = c;
+  bool found = false, fits = false;
+  auto skip = [&](int64_t first, int64_t middle, int64_t last) {
+    if (!fits) return false;  // until a split fits, every split may be the least bad
+    return middle * layer_min >= best_time || first * layer_min >= best_time ||
+           last * layer_min + last_min >= best_time;
+  };
+  ForEachSplit(c, layers, skip, [&](int64_t first, int64_t last) {
+    ParallelConfig trial = c;
+    trial.pp_first = static_cast<int32_t>(first);
+    trial.pp_last = static_cast<int32_t>(last);
+    for (int32_t depth : depths) {
+      trial.recompute_layers = depth;
+      const Outcome o = evaluate(trial);
+      found = true;
+      if (o.peak <= cap) {
+        // Ties (equal stages) go to the split with the lower peak memory.
+        if (!fits || o.slowest < best_time || (o.slowest == best_time && o.peak < best_peak)) {
+          best_time = o.slowest;
+          best_peak = o.peak;
+          best = trial;
+        }
+        fits = true;
+        return;
+      }
+      if (!fits && o.peak < least_peak) {
+        least_peak = o.peak;
+        least = trial;
+      }
+    }
+  });
+  if (!found) return false;
+  c = CanonicalStages(fits ? best : least, layers);
+  // A depth no chunk reaches recomputes every layer: Megatron's and the space's 0.
+  int64_t deepest_chunk = 0;
+  for (int64_t stage = 0; stage < c.pp; ++stage) {
+    deepest_chunk = std::max(deepest_chunk, StageLayers(c, layers, stage) / c.vpp);
+  }
+  if (c.recompute_layers >= deepest_chunk) c.recompute_layers = 0;
+  return true;
+}
+
+}  // namespace autopar

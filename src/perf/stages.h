@@ -1,0 +1,102 @@
+// The pieces the cost model builds a pipeline stage from (docs/models.md §4.4): the cost of one
+// layer of each kind, and which layers a stage holds. Internal to src/perf.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+
+#include "autopar/perf/cost_model.h"
+#include "autopar/space/config.h"
+#include "autopar/spec/model.h"
+
+namespace autopar {
+
+using FeatureTimes = std::array<double, kNumFeatures>;
+
+inline void AddScaled(FeatureTimes& to, const FeatureTimes& x, double scale) {
+  for (int k = 0; k < kNumFeatures; ++k) to[k] += scale * x[k];
+}
+inline double Sum(const FeatureTimes& x) {
+  double s = 0;
+  for (double v : x) s += v;
+  return s;
+}
+
+// Component times of one transformer layer (or a stage) for one micro-batch on one rank.
+struct LayerCost {
+  FeatureTimes fwd{};
+  FeatureTimes bwd{};
+  double forward() const { return Sum(fwd); }
+  double backward() const { return Sum(bwd); }
+  void Add(const LayerCost& x, double times) {
+    AddScaled(fwd, x.fwd, times);
+    AddScaled(bwd, x.bwd, times);
+  }
+};
+
+// The layers of [first, first + count) by kind: dense or MoE (the MoE ones follow the first
+// moe_first_dense_layers), full or sliding-window attention (ModelSpec::is_windowed_layer).
+struct LayerMix {
+  int64_t dense = 0, moe = 0, dense_windowed = 0, moe_windowed = 0;
+  int64_t dense_total() const { return dense + dense_windowed; }
+  int64_t moe_total() const { return moe + moe_windowed; }
+};
+inline LayerMix MixOf(const ModelSpec& m, int64_t first, int64_t count) {
+  const int64_t end = first + count;
+  const int64_t dense_end = std::clamp(m.num_layers - m.num_moe_layers(), first, end);
+  LayerMix mix;
+  mix.dense_windowed = m.num_windowed_layers(first, dense_end - first);
+  mix.moe_windowed = m.num_windowed_layers(dense_end, end - dense_end);
+  mix.dense = dense_end - first - mix.dense_windowed;
+  mix.moe = end - dense_end - mix.moe_windowed;
+  return mix;
+}
+
+// One layer of each kind, and the last stage's own work: the logits and the loss (and with
+// multi-token prediction, each module's projection, logits and loss; its layer is `mtp_layer`).
+struct StageTimeParts {
+  LayerCost dense, moe, dense_windowed, moe_windowed;
+  LayerCost last_extra;
+  const LayerCost& mtp_layer(const ModelSpec& m) const { return m.is_moe() ? moe : dense; }
+  void AddMix(LayerCost& to, const LayerMix& x) const {
+    to.Add(dense, static_cast<double>(x.dense));
+    to.Add(moe, static_cast<double>(x.moe));
+    to.Add(dense_windowed, static_cast<double>(x.dense_windowed));
+    to.Add(moe_windowed, static_cast<double>(x.moe_windowed));
+  }
+};
+
+// A stage's layers as the model sees them: all its chunks' layers by kind, the ones block
+// recompute reruns (the first recompute_layers of every chunk, all with 0), and the layers per
+// chunk.
+struct StageLayout {
+  LayerMix all, recomputed;
+  int64_t per_chunk = 0;
+  int64_t layers() const { return all.dense_total() + all.moe_total(); }
+};
+// `before` is the layers per chunk of the stages before `stage` (Σ StageLayers / vpp), so that
+// chunk k starts at k·num_layers/vpp + before (ChunkFirstLayer, without its loop).
+inline StageLayout LayoutOf(const ModelSpec& m, const ParallelConfig& c, int64_t stage,
+                            int64_t before) {
+  StageLayout out;
+  out.per_chunk = StageLayers(c, m.num_layers, stage) / c.vpp;
+  const int64_t rerun = c.recompute != Recompute::kFull ? 0
+                        : c.recompute_layers == 0
+                            ? out.per_chunk
+                            : std::min<int64_t>(c.recompute_layers, out.per_chunk);
+  auto add = [](LayerMix& to, const LayerMix& x) {
+    to.dense += x.dense;
+    to.moe += x.moe;
+    to.dense_windowed += x.dense_windowed;
+    to.moe_windowed += x.moe_windowed;
+  };
+  for (int64_t k = 0; k < c.vpp; ++k) {
+    const int64_t first = k * (m.num_layers / c.vpp) + before;
+    add(out.all, MixOf(m, first, out.per_chunk));
+    add(out.recomputed, MixOf(m, first, rerun));
+  }
+  return out;
+}
+
+}  // namespace autopar
