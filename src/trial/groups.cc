@@ -89,7 +89,8 @@ StatusOr<ProcessGroups> ProcessGroups::Create(backend::Backend& backend,
   return g;
 }
 
-Shapes Shapes::Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& c, int tp_rank) {
+Shapes Shapes::Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& c,
+                  const Coordinates& at) {
   Shapes s{};
   s.tp = c.tp;
   s.pp = c.pp;
@@ -118,13 +119,16 @@ Shapes Shapes::Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& 
   s.fc1_cols = s.swiglu ? 2 * s.ffn : s.ffn;
   s.vocab = m.vocab_size;
   s.vocab_shard = m.vocab_size / c.tp;
-  s.vocab_start = tp_rank * s.vocab_shard;
+  s.vocab_start = at.tp * s.vocab_shard;
   s.rmsnorm = m.norm == NormKind::kRMSNorm;
   s.rope = m.position_embedding == PositionEmbedding::kRope;
   s.learned_positions = !s.rope;
   s.max_positions = std::max<int64_t>(m.max_position_embeddings, t.seq_length);
   s.tied = !m.untie_embeddings;
-  s.layers_per_chunk = m.num_layers / (int64_t{c.pp} * c.vpp);
+  s.layers_per_chunk = StageLayers(c, m.num_layers, at.pp) / c.vpp;
+  for (int model_chunk = 0; model_chunk < c.vpp; ++model_chunk) {
+    s.chunk_first_layer.push_back(ChunkFirstLayer(c, m.num_layers, at.pp, model_chunk));
+  }
   if (t.precision == Precision::kFP8) {
     s.fp8.fwd = backend::Fp8Operand::kE4M3;
     s.fp8.grad = t.fp8_format == TrainSpec::Fp8Format::kHybrid ? backend::Fp8Operand::kE5M2

@@ -33,9 +33,7 @@ StatusOr<std::unique_ptr<StageProgram>> StageProgram::Create(Device& device, con
   const bool ulysses = s.up > 1;
   // The dense MLP part's width of each of this rank's layers (MLP, or a MoE layer's shared
   // experts), and the widest, which the shared work areas must hold.
-  auto is_moe = [&](int chunk, int64_t j) {
-    return s.IsMoe((int64_t{chunk} * s.pp + g.at.pp) * s.layers_per_chunk + j);
-  };
+  auto is_moe = [&](int chunk, int64_t j) { return s.IsMoe(s.GlobalLayer(chunk, j)); };
   int64_t widest_ffn = 0;
   for (int chunk = 0; chunk < s.vpp; ++chunk) {
     for (int64_t j = 0; j < s.layers_per_chunk; ++j) {

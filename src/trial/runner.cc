@@ -67,7 +67,9 @@ std::string Validate(const backend::Group& world, const Device& dev, const Model
     return "the configuration needs " + std::to_string(c.world_size()) + " ranks, the job has " +
            std::to_string(world.size());
   }
-  if (m.num_layers % (int64_t{c.pp} * c.vpp) != 0) return "pp·vpp must divide num_layers";
+  if (const std::string split = StageSplitError(c, m.num_layers); !split.empty()) {
+    return "--config: the pipeline stages: " + split;
+  }
   if (t.global_batch_size % (int64_t{c.dp} * c.mbs) != 0) return "dp·mbs must divide the batch";
   if (const std::string fp8 = Fp8Unsupported(t.precision == Precision::kFP8, dev.SupportsFp8(),
                                               dev.name());
@@ -122,7 +124,7 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
                              ProcessGroups::Create(backend, world, c, deadline,
                                                    UsedGroups(c, model.is_moe(),
                                                               !model.untie_embeddings)));
-    const Shapes shapes = Shapes::Of(model, train, c, groups.at.tp);
+    const Shapes shapes = Shapes::Of(model, train, c, groups.at);
     const std::vector<PipelineOp> ops =
         PipelineSchedule(c.pp, c.vpp, groups.at.pp, run_microbatches);
     const std::vector<std::vector<PipelineTransfer>> exchanges =

@@ -129,9 +129,8 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
   }
   std::vector<std::vector<LayerIdx>> layer_idx(s.vpp);
   for (int chunk = 0; chunk < s.vpp; ++chunk) {
-    const int64_t first = (int64_t{chunk} * s.pp + at.pp) * s.layers_per_chunk;
     for (int64_t j = 0; j < s.layers_per_chunk; ++j) {
-      const int64_t layer = first + j;
+      const int64_t layer = s.GlobalLayer(chunk, j);
       unit = shard.LayerUnit(chunk, j);
       LayerIdx li{};
       li.n1 = norm(false);
@@ -227,7 +226,7 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
   const size_t fc1_pieces = s.swiglu ? 2 : 1;
   shard.chunks.resize(s.vpp);
   for (int chunk = 0; chunk < s.vpp; ++chunk) {
-    shard.chunks[chunk].first_layer = static_cast<int>((chunk * s.pp + at.pp) * s.layers_per_chunk);
+    shard.chunks[chunk].first_layer = static_cast<int>(s.chunk_first_layer[chunk]);
     for (const LayerIdx& li : layer_idx[chunk]) {
       LayerWeights lw;
       for (const bool grad : {false, true}) {

@@ -75,7 +75,11 @@ struct Shapes {
   int64_t tp, pp, vpp, mbs, seq, seq_local, tokens, local_tokens, hidden;
   int64_t heads, kv_heads, head_dim, q_cols, kv_cols, qkv_cols;
   int64_t ffn, fc1_cols, vocab, vocab_shard, vocab_start, max_positions;
+  // This stage's transformer layers per model chunk (StageLayers / vpp: the chunks of one stage
+  // hold as many, the stages may differ, docs/trial.md §16) and the global index of each chunk's
+  // first layer (ChunkFirstLayer, Megatron-core's chunk-major order).
   int64_t layers_per_chunk;
+  std::vector<int64_t> chunk_first_layer;
   bool sp, swiglu, rmsnorm, rope, learned_positions, tied;
   // Context parallelism splits the sequence in 2·cp chunks of `chunk` positions; Ulysses gives
   // each up rank heads/up query heads (`ul_heads`) and the kv heads they read (`ul_kv_heads`,
@@ -91,10 +95,17 @@ struct Shapes {
   // and cuBLASLt's fp8 needs multiples of 16 (Megatron pads them, --moe-router-padding-for-fp8).
   Fp8Formats fp8;
   bool IsMoe(int64_t layer) const { return experts > 0 && layer >= first_dense; }
+  // Global index of layer `layer_in_chunk` of this stage's model chunk `model_chunk`.
+  int64_t GlobalLayer(int model_chunk, int64_t layer_in_chunk) const {
+    return chunk_first_layer[model_chunk] + layer_in_chunk;
+  }
   // Width of the dense MLP part of a layer: the MLP, or the shared experts of a MoE layer.
   int64_t MlpFfn(bool moe) const { return moe ? shared_ffn : ffn; }
   int64_t MlpFc1Cols(bool moe) const { return (swiglu ? 2 : 1) * MlpFfn(moe); }
-  static Shapes Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& c, int tp_rank);
+  // The shapes of the rank at `at` (its tp rank's vocabulary shard, its pipeline stage's layers).
+  // The stage split must be valid (StageSplitError).
+  static Shapes Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& c,
+                   const Coordinates& at);
 };
 
 // The global sequence position of this rank's local position `s`: the cp rank holds chunks cp_rank

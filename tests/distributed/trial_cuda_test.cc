@@ -63,7 +63,8 @@ INSTANTIATE_TEST_SUITE_P(Trial, CudaEquivalence,
                          ::testing::Values("tp=2,dp=2", "tp=2,dp=2,sp=on", "pp=2,dp=2",
                                            "pp=2,dp=2,vpp=2", "tp=2,dp=2,dist_opt=on",
                                            "tp=2,pp=2,sp=on,recompute=full",
-                                           "tp=2,pp=2,recompute=selective"));
+                                           "tp=2,pp=2,recompute=selective",
+                                           "pp=2,dp=2,pp_first=1"));
 
 }  // namespace
 }  // namespace autopar::trial

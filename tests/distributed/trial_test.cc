@@ -39,12 +39,26 @@ void ExpectClose(double got, double want, const std::string& what) {
 struct Case {
   const char* model;
   const char* spec;
+  // The preset with this many transformer layers instead of its own (0: the preset's), for
+  // uneven pipeline stages that the 4 layers of the tiny presets cannot hold.
+  int64_t num_layers = 0;
 };
-void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " " << c.spec; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.model << " " << c.spec;
+  if (c.num_layers > 0) *os << " with " << c.num_layers << " layers";
+}
 
-// A test name from the case: "tiny_tp_2_dp_2".
+ModelSpec ModelOf(const Case& c) {
+  ModelSpec m = ModelPreset(c.model);
+  if (c.num_layers > 0) m.num_layers = c.num_layers;
+  return m;
+}
+
+// A test name from the case: "tiny_tp_2_dp_2", "tiny_6_layers_pp_4_pp_first_1_pp_last_1".
 std::string CaseName(const ::testing::TestParamInfo<Case>& param) {
-  std::string name = std::string(param.param.model) + "_" + param.param.spec;
+  std::string name = std::string(param.param.model) + "_";
+  if (param.param.num_layers > 0) name += std::to_string(param.param.num_layers) + "_layers_";
+  name += param.param.spec;
   for (char& ch : name) {
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   }
@@ -54,7 +68,7 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& param) {
 class Equivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Equivalence, LossAndUpdatedWeightsMatchOneRank) {
-  const ModelSpec model = ModelPreset(GetParam().model);
+  const ModelSpec model = ModelOf(GetParam());
   const TrialMeasurement ref = Reference(model);
   ASSERT_EQ(ref.outcome, Outcome::kOk) << ref.message;
   const ParallelConfig c = Complete(ParseSpec(GetParam().spec), World().size());
@@ -117,7 +131,21 @@ INSTANTIATE_TEST_SUITE_P(
                       // Data-parallel overlap off (on is the default of the cases above).
                       Case{"tiny", "dp=4,overlap_grad_reduce=off"},
                       Case{"tiny", "tp=2,dp=2,dist_opt=on,overlap_param_gather=off"},
-                      Case{"tiny-moe", "dp=4,ep=4,dist_opt=on,overlap_grad_reduce=off"}),
+                      Case{"tiny-moe", "dp=4,ep=4,dist_opt=on,overlap_grad_reduce=off"},
+                      // Uneven pipeline stages (pp_first/pp_last): each rank builds, runs and
+                      // updates its stage's layers at Megatron-core's global indices. 1F1B with
+                      // 1+3, 1+2+2+1 and 1+1+1+3 layers; interleaved with 2+4 layers (chunks of
+                      // 1 and 2: stage 0 holds layers 0 and 3, stage 1 layers 1-2 and 4-5);
+                      // block recompute of the first layer of each chunk; tiny-moe's dense layer
+                      // 0 alone on the first stage, and its MoE layers 4+2 interleaved.
+                      Case{"tiny", "pp=2,dp=2,pp_first=1"},
+                      Case{"tiny", "pp=4,pp_first=1,pp_last=1", 6},
+                      Case{"tiny", "pp=2,dp=2,vpp=2,pp_first=2", 6},
+                      Case{"tiny", "pp=2,vpp=2,pp_first=2,recompute=full,recompute_layers=1", 6},
+                      Case{"tiny", "pp=4,pp_last=3,recompute=full,recompute_layers=1", 6},
+                      Case{"tiny-gpt", "tp=2,pp=2,sp=on,pp_last=1"},
+                      Case{"tiny-moe", "pp=2,dp=2,ep=2,pp_first=1"},
+                      Case{"tiny-moe", "pp=2,dp=2,ep=2,vpp=2,pp_last=2", 6}),
     CaseName);
 
 // Data-parallel overlap (ParallelConfig's overlap_grad_reduce / overlap_param_gather): the
@@ -129,7 +157,7 @@ constexpr int64_t kSmallBucket = 20000;
 class OverlapOnAndOff : public ::testing::TestWithParam<Case> {};
 
 TEST_P(OverlapOnAndOff, SameLossAndWeightsWithEveryKnobSetting) {
-  const ModelSpec model = ModelPreset(GetParam().model);
+  const ModelSpec model = ModelOf(GetParam());
   const std::string base = GetParam().spec;
   const ParallelConfig on = Complete(ParseSpec(base), World().size());
   TrialOptions o = NumericOptions();
@@ -169,7 +197,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny", "pp=2,dp=2,dist_opt=on,recompute=full"},
                       Case{"tiny-gpt", "pp=2,dp=2"}, Case{"tiny-gpt", "dp=4,dist_opt=on"},
                       Case{"tiny-moe", "dp=4,ep=2,dist_opt=on"},
-                      Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"}),
+                      Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"},
+                      Case{"tiny", "pp=2,dp=2,pp_first=3,dist_opt=on"},
+                      Case{"tiny", "pp=2,dp=2,vpp=2,pp_first=4,dist_opt=on", 6}),
     CaseName);
 
 }  // namespace
@@ -195,7 +225,7 @@ double PredictedPeakGib(const ModelSpec& model, const ParallelConfig& c,
 class Memory : public ::testing::TestWithParam<Case> {
  protected:
   void Check(const TrainSpec& train) {
-    const ModelSpec model = ModelPreset(GetParam().model);
+    const ModelSpec model = ModelOf(GetParam());
     const ParallelConfig c = Complete(ParseSpec(GetParam().spec), World().size());
     TrialOptions o = NumericOptions();
     o.fingerprint = false;
@@ -282,6 +312,18 @@ TEST(TrialOutcome, UnsupportedIsInvalid) {
   const TrialMeasurement got = RunTrial(TestBackend(), World(), mla, Train(), c, NumericOptions());
   EXPECT_EQ(got.outcome, Outcome::kInvalid);
   EXPECT_NE(got.message.find("latent"), std::string::npos) << got.message;
+}
+
+// A split of the layers the stages cannot hold (Megatron-core's rules, StageSplitError) is
+// `invalid`, naming the key.
+TEST(TrialOutcome, ImpossibleStageSplitIsInvalid) {
+  for (const char* spec : {"pp=2,dp=2,pp_first=5", "pp=2,dp=2,vpp=2,pp_first=1"}) {
+    const ParallelConfig c = Complete(ParseSpec(spec), World().size());
+    const TrialMeasurement got =
+        RunTrial(TestBackend(), World(), ModelPreset("tiny"), Train(), c, NumericOptions());
+    EXPECT_EQ(got.outcome, Outcome::kInvalid) << spec;
+    EXPECT_NE(got.message.find("pp_first"), std::string::npos) << got.message;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

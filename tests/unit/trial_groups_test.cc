@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "autopar/spec/parse.h"
 #include "src/trial/linear.h"
@@ -149,7 +151,7 @@ TEST(Fp8Shapes, HybridPutsGradientsInE5M2) {
       ModelSpec(), TrainSpec());
   EXPECT_EQ(args.train.precision, Precision::kFP8);
   EXPECT_EQ(args.train.fp8_format, TrainSpec::Fp8Format::kHybrid);
-  const Shapes s = Shapes::Of(SmallModel(), args.train, Config(1, 1, 1), 0);
+  const Shapes s = Shapes::Of(SmallModel(), args.train, Config(1, 1, 1), Coordinates{});
   EXPECT_TRUE(s.fp8.on());
   EXPECT_EQ(s.fp8.fwd, Fp8Operand::kE4M3);
   EXPECT_EQ(s.fp8.grad, Fp8Operand::kE5M2);
@@ -160,14 +162,77 @@ TEST(Fp8Shapes, E4M3PutsEverythingInE4M3AndBf16NothingInFp8) {
       ApplyMegatronFlags({"--global-batch-size", "8", "--seq-length", "64", "--fp8-format", "e4m3"},
                          ModelSpec(), TrainSpec());
   EXPECT_EQ(args.train.fp8_format, TrainSpec::Fp8Format::kE4M3);
-  Shapes s = Shapes::Of(SmallModel(), args.train, Config(1, 1, 1), 0);
+  Shapes s = Shapes::Of(SmallModel(), args.train, Config(1, 1, 1), Coordinates{});
   EXPECT_EQ(s.fp8.fwd, Fp8Operand::kE4M3);
   EXPECT_EQ(s.fp8.grad, Fp8Operand::kE4M3);
   TrainSpec bf16 = args.train;
   bf16.precision = Precision::kBF16;
-  s = Shapes::Of(SmallModel(), bf16, Config(1, 1, 1), 0);
+  s = Shapes::Of(SmallModel(), bf16, Config(1, 1, 1), Coordinates{});
   EXPECT_FALSE(s.fp8.on());
   EXPECT_EQ(s.fp8.grad, Fp8Operand::kNone);
+}
+
+// The stage at `stage` of `spec` for a model of `layers` layers: its layers per chunk and the
+// global index of each chunk's first layer.
+Shapes StageShapes(const char* spec, int64_t layers, int stage) {
+  ModelSpec m = SmallModel();
+  m.num_layers = layers;
+  TrainSpec t;
+  t.global_batch_size = 8;
+  t.seq_length = 64;
+  Coordinates at;
+  at.pp = stage;
+  return Shapes::Of(m, t, ParseSpec(spec), at);
+}
+
+TEST(StageShapes, UnevenStagesHoldTheirOwnLayers) {
+  using Firsts = std::vector<int64_t>;
+  // 1F1B, 1+2+2+1 layers.
+  const char* four = "pp=4,dp=1,pp_first=1,pp_last=1";
+  const int64_t counts[] = {1, 2, 2, 1}, firsts[] = {0, 1, 3, 5};
+  for (int stage = 0; stage < 4; ++stage) {
+    const Shapes s = StageShapes(four, 6, stage);
+    EXPECT_EQ(s.layers_per_chunk, counts[stage]) << stage;
+    EXPECT_EQ(s.chunk_first_layer, Firsts{firsts[stage]}) << stage;
+  }
+  // Interleaved, 2+4 layers in chunks of 1 and 2: stage 0 holds layers 0 and 3, stage 1 layers
+  // 1-2 and 4-5 (chunk-major, as Megatron-core's get_transformer_layer_offset).
+  const Shapes first = StageShapes("pp=2,dp=1,vpp=2,pp_first=2", 6, 0);
+  const Shapes last = StageShapes("pp=2,dp=1,vpp=2,pp_first=2", 6, 1);
+  EXPECT_EQ(first.layers_per_chunk, 1);
+  EXPECT_EQ(first.chunk_first_layer, (Firsts{0, 3}));
+  EXPECT_EQ(last.layers_per_chunk, 2);
+  EXPECT_EQ(last.chunk_first_layer, (Firsts{1, 4}));
+  EXPECT_EQ(last.GlobalLayer(1, 1), 5);
+  // The even split is what it was: layers / (pp·vpp) per chunk.
+  const Shapes even = StageShapes("pp=2,dp=1,vpp=2", 8, 1);
+  EXPECT_EQ(even.layers_per_chunk, 2);
+  EXPECT_EQ(even.chunk_first_layer, (Firsts{2, 6}));
+}
+
+// Walking the virtual stages in pipeline order (chunk-major: chunk 0 of every stage, then chunk
+// 1, ...) meets every global layer once, in order, whatever the split.
+TEST(StageShapes, VirtualStagesInPipelineOrderCoverEveryLayerOnce) {
+  const std::pair<const char*, int64_t> cases[] = {{"pp=4,dp=1,pp_first=1,pp_last=1", 6},
+                                                   {"pp=2,dp=1,pp_first=1", 4},
+                                                   {"pp=2,dp=1,vpp=2,pp_last=2", 6},
+                                                   {"pp=3,dp=1,vpp=2,pp_first=2,pp_last=4", 12},
+                                                   {"pp=4,dp=1,vpp=3", 24},
+                                                   {"pp=16,dp=1,pp_first=1", 61}};
+  for (const auto& [spec, layers] : cases) {
+    const ParallelConfig c = ParseSpec(spec);
+    int64_t next = 0;
+    for (int chunk = 0; chunk < c.vpp; ++chunk) {
+      for (int stage = 0; stage < c.pp; ++stage) {
+        const Shapes s = StageShapes(spec, layers, stage);
+        ASSERT_EQ(s.chunk_first_layer.size(), static_cast<size_t>(c.vpp)) << spec;
+        for (int64_t j = 0; j < s.layers_per_chunk; ++j) {
+          EXPECT_EQ(s.GlobalLayer(chunk, j), next++) << spec << " stage " << stage;
+        }
+      }
+    }
+    EXPECT_EQ(next, layers) << spec;
+  }
 }
 
 TEST(Fp8Linear, GradientsTakeTheGradientFormatAndWeightsTheForwardOne) {
