@@ -183,7 +183,8 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
     candidates =
         std::make_unique<search::CandidateSet>(table->configs(), model, in.cluster.gpu.memory_gib);
   } else {
-    const SearchSpace space(in.model, in.train, in.cluster, in.space);
+    const StageBalancer balancer(model);  // uneven stages, as plan ranks them
+    const SearchSpace space(in.model, in.train, in.cluster, in.space, &balancer);
     candidates =
         std::make_unique<search::CandidateSet>(search::CandidateSet::FromSpace(space, model));
   }
@@ -423,8 +424,9 @@ int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, 
     throw InputError("--surprise-oom", "expected a probability in [0, 1]");
   Inputs in = ReadInputs(args);
   WriteNotes(err, "make-replay-table", in);
-  const SearchSpace space(in.model, in.train, in.cluster, in.space);
   const CostModel model(in.model, in.train, in.cluster, in.constants);
+  const StageBalancer balancer(model);
+  const SearchSpace space(in.model, in.train, in.cluster, in.space, &balancer);
   const search::CandidateSet candidates = search::CandidateSet::FromSpace(space, model);
   if (candidates.size() == 0) {
     err << "autopar-tune make-replay-table: the space is empty\n";

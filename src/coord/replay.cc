@@ -144,6 +144,9 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
       const int32_t etp = r.Int("etp", cell("etp"));
       c.etp = etp == c.tp ? 0 : etp;
     }
+    if (column.count("pp_first")) c.pp_first = r.Int("pp_first", cell("pp_first"));  // absent:
+    if (column.count("pp_last")) c.pp_last = r.Int("pp_last", cell("pp_last"));      // even
+
     const auto status = search::ParseOutcome(cell("status"));
     if (!status) {
       r.Fail("status",
@@ -197,16 +200,19 @@ const ReplayRow* ReplayTable::Best() const {
 
 std::string ReplayTable::ToCsv() const {
   // The noise column only where it says something, so a noise-free table reads as it always did.
-  // So is the etp column, only where some row's experts do not follow tp.
-  bool noisy = false, etp = false;
+  // So are the etp column, only where some row's experts do not follow tp, and the pp_first and
+  // pp_last columns, only where some row's pipeline stages are uneven.
+  bool noisy = false, etp = false, uneven = false;
   for (const ReplayRow& r : rows_) {
     noisy = noisy || r.noise_sd > 0;
     etp = etp || r.config.etp != 0;
+    uneven = uneven || UnevenStages(r.config);
   }
   std::string out =
       "tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,step_time_s,"
       "peak_memory_gib,status";
   out += etp ? ",etp" : "";
+  out += uneven ? ",pp_first,pp_last" : "";
   out += noisy ? ",noise_sd\n" : "\n";
   char line[256];
   auto number = [](double v) {
@@ -225,6 +231,10 @@ std::string ReplayTable::ToCsv() const {
     if (etp) {
       out.back() = ',';
       out += std::to_string(c.expert_tp()) + "\n";
+    }
+    if (uneven) {
+      out.back() = ',';
+      out += std::to_string(c.pp_first) + "," + std::to_string(c.pp_last) + "\n";
     }
     if (noisy) {
       out.back() = ',';

@@ -167,12 +167,14 @@ bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) c
   });
   if (!found) return false;
   c = CanonicalStages(fits ? best : least, layers);
-  // A depth no chunk reaches recomputes every layer: Megatron's and the space's 0.
-  int64_t deepest_chunk = 0;
-  for (int64_t stage = 0; stage < c.pp; ++stage) {
-    deepest_chunk = std::max(deepest_chunk, StageLayers(c, layers, stage) / c.vpp);
+  if (choose_recompute_layers) {
+    // A chosen depth no chunk reaches recomputes every layer: Megatron's and the space's 0.
+    int64_t deepest_chunk = 0;
+    for (int64_t stage = 0; stage < c.pp; ++stage) {
+      deepest_chunk = std::max(deepest_chunk, StageLayers(c, layers, stage) / c.vpp);
+    }
+    if (c.recompute_layers >= deepest_chunk) c.recompute_layers = 0;
   }
-  if (c.recompute_layers >= deepest_chunk) c.recompute_layers = 0;
   return true;
 }
 
