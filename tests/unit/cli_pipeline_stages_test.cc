@@ -4,6 +4,8 @@
 // refused naming the flag.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -261,6 +263,31 @@ TEST(MegatronStages, ScriptsWithTheirStagesPredictAsTheConfiguration) {
                              "--decoder-last-pipeline-num-layers 3");
   EXPECT_EQ(bad.code, kExitBadInput);
   EXPECT_TRUE(Has(bad.err, "--decoder-last-pipeline-num-layers: Megatron-LM refuses")) << bad.err;
+}
+
+// A launch script's layout in a variable, its pp from --megatron-env.
+TEST(MegatronStages, AScriptsLayoutExpandsFromItsVariables) {
+  const std::string path = ::testing::TempDir() + "uneven_layout.sh";
+  {
+    std::ofstream script(path);
+    script << "#!/bin/bash\n"
+              "LAYOUT=\"Et|t*6|t*6|t*3|t|t*6|t*6|t*3L\"\n"
+              "PIPE=(\n  --pipeline-model-parallel-size $PP\n"
+              "  --pipeline-model-parallel-layout \"${LAYOUT}\"\n)\n"
+              "torchrun --nproc_per_node 8 --nnodes 4 pretrain_gpt.py \\\n"
+              "  --tensor-model-parallel-size 8 ${PIPE[@]} --overlap-grad-reduce --bf16\n";
+  }
+  const Result r =
+      RunCli({"predict", "--model", "llama3-8b", "--gpu", "h100", "--global-batch-size", "64",
+              "--seq-length", "1024", "--megatron-args-file", path, "--megatron-env", "PP=4",
+              "--format", "megatron"});
+  std::remove(path.c_str());
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out,
+            "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 "
+            "--decoder-first-pipeline-num-layers 2 --decoder-last-pipeline-num-layers 6 "
+            "--num-virtual-stages-per-pipeline-rank 2 --micro-batch-size 1 --global-batch-size 64 "
+            "--overlap-grad-reduce\n");
 }
 
 // plan pins the space with Megatron flags on its command line; uneven stages it cannot pin.
