@@ -9,7 +9,8 @@ importing it (no torch): every `add_argument('--...')` of megatron/training/argu
 flags its ArgumentGroupFactory derives from dataclass fields (megatron/training/argument_utils.py:
 `--field-name`; a bool defaulting to False is a switch `--field-name`, any other bool
 `--no-field-name`/`--disable-field-name`; `argparse_meta` arg_names replace the name; excluded and
-init=False fields have none). Every line of `plan --format megatron` for each setup below must use
+init=False fields have none). Every line of `plan --format megatron` (or `predict`, for a
+configuration the plan's space does not enumerate) for each setup below must use
 only those flags, each with as many values as it takes and, where Megatron lists choices, one of
 them. Exit 0 when every line passes, 1 when one does not, 2 on bad usage.
 """
@@ -19,24 +20,28 @@ import os
 import subprocess
 import sys
 
-# (name, autopar-tune plan arguments): issue 11's acceptance setups, and two that reach virtual
-# stages, block recompute and both reduction-dtype flags.
+# (name, command, autopar-tune arguments): issue 11's acceptance setups, two that reach virtual
+# stages, block recompute and both reduction-dtype flags, and uneven stages (which `plan` does not
+# enumerate: `predict` prints them).
 SETUPS = [
-    ("llama3-8b, seq 131072, up=2, 4 x 8 h100",
+    ("llama3-8b, seq 131072, up=2, 4 x 8 h100", "plan",
      ["--model", "llama3-8b", "--seq-length", "131072", "--global-batch-size", "64",
       "--gpu", "h100", "--nnodes", "4", "--nproc-per-node", "8", "--fix", "up=2"]),
-    ("mixtral-8x7b, 32 x 8 h100",
+    ("mixtral-8x7b, 32 x 8 h100", "plan",
      ["--model", "mixtral-8x7b", "--global-batch-size", "256", "--gpu", "h100",
       "--nnodes", "32", "--nproc-per-node", "8"]),
-    ("deepseek-v3, 128 x 8 h800",
+    ("deepseek-v3, 128 x 8 h800", "plan",
      ["--model", "deepseek-v3", "--global-batch-size", "4096", "--gpu", "h800",
       "--nnodes", "128", "--nproc-per-node", "8"]),
-    ("llama3-70b, fp16, vpp=2, block recompute, 8 x 8 h100",
+    ("llama3-70b, fp16, vpp=2, block recompute, 8 x 8 h100", "plan",
      ["--model", "llama3-70b", "--global-batch-size", "128", "--gpu", "h100", "--nnodes", "8",
       "--nproc-per-node", "8", "--fp16", "--fix", "vpp=2,recompute=full,recompute_layers=1"]),
-    ("llama3-8b, bf16 gradient reduction, 1 x 8 h100",
+    ("llama3-8b, bf16 gradient reduction, 1 x 8 h100", "plan",
      ["--model", "llama3-8b", "--global-batch-size", "64", "--gpu", "h100", "--nnodes", "1",
       "--nproc-per-node", "8", "--fix", "grad_reduce_dtype=bf16"]),
+    ("llama3-8b, uneven stages and vpp=2, 4 x 8 h100", "predict",
+     ["--model", "llama3-8b", "--global-batch-size", "64", "--gpu", "h100", "--nnodes", "4",
+      "--nproc-per-node", "8", "--config", "tp=8,pp=4,pp_first=2,pp_last=6,vpp=2"]),
 ]
 TOP = "100"
 ARGUMENTS_PY = "megatron/training/arguments.py"
@@ -307,12 +312,13 @@ def main(argv):
         return 2
     print(f"Megatron-LM {source.commit()} ({args.megatron}): {len(flags)} flags")
     failed = 0
-    for name, setup in SETUPS:
-        r = subprocess.run([binary, "plan", *setup, "--top", TOP, "--format", "megatron"],
+    for name, command, setup in SETUPS:
+        top = ["--top", TOP] if command == "plan" else []
+        r = subprocess.run([binary, command, *setup, *top, "--format", "megatron"],
                            capture_output=True, text=True)
         lines = [line for line in r.stdout.splitlines() if line.strip()]
         if r.returncode != 0 or not lines:
-            print(f"FAIL {name}: plan exited {r.returncode}: {r.stderr.strip()}")
+            print(f"FAIL {name}: {command} exited {r.returncode}: {r.stderr.strip()}")
             failed += 1
             continue
         bad = [(n, line, problems) for n, line in enumerate(lines, 1)

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "autopar/cli/pipeline_stages.h"
 #include "autopar/common/status.h"
 #include "autopar/spec/parse.h"
 
@@ -128,23 +129,10 @@ void SplitContextParallel(const std::vector<std::string>& comm_types,
   }
 }
 
-// Megatron-LM's parallelism and software-stack flags, taken out of `args` (argv items).
-// Returns the configuration they describe, if any parallel flag was present. `precision` decides
-// what an absent reduction-dtype flag means (Megatron reduces bf16 runs' gradients in fp32 and
-// fp16 runs' in fp16 by default).
-// From a pasted script that defines the model (`script`: no --model), Megatron's defaults apply
-// where it is silent (dropout 0.1). Megatron's own corrections are made with a note (sequence
-// parallelism off at tp = 1).
-std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>& args,
-                                                        const ModelSpec& model, Precision precision,
-                                                        bool script, StackOptions& stack,
-                                                        std::vector<std::string>& notes) {
-  std::optional<ParallelConfig> config;
-  auto cfg = [&]() -> ParallelConfig& {
-    if (!config) config = ParallelConfig{};
-    return *config;
-  };
-  int64_t layers_per_virtual_stage = 0;
+// What a Megatron-LM argument list says beyond the configuration's sizes, gathered while reading
+// it and applied once every flag is known (FinishMegatronConfig).
+struct MegatronReading {
+  MegatronStageFlags stages;
   std::string recompute_method;
   // Megatron's context parallelism of size --context-parallel-size runs as our ring (p2p, the
   // default), Ulysses (a2a) or both (a2a+p2p, split by --hierarchical-context-parallel-sizes).
@@ -157,6 +145,64 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
   std::optional<bool> grad_reduce_in_fp32;
   // TransformerConfig's dropout defaults (megatron/core/transformer/transformer_config.py).
   std::optional<double> attention_dropout, hidden_dropout;
+};
+
+// The configuration read from the flags, completed with what the rest of them say: Megatron's
+// defaults, its own corrections (with a note), the pipeline's stages (ApplyMegatronStages).
+// Returns the flag that made the stages uneven ("" when even).
+std::string FinishMegatronConfig(const MegatronReading& r, const ModelSpec& model,
+                                 Precision precision, ParallelConfig& config,
+                                 std::vector<std::string>& notes) {
+  config.overlap_grad_reduce = r.overlap_grad_reduce;
+  config.overlap_param_gather = r.overlap_param_gather;
+  config.grad_reduce_dtype = r.grad_reduce_in_fp32.value_or(precision != Precision::kFP16)
+                                 ? GradReduceDtype::kFP32
+                                 : GradReduceDtype::kBF16;
+  SplitContextParallel(r.cp_comm_types, r.hierarchical_cp_sizes, config);
+  const std::string uneven_flag = ApplyMegatronStages(r.stages, model, config);
+  if (config.sp && config.tp == 1) {  // validate_args in arguments.py does the same
+    config.sp = false;
+    notes.push_back("--sequence-parallel: off at --tensor-model-parallel-size 1, as Megatron-LM "
+                    "turns it off");
+  }
+  // Megatron-core's default expert tensor parallel size is tp (0, the canonical form); a
+  // dense model has no experts for it to split.
+  if (config.etp != 0 && config.etp != config.tp && !model.is_moe()) {
+    notes.push_back("--expert-tensor-parallel-size " + std::to_string(config.etp) + ": ignored, " +
+                    model.name + " has no experts");
+    config.etp = 0;
+  }
+  if (config.etp == config.tp) config.etp = 0;
+  // `uniform` with N layers per checkpoint recomputes every layer; only `block` limits it.
+  if (config.recompute == Recompute::kFull && r.recompute_method != "block") {
+    config.recompute_layers = 0;
+  }
+  if (config.recompute != Recompute::kFull ||
+      config.recompute_layers >= LargestStageLayers(config, model.num_layers)) {
+    config.recompute_layers = 0;  // every layer
+  }
+  return uneven_flag;
+}
+
+// Megatron-LM's parallelism and software-stack flags, taken out of `args` (argv items).
+// Returns the configuration they describe, if any parallel flag was present, and in
+// `uneven_flag` the flag that made its pipeline stages uneven. `precision` decides
+// what an absent reduction-dtype flag means (Megatron reduces bf16 runs' gradients in fp32 and
+// fp16 runs' in fp16 by default).
+// From a pasted script that defines the model (`script`: no --model), Megatron's defaults apply
+// where it is silent (dropout 0.1). Megatron's own corrections are made with a note (sequence
+// parallelism off at tp = 1).
+std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>& args,
+                                                        const ModelSpec& model, Precision precision,
+                                                        bool script, StackOptions& stack,
+                                                        std::vector<std::string>& notes,
+                                                        std::string& uneven_flag) {
+  std::optional<ParallelConfig> config;
+  auto cfg = [&]() -> ParallelConfig& {
+    if (!config) config = ParallelConfig{};
+    return *config;
+  };
+  MegatronReading r;
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i];
@@ -180,16 +226,32 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
     if (flag == "--tensor-model-parallel-size") cfg().tp = next_int();
     else if (flag == "--pipeline-model-parallel-size") cfg().pp = next_int();
     else if (flag == "--context-parallel-size") cfg().cp = next_int();
-    else if (flag == "--cp-comm-type") cp_comm_types = next_list();
-    else if (flag == "--hierarchical-context-parallel-sizes") hierarchical_cp_sizes = next_list();
+    else if (flag == "--cp-comm-type") r.cp_comm_types = next_list();
+    else if (flag == "--hierarchical-context-parallel-sizes") r.hierarchical_cp_sizes = next_list();
     else if (flag == "--expert-model-parallel-size") cfg().ep = next_int();
     else if (flag == "--virtual-pipeline-model-parallel-size" ||
-             flag == "--num-virtual-stages-per-pipeline-rank") cfg().vpp = next_int();
-    else if (flag == "--expert-tensor-parallel-size") cfg().etp = next_int();
+             flag == "--num-virtual-stages-per-pipeline-rank") {
+      cfg().vpp = next_int();
+      r.stages.virtual_stages_flag = flag;
+    } else if (flag == "--expert-tensor-parallel-size") cfg().etp = next_int();
     else if (flag == "--moe-token-dispatcher-type") {
       const std::string v = next();  // the model's experts exchange tokens by all-to-all
       if (v != "alltoall") notes.push_back(flag + " " + v + " is not modelled: costed as alltoall");
-    } else if (flag == "--num-layers-per-virtual-pipeline-stage") layers_per_virtual_stage = next_int();
+    } else if (flag == "--num-layers-per-virtual-pipeline-stage") {
+      r.stages.layers_per_virtual_stage = next_int();
+    } else if (flag == "--decoder-first-pipeline-num-layers") {
+      r.stages.first_layers = ToInt(flag, next(), 1);
+      cfg();
+    } else if (flag == "--decoder-last-pipeline-num-layers") {
+      r.stages.last_layers = ToInt(flag, next(), 1);
+      cfg();
+    } else if (flag == "--pipeline-model-parallel-layout") {
+      r.stages.layout = next();
+      RefuseUnsetVariable(flag, *r.stages.layout);
+      cfg();
+    } else if (flag == "--account-for-embedding-in-pipeline-split") {
+      r.stages.account_for_embedding = true;
+    } else if (flag == "--account-for-loss-in-pipeline-split") r.stages.account_for_loss = true;
     else if (flag == "--micro-batch-size") cfg().mbs = next_int();
     else if (flag == "--sequence-parallel") cfg().sp = true;
     else if (flag == "--use-distributed-optimizer") cfg().dist_opt = true;
@@ -199,10 +261,10 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
       if (v == "full") cfg().recompute = Recompute::kFull;
       else if (v == "selective") cfg().recompute = Recompute::kSelective;
       else throw InputError(flag, "allowed: full, selective; got '" + v + "'");
-    } else if (flag == "--recompute-method") recompute_method = next();
+    } else if (flag == "--recompute-method") r.recompute_method = next();
     else if (flag == "--recompute-num-layers") cfg().recompute_layers = next_int();
-    else if (flag == "--attention-dropout") attention_dropout = ToDouble(flag, next());
-    else if (flag == "--hidden-dropout") hidden_dropout = ToDouble(flag, next());
+    else if (flag == "--attention-dropout") r.attention_dropout = ToDouble(flag, next());
+    else if (flag == "--hidden-dropout") r.hidden_dropout = ToDouble(flag, next());
     else if (flag == "--use-flash-attn") stack.flash_attention = true;
     else if (flag == "--attention-backend") {
       // AttnBackend: flash, fused (cuDNN) and auto keep no s² scores; unfused and local do.
@@ -210,10 +272,10 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
       if (v == "flash" || v == "fused" || v == "auto") stack.flash_attention = true;
       else if (v == "unfused" || v == "local") stack.flash_attention = false;
       else throw InputError(flag, "allowed: flash, fused, unfused, local, auto; got '" + v + "'");
-    } else if (flag == "--overlap-grad-reduce") overlap_grad_reduce = true;
-    else if (flag == "--overlap-param-gather") overlap_param_gather = true;
-    else if (flag == "--grad-reduce-in-bf16") grad_reduce_in_fp32 = false;
-    else if (flag == "--accumulate-allreduce-grads-in-fp32") grad_reduce_in_fp32 = true;
+    } else if (flag == "--overlap-grad-reduce") r.overlap_grad_reduce = true;
+    else if (flag == "--overlap-param-gather") r.overlap_param_gather = true;
+    else if (flag == "--grad-reduce-in-bf16") r.grad_reduce_in_fp32 = false;
+    else if (flag == "--accumulate-allreduce-grads-in-fp32") r.grad_reduce_in_fp32 = true;
     else if (flag == "--ddp-bucket-size") stack.ddp_bucket_size = ToInt(flag, next(), 1);
     else {
       rest.push_back(args[i]);
@@ -221,47 +283,12 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
   }
   args = rest;
   const double default_dropout = script ? 0.1 : 0.0;
-  if (attention_dropout || hidden_dropout || script) {
-    stack.dropout = stack.dropout || attention_dropout.value_or(default_dropout) > 0 ||
-                    hidden_dropout.value_or(default_dropout) > 0;
+  if (r.attention_dropout || r.hidden_dropout || script) {
+    stack.dropout = stack.dropout || r.attention_dropout.value_or(default_dropout) > 0 ||
+                    r.hidden_dropout.value_or(default_dropout) > 0;
   }
-  if (config) {
-    config->overlap_grad_reduce = overlap_grad_reduce;
-    config->overlap_param_gather = overlap_param_gather;
-    config->grad_reduce_dtype =
-        grad_reduce_in_fp32.value_or(precision != Precision::kFP16) ? GradReduceDtype::kFP32
-                                                                    : GradReduceDtype::kBF16;
-    SplitContextParallel(cp_comm_types, hierarchical_cp_sizes, *config);
-    if (layers_per_virtual_stage > 0) {
-      const int64_t per_stage = model.num_layers / config->pp;
-      if (per_stage % layers_per_virtual_stage != 0) {
-        throw InputError("--num-layers-per-virtual-pipeline-stage",
-                         "must divide the " + std::to_string(per_stage) + " layers per stage");
-      }
-      config->vpp = static_cast<int32_t>(per_stage / layers_per_virtual_stage);
-    }
-    if (config->sp && config->tp == 1) {  // validate_args in arguments.py does the same
-      config->sp = false;
-      notes.push_back("--sequence-parallel: off at --tensor-model-parallel-size 1, as Megatron-LM "
-                      "turns it off");
-    }
-    // Megatron-core's default expert tensor parallel size is tp (0, the canonical form); a
-    // dense model has no experts for it to split.
-    if (config->etp != 0 && config->etp != config->tp && !model.is_moe()) {
-      notes.push_back("--expert-tensor-parallel-size " + std::to_string(config->etp) +
-                      ": ignored, " + model.name + " has no experts");
-      config->etp = 0;
-    }
-    if (config->etp == config->tp) config->etp = 0;
-    // `uniform` with N layers per checkpoint recomputes every layer; only `block` limits it.
-    if (config->recompute == Recompute::kFull && recompute_method != "block") {
-      config->recompute_layers = 0;
-    }
-    if (config->recompute != Recompute::kFull ||
-        config->recompute_layers >= model.num_layers / config->pp) {
-      config->recompute_layers = 0;  // every layer
-    }
-  }
+  uneven_flag.clear();
+  if (config) uneven_flag = FinishMegatronConfig(r, model, precision, *config, notes);
   return config;
 }
 
@@ -610,9 +637,10 @@ Inputs ReadInputs(Args& args) {
   // is named in one note. On our command line, parallel flags pin the space and an unknown flag
   // is an error.
   std::vector<std::string> script_rest = from_script.unused;
+  std::string script_uneven_flag;
   in.script_config = TakeMegatronParallelFlags(script_rest, in.model, in.train.precision,
                                                /*script=*/!pasted.empty() && !model_value,
-                                               stack, in.notes);
+                                               stack, in.notes, script_uneven_flag);
   std::vector<std::string> ignored;
   for (const std::string& word : script_rest) {
     const std::string flag = word.substr(0, word.find('='));
@@ -628,7 +656,8 @@ Inputs ReadInputs(Args& args) {
   }
   std::vector<std::string> rest = megatron.unused;
   in.megatron_config =
-      TakeMegatronParallelFlags(rest, in.model, in.train.precision, false, stack, in.notes);
+      TakeMegatronParallelFlags(rest, in.model, in.train.precision, false, stack, in.notes,
+                                in.megatron_uneven_flag);
   if (!rest.empty()) throw InputError(rest[0], "unknown flag (see autopar-tune --help)");
   if (no_flash) stack.flash_attention = false;
   return in;

@@ -77,7 +77,15 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   const bool breakdown = args.Switch("--breakdown");
   Inputs in = ReadInputs(args);
   WriteNotes(err, "plan", in);
-  if (in.megatron_config) PinSpace(*in.megatron_config, in.model, in.space);
+  if (in.megatron_config) {
+    if (!in.megatron_uneven_flag.empty()) {
+      throw InputError(in.megatron_uneven_flag,
+                       "uneven pipeline stages cannot pin plan's space, which splits the layers "
+                       "evenly: paste them with --megatron-args (plan then ranks that "
+                       "configuration among the space's), or predict it");
+    }
+    PinSpace(*in.megatron_config, in.model, in.space);
+  }
 
   const auto start = std::chrono::steady_clock::now();
   const CostModel model(in.model, in.train, in.cluster, in.constants);

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "autopar/cli/json.h"
+#include "autopar/cli/pipeline_stages.h"
 #include "autopar/perf/accuracy.h"
 
 namespace autopar::cli {
@@ -159,10 +160,12 @@ void WriteCsv(std::ostream& out, const Inputs& in, const std::vector<Ranked>& ra
   for (size_t i = 0; i < ranked.size(); ++i) {
     const ParallelConfig& c = ranked[i].config;
     const Estimate& e = ranked[i].estimate;
-    // Fully recomputed layers per pipeline stage, as NeMo counts activation checkpointing.
+    // Fully recomputed layers per pipeline stage, as NeMo counts activation checkpointing: every
+    // layer of the largest stage where recompute_layers is 0.
     int64_t ckpt_layers = 0;
     if (c.recompute == Recompute::kFull) {
-      ckpt_layers = c.recompute_layers > 0 ? c.recompute_layers : in.model.num_layers / c.pp;
+      ckpt_layers =
+          c.recompute_layers > 0 ? c.recompute_layers : LargestStageLayers(c, in.model.num_layers);
     }
     const double step_s = e.time.step_time_s;
     out << i + 1 << ',' << CsvField(in.model.name) << ',' << in.train.seq_length << ',' << c.tp
@@ -210,9 +213,14 @@ std::string BridgeValue(const BridgeOverride& o, bool yaml) {
 std::string MegatronFlags(const ParallelConfig& c, const ModelSpec& model, const TrainSpec& train) {
   std::ostringstream f;
   f << "--tensor-model-parallel-size " << c.tp << " --pipeline-model-parallel-size " << c.pp;
-  if (c.vpp > 1) {
-    f << " --num-layers-per-virtual-pipeline-stage " << model.num_layers / c.pp / c.vpp;
-  }
+  // Megatron-LM's uneven split: the first and last stages' transformer layers where they differ
+  // from the middle ones' (TransformerConfig.num_layers_in_first/last_pipeline_stage). Not the
+  // --account-for-*-in-pipeline-split switches: they change what an even split means.
+  if (c.pp_first != 0) f << " --decoder-first-pipeline-num-layers " << c.pp_first;
+  if (c.pp_last != 0) f << " --decoder-last-pipeline-num-layers " << c.pp_last;
+  // Virtual stages as a count per rank, which Megatron-LM takes with even and uneven stages alike
+  // (--num-layers-per-virtual-pipeline-stage it refuses with uneven ones; arguments.py).
+  if (c.vpp > 1) f << " --num-virtual-stages-per-pipeline-rank " << c.vpp;
   // Megatron-LM's context parallelism is both of our sequence splits: its size is cp·up, and
   // --cp-comm-type says how attention crosses it: p2p (the default) is the ring, a2a is Ulysses,
   // a2a+p2p is Ulysses inside rings, with --hierarchical-context-parallel-sizes listing the a2a
@@ -270,6 +278,17 @@ std::vector<BridgeOverride> BridgeOverrides(const ParallelConfig& c, const Model
   } else {
     add("model.virtual_pipeline_model_parallel_size", "null");
   }
+  // The stages as MegatronFlags gives them (TransformerConfig's fields; None: the even share), and
+  // the recipe's other ways of splitting the layers undone, since Megatron-Core refuses them
+  // with uneven stages and they change what an even split means.
+  const auto stage_layers = [&](const char* key, int32_t layers) {
+    add(key, layers != 0 ? std::to_string(layers) : "null");
+  };
+  stage_layers("model.num_layers_in_first_pipeline_stage", c.pp_first);
+  stage_layers("model.num_layers_in_last_pipeline_stage", c.pp_last);
+  add("model.pipeline_model_parallel_layout", "null");
+  boolean("model.account_for_embedding_in_pipeline_split", false);
+  boolean("model.account_for_loss_in_pipeline_split", false);
   // Context parallelism as in MegatronFlags: size cp·up, the comm type says ring, Ulysses or both.
   number("model.context_parallel_size", c.cp * c.up);
   if (c.cp * c.up > 1) {

@@ -216,6 +216,15 @@ class AutoparTrain(unittest.TestCase):
             ("", ["--num-layers", "31"], "--num-layers", "--pipeline-model-parallel-size"),
             ("--num-layers-per-virtual-pipeline-stage 3", ["--num-layers", "32"],
              "--num-layers", "--num-layers-per-virtual-pipeline-stage"),
+            ("--num-virtual-stages-per-pipeline-rank 3", ["--num-layers", "32"],
+             "--num-layers", "--num-virtual-stages-per-pipeline-rank"),
+            ("--num-virtual-stages-per-pipeline-rank 2 --decoder-first-pipeline-num-layers 5",
+             ["--num-layers", "32"], "--decoder-first-pipeline-num-layers",
+             "--num-virtual-stages-per-pipeline-rank"),
+            ("--decoder-first-pipeline-num-layers 16 --decoder-last-pipeline-num-layers 8",
+             ["--num-layers", "32"], "--num-layers", "--decoder-first-pipeline-num-layers"),
+            ("--num-virtual-stages-per-pipeline-rank 2 --decoder-last-pipeline-num-layers 4",
+             ["--num-layers", "31"], "--num-layers", "--decoder-last-pipeline-num-layers"),
             ("--recompute-activations --recompute-granularity full --recompute-method uniform "
              "--recompute-num-layers 1", [], "--recompute-activations", "--recompute-granularity"),
             ("--recompute-granularity selective --recompute-method block", [],
@@ -263,6 +272,8 @@ class AutoparTrain(unittest.TestCase):
         for added, user in [
                 ("--num-virtual-stages-per-pipeline-rank 2 --decoder-first-pipeline-num-layers 6",
                  ["--num-layers", "30"]),
+                ("--num-virtual-stages-per-pipeline-rank 4", ["--num-layers", "32"]),
+                ("--decoder-last-pipeline-num-layers 15", ["--num-layers", "32"]),
                 ("--pipeline-model-parallel-layout Et|(t|)*2,tL", ["--num-layers", "4"]),
                 ("--context-parallel-size 8 --cp-comm-type a2a+p2p "
                  "--hierarchical-context-parallel-sizes 2 4", []),

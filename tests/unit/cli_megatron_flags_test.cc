@@ -33,9 +33,15 @@ constexpr FlagMeaning kEmitted[] = {
      "ModelParallelConfig.tensor_model_parallel_size: tensor parallel group size"},
     {"--pipeline-model-parallel-size", "pp",
      "ModelParallelConfig.pipeline_model_parallel_size: pipeline stages"},
-    {"--num-layers-per-virtual-pipeline-stage", "vpp > 1, as layers / (pp·vpp)",
-     "layers per model chunk; Megatron derives virtual_pipeline_model_parallel_size = layers per "
-     "stage / this (interleaved 1F1B)"},
+    {"--decoder-first-pipeline-num-layers", "pp_first (uneven stages)",
+     "TransformerConfig.num_layers_in_first_pipeline_stage: the first stage's transformer layers; "
+     "the stages not given share the rest evenly"},
+    {"--decoder-last-pipeline-num-layers", "pp_last (uneven stages)",
+     "TransformerConfig.num_layers_in_last_pipeline_stage: the last stage's transformer layers"},
+    {"--num-virtual-stages-per-pipeline-rank", "vpp > 1",
+     "virtual_pipeline_model_parallel_size: model chunks per pipeline rank (interleaved 1F1B), "
+     "with even or uneven stages (--num-layers-per-virtual-pipeline-stage is refused with uneven "
+     "ones)"},
     {"--context-parallel-size", "cp·up > 1",
      "ModelParallelConfig.context_parallel_size: the sequence split over cp·up ranks; dp is what "
      "the world leaves over tp·pp·cp"},
@@ -91,13 +97,15 @@ std::vector<std::string> Flags(const std::string& line) {
   return flags;
 }
 
-// tiny-moe (4 layers, 4 query and 2 kv heads, 4 experts) on 16 ranks, 64 × 64 tokens.
+// tiny-moe (4 layers, 4 query and 2 kv heads, 4 experts) on 16 ranks, 64 × 64 tokens; uneven
+// stages on llama3-8b (32 layers).
 constexpr int64_t kWorld = 16;
 
 struct Case {
   const char* spec;
   Precision precision;
   const char* flags;
+  const char* model = "tiny-moe";
 };
 
 // clang-format off
@@ -108,8 +116,26 @@ const Case kCases[] = {
      "--overlap-grad-reduce"},
     {"tp=2,pp=2,vpp=2,mbs=2,sp=on", Precision::kBF16,
      "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
-     "--num-layers-per-virtual-pipeline-stage 1 --expert-tensor-parallel-size 2 "
+     "--num-virtual-stages-per-pipeline-rank 2 --expert-tensor-parallel-size 2 "
      "--micro-batch-size 2 --global-batch-size 64 --sequence-parallel --overlap-grad-reduce"},
+    {"tp=2,pp=4,pp_first=2,pp_last=6,vpp=2", Precision::kBF16,
+     "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 "
+     "--decoder-first-pipeline-num-layers 2 --decoder-last-pipeline-num-layers 6 "
+     "--num-virtual-stages-per-pipeline-rank 2 --micro-batch-size 1 --global-batch-size 64 "
+     "--overlap-grad-reduce",
+     "llama3-8b"},
+    // 15 and 17 layers: 16 recomputed layers are fewer than the larger stage's.
+    {"tp=2,pp=2,pp_first=15,recompute=full,recompute_layers=16", Precision::kBF16,
+     "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+     "--decoder-first-pipeline-num-layers 15 --micro-batch-size 1 --global-batch-size 64 "
+     "--recompute-granularity full --recompute-method block --recompute-num-layers 16 "
+     "--overlap-grad-reduce",
+     "llama3-8b"},
+    {"tp=2,pp=4,pp_last=5", Precision::kBF16,
+     "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 "
+     "--decoder-last-pipeline-num-layers 5 --micro-batch-size 1 --global-batch-size 64 "
+     "--overlap-grad-reduce",
+     "llama3-8b"},
     {"cp=2", Precision::kBF16,
      "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 2 "
      "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
@@ -207,32 +233,29 @@ const char* PrecisionFlag(Precision p) {
 }
 
 TEST(MegatronFlags, EveryCaseIsAValidConfigurationOfTheSpace) {
-  const ModelSpec model = ModelPreset("tiny-moe");
   ClusterSpec cluster;
   cluster.nnodes = 2;
   cluster.gpus_per_node = 8;
   cluster.gpu = GpuPreset("h100");
-  const SearchSpace space(model, Train(Precision::kBF16), cluster, {});
   for (const Case& k : kCases) {
+    const SearchSpace space(ModelPreset(k.model), Train(Precision::kBF16), cluster, {});
     EXPECT_EQ(space.Check(Complete(ParseSpec(k.spec), kWorld)), "") << k.spec;
   }
 }
 
 TEST(MegatronFlags, EachKnobValuePrintsExactlyItsFlags) {
-  const ModelSpec model = ModelPreset("tiny-moe");
   for (const Case& k : kCases) {
     const ParallelConfig c = Complete(ParseSpec(k.spec), kWorld);
-    EXPECT_EQ(MegatronFlags(c, model, Train(k.precision)), k.flags)
+    EXPECT_EQ(MegatronFlags(c, ModelPreset(k.model), Train(k.precision)), k.flags)
         << k.spec << " " << PrecisionFlag(k.precision);
   }
 }
 
 TEST(MegatronFlags, EveryEmittedFlagHasATableEntryAndEveryEntryIsEmitted) {
-  const ModelSpec model = ModelPreset("tiny-moe");
   std::set<std::string> emitted;
   for (const Case& k : kCases) {
-    const std::string line =
-        MegatronFlags(Complete(ParseSpec(k.spec), kWorld), model, Train(k.precision));
+    const std::string line = MegatronFlags(Complete(ParseSpec(k.spec), kWorld),
+                                           ModelPreset(k.model), Train(k.precision));
     std::set<std::string> once;
     for (const std::string& flag : Flags(line)) {
       EXPECT_NE(Meaning(flag), nullptr)
@@ -277,7 +300,7 @@ TEST(MegatronFlags, EveryCaseReadsBackAsItsConfiguration) {
   for (const Case& k : kCases) {
     auto predict = [&](const std::string& flag, const std::string& value) {
       std::ostringstream out, err;
-      const int code = Main({"predict", "--model", "tiny-moe", "--gpu", "h100", "--nnodes", "2",
+      const int code = Main({"predict", "--model", k.model, "--gpu", "h100", "--nnodes", "2",
                              "--nproc-per-node", "8", "--global-batch-size", "64", "--seq-length",
                              "64", PrecisionFlag(k.precision), flag, value, "--format", "csv"},
                             out, err);

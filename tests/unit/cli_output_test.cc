@@ -161,6 +161,10 @@ TEST(CliCsv, NemoSummaryColumns) {
   const Result block = Predict("llama2-7b", "tp=2,pp=2,recompute=full,recompute_layers=3", "csv");
   ASSERT_EQ(block.code, kExitOk) << block.err;
   EXPECT_EQ(CsvRows(block.out)[0].at("Act Ckpt Layers"), "3");
+  // Every layer of the largest stage: 15 and 17 layers.
+  const Result uneven = Predict("llama2-7b", "tp=4,pp=2,pp_first=15,recompute=full", "csv");
+  ASSERT_EQ(uneven.code, kExitOk) << uneven.err;
+  EXPECT_EQ(CsvRows(uneven.out)[0].at("Act Ckpt Layers"), "17");
   // plan: one row per configuration, ranked.
   const Result plan = RunCli({"plan", "--model", "tiny", "--gpu", "h100", "--global-batch-size",
                               "16", "--top", "3", "--format", "csv"});
@@ -242,6 +246,19 @@ TEST(CliBridge, OverridesSelectTheConfiguration) {
         {"model.expert_model_parallel_size", "4"},
         {"model.expert_tensor_parallel_size", "1"}}},
       {"llama2-7b", "tp=2", {{"model.expert_tensor_parallel_size", ""}}},
+      // Uneven stages, and the recipe's other ways of splitting the layers undone.
+      {"llama2-7b",
+       "tp=2,pp=4,pp_first=2,pp_last=6,vpp=2",
+       {{"model.num_layers_in_first_pipeline_stage", "2"},
+        {"model.num_layers_in_last_pipeline_stage", "6"},
+        {"model.virtual_pipeline_model_parallel_size", "2"},
+        {"model.pipeline_model_parallel_layout", "null"},
+        {"model.account_for_embedding_in_pipeline_split", "false"},
+        {"model.account_for_loss_in_pipeline_split", "false"}}},
+      {"llama2-7b",
+       "tp=2,pp=4,pp_last=5",
+       {{"model.num_layers_in_first_pipeline_stage", "null"},
+        {"model.num_layers_in_last_pipeline_stage", "5"}}},
   };
   for (const Case& k : cases) {
     const Result bridge = Predict(k.model, k.spec, "bridge");

@@ -59,6 +59,9 @@ struct Inputs {
   // Megatron-LM parallel flags on the command line (`--tensor-model-parallel-size 8`, ...): pins
   // in the space, and the configuration `predict` evaluates when no --config is given.
   std::optional<ParallelConfig> megatron_config;
+  // The flag that made megatron_config's pipeline stages uneven ("" when they are even): `plan`
+  // cannot pin such stages, its space splits the layers evenly.
+  std::string megatron_uneven_flag;
   // The configuration of a pasted script (--megatron-args, --megatron-args-file): `plan`
   // searches around it and says where it ranks; `predict` evaluates it when nothing else is given.
   std::optional<ParallelConfig> script_config;
