@@ -79,10 +79,9 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   WriteNotes(err, "plan", in);
   if (in.megatron_config) {
     if (!in.megatron_uneven_flag.empty()) {
-      throw InputError(in.megatron_uneven_flag,
-                       "uneven pipeline stages cannot pin plan's space, which splits the layers "
-                       "evenly: paste them with --megatron-args (plan then ranks that "
-                       "configuration among the space's), or predict it");
+      err << "autopar-tune plan: note: " << in.megatron_uneven_flag
+          << " is not pinned: plan splits each pipeline's layers itself (the stage balancer); "
+             "predict gives the time of a given split\n";
     }
     PinSpace(*in.megatron_config, in.model, in.space);
   }

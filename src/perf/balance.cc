@@ -1,4 +1,4 @@
-// The stage balancer of docs/models.md §4.5: Megatron's uneven split (pp_first, pp_last, the
+// The stage balancer of docs/models.md §4.6: Megatron's uneven split (pp_first, pp_last, the
 // other stages even) and block-recompute depth chosen by branch and bound over every choice
 // Megatron-LM can express, so the result is the exact optimum of the model, not a heuristic.
 #include <algorithm>

@@ -113,8 +113,11 @@ def main():
     lines = open(os.path.join(a.work, "t.csv")).read().splitlines()[:41]
     with open(os.path.join(a.work, "bad.csv"), "w") as f:
         f.write(lines[0] + "\n")
+        status = lines[0].split(",").index("status")
         for line in lines[1:]:
-            f.write(line.rsplit(",", 1)[0] + ",device_error\n")
+            cells = line.split(",")
+            cells[status] = "device_error"
+            f.write(",".join(cells) + "\n")
     r = run("--backend", "replay", "--replay-table", "bad.csv", *model, "--study", "bad",
             "--quiet")
     check(r.returncode == 3 and "no configuration could be measured" in r.stderr,

@@ -95,7 +95,8 @@ class Aggregation(unittest.TestCase):
         lines = {name: (era, s, n_skipped) for name, era, s, n_skipped, _
                  in bench.table(results, skipped)}
         self.assertEqual(list(lines), ["MEGATRON_README_2024", "KORTHIKANTI22_T5", "LLAMA3_T4",
-                                       "all", "2020-2022", "2024"])
+                                       "all", "2020-2022", "2024", "uneven stages or etp",
+                                       "the other rows"])
         era, s, n = lines["MEGATRON_README_2024"]
         self.assertEqual((era, s["rows"], n), ("2024", 2, 1))
         self.assertAlmostEqual(s["mape"], 0.10)
@@ -122,15 +123,17 @@ class Rows(unittest.TestCase):
         def why(**fields):
             return " ".join(bench.config_of(row(**fields), src)[2])
         self.assertIn("not given", why(tp="", pp="", dp=""))
-        self.assertIn("uneven pipeline stages", why(layers="15", pp="2", dp="4"))
+        self.assertEqual(why(layers="15", pp="2", dp="4"), "")  # uneven stages, balanced
+        self.assertIn("exceeds the 15 layers", why(layers="15", pp="16", dp="1"))
         self.assertIn("virtual stages is not stated", why(vpp="interleaved (V not stated)"))
         self.assertIn("is not the 16 GPUs", why(dp="4"))
-        self.assertIn("etp = 1 is not tp = 2", why(ep="8", etp="1"))
-        self.assertEqual(why(ep="8", etp="2"), "")
+        self.assertEqual(why(ep="8", etp="1"), "")
+        self.assertIn("etp=1,", bench.config_of(row(ep="8", etp="1"), src)[0])
+        self.assertNotIn("etp", bench.config_of(row(ep="8", etp="2"), src)[0])
         self.assertIn("recomputing these modules", why(recompute="selective (layernorm, moe)"))
         self.assertEqual(why(recompute="selective (attention core)"), "")
         moe = bench.SOURCES["MOE_MODELZOO_QWEN3_LC"]
-        self.assertIn("etp = 1", " ".join(bench.config_of(row(ep="8"), moe)[2]))
+        self.assertIn("etp=1,", bench.config_of(row(ep="8"), moe)[0])
 
     def test_cluster_from_the_printed_configuration(self):
         src = bench.SOURCES["NEMO_LONGCTX_B200"]

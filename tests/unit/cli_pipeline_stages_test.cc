@@ -290,8 +290,9 @@ TEST(MegatronStages, AScriptsLayoutExpandsFromItsVariables) {
             "--overlap-grad-reduce\n");
 }
 
-// plan pins the space with Megatron flags on its command line; uneven stages it cannot pin.
-TEST(MegatronStages, PlanRefusesUnevenPinsAndRanksAPastedUnevenScript) {
+// plan pins the space with Megatron flags on its command line; the split of the stages it
+// chooses itself, and says so.
+TEST(MegatronStages, PlanBalancesUnevenPinsItselfAndRanksAPastedUnevenScript) {
   const std::vector<std::string> base = {"plan", "--model",      "llama3-8b", "--gpu",
                                          "h100", "--nnodes",     "4",         "--global-batch-size",
                                          "64",   "--seq-length", "1024"};
@@ -300,10 +301,11 @@ TEST(MegatronStages, PlanRefusesUnevenPinsAndRanksAPastedUnevenScript) {
        {"--pipeline-model-parallel-size", "4", "--decoder-first-pipeline-num-layers", "5"}) {
     pinned.push_back(a);
   }
-  const Result refused = RunCli(pinned);
-  EXPECT_EQ(refused.code, kExitBadInput);
-  EXPECT_TRUE(Has(refused.err, "--decoder-first-pipeline-num-layers: uneven pipeline stages"))
-      << refused.err;
+  const Result balanced = RunCli(pinned);
+  EXPECT_EQ(balanced.code, kExitOk) << balanced.err;
+  EXPECT_TRUE(Has(balanced.err, "note: --decoder-first-pipeline-num-layers is not pinned"))
+      << balanced.err;
+  EXPECT_TRUE(Has(balanced.out, ",pp=4,")) << balanced.out;
   std::vector<std::string> pasted = base;
   pasted.push_back("--megatron-args");
   pasted.push_back(

@@ -98,7 +98,7 @@ class CostModel {
   // Chooses c's uneven split (pp_first, pp_last), and with `choose_recompute_layers` under full
   // recompute the block-recompute depth (recompute_layers), among every choice Megatron-LM can
   // express for c's pp and vpp: the one whose slowest stage is fastest with every stage within
-  // the GPU's memory, or the least peak memory when no choice fits (docs/models.md §4.5). The
+  // the GPU's memory, or the least peak memory when no choice fits (docs/models.md §4.6). The
   // result is canonical (CanonicalStages). False, `c` unchanged, when no split is valid.
   bool BalanceStages(ParallelConfig& c, bool choose_recompute_layers) const;
 

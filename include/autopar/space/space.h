@@ -46,7 +46,7 @@ void ApplyFix(const std::string& text, SpaceOptions& options);
 std::vector<int32_t> ParseIntList(const std::string& flag, const std::string& text);
 
 // Chooses a configuration's uneven pipeline split, and where asked its block-recompute depth:
-// the cost model's stage balancer (CostModel::BalanceStages, docs/models.md §4.5). An interface,
+// the cost model's stage balancer (CostModel::BalanceStages, docs/models.md §4.6). An interface,
 // so that the space stays free of the cost model.
 class StageSplitter {
  public:
