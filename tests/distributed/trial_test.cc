@@ -328,30 +328,33 @@ TEST(TrialOutcome, ImpossibleStageSplitIsInvalid) {
 
 INSTANTIATE_TEST_SUITE_P(
     Trial, Memory,
-    ::testing::Values(Case{"tiny", "dp=4"}, Case{"tiny", "tp=2,dp=2"},
-                      Case{"tiny", "tp=2,dp=2,sp=on"}, Case{"tiny", "pp=2,dp=2"},
-                      Case{"tiny", "pp=2,dp=2,vpp=2"}, Case{"tiny", "tp=2,dp=2,dist_opt=on"},
-                      Case{"tiny", "tp=2,pp=2,recompute=full"},
-                      Case{"tiny", "tp=2,pp=2,sp=on,recompute=selective"},
-                      Case{"tiny-gpt", "tp=2,pp=2,sp=on"}, Case{"tiny", "cp=2,dp=2"},
-                      Case{"tiny", "up=2,dp=2"}, Case{"tiny", "tp=2,cp=2"},
-                      Case{"tiny", "tp=2,up=2"}, Case{"tiny", "cp=2,up=2,recompute=selective"},
-                      Case{"tiny-moe", "dp=4,ep=2"}, Case{"tiny-moe", "dp=4,ep=4"},
-                      Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"},
-                      Case{"tiny-moe", "dp=4,ep=4,dist_opt=on"},
-                      Case{"tiny-moe", "tp=2,dp=2,ep=4,sp=on,etp=1"},
-                      Case{"tiny-moe", "dp=4,ep=2,etp=2"}),
+    ::testing::Values(
+        Case{"tiny", "dp=4"}, Case{"tiny", "tp=2,dp=2"}, Case{"tiny", "tp=2,dp=2,sp=on"},
+        Case{"tiny", "pp=2,dp=2"}, Case{"tiny", "pp=2,dp=2,vpp=2"},
+        Case{"tiny", "tp=2,dp=2,dist_opt=on"}, Case{"tiny", "tp=2,pp=2,recompute=full"},
+        Case{"tiny", "tp=2,pp=2,sp=on,recompute=selective"}, Case{"tiny-gpt", "tp=2,pp=2,sp=on"},
+        Case{"tiny", "cp=2,dp=2"}, Case{"tiny", "up=2,dp=2"}, Case{"tiny", "tp=2,cp=2"},
+        Case{"tiny", "tp=2,up=2"}, Case{"tiny", "cp=2,up=2,recompute=selective"},
+        Case{"tiny-moe", "dp=4,ep=2"}, Case{"tiny-moe", "dp=4,ep=4"},
+        Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"}, Case{"tiny-moe", "dp=4,ep=4,dist_opt=on"},
+        Case{"tiny-moe", "tp=2,dp=2,ep=4,sp=on,etp=1"}, Case{"tiny-moe", "dp=4,ep=2,etp=2"},
+        // Uneven stages: the peak is the most loaded stage's (the model costs
+        // each stage from its own layers).
+        Case{"tiny", "pp=4,pp_first=1,pp_last=3", 6}, Case{"tiny", "pp=2,dp=2,pp_first=1", 6},
+        Case{"tiny", "pp=2,dp=2,vpp=2,pp_first=2", 6}),
     CaseName);
 
-INSTANTIATE_TEST_SUITE_P(
-    Trial, MemoryLongSequence,
-    ::testing::Values(Case{"tiny", "dp=4"}, Case{"tiny", "cp=4"}, Case{"tiny", "up=4"},
-                      Case{"tiny", "tp=2,cp=2,sp=on"},
-                      Case{"tiny", "cp=2,up=2,recompute=selective"},
-                      Case{"tiny", "tp=2,up=2,recompute=full"}, Case{"tiny-moe", "dp=4,ep=4"},
-                      Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"}, Case{"tiny-moe", "cp=2,dp=2,ep=2"},
-                      Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on,etp=1"}),
-    CaseName);
+INSTANTIATE_TEST_SUITE_P(Trial, MemoryLongSequence,
+                         ::testing::Values(Case{"tiny", "dp=4"}, Case{"tiny", "cp=4"},
+                                           Case{"tiny", "up=4"}, Case{"tiny", "tp=2,cp=2,sp=on"},
+                                           Case{"tiny", "cp=2,up=2,recompute=selective"},
+                                           Case{"tiny", "tp=2,up=2,recompute=full"},
+                                           Case{"tiny-moe", "dp=4,ep=4"},
+                                           Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"},
+                                           Case{"tiny-moe", "cp=2,dp=2,ep=2"},
+                                           Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on,etp=1"},
+                                           Case{"tiny", "pp=4,pp_first=1,pp_last=3", 6}),
+                         CaseName);
 
 }  // namespace
 }  // namespace autopar::trial
