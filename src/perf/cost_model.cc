@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "fp8.h"
 #include "stages.h"
 
 namespace autopar {
@@ -28,6 +29,10 @@ CostModel::CostModel(const ModelSpec& model, const TrainSpec& train, const Clust
   // fp8_dpa off, Megatron-LM's --fp8-dot-product-attention is opt-in).
   attention_peak_flops_ = cluster_.gpu.PeakFlops(
       train_.precision == Precision::kFP8 ? Precision::kBF16 : train_.precision);
+  fp8_ = train_.precision == Precision::kFP8;
+  const Fp8Traits fp8 = Fp8TraitsOf(cluster_.gpu.name);
+  gemm_peak_flops_ = peak_flops_ * (fp8_ ? fp8.gemm_ratio : 1.0);
+  fp8_transposed_copy_ = fp8_ && fp8.transposed_copy;
   element_bytes_ = train_.precision == Precision::kFP32 ? 4 : 2;
   model_flops_per_step_ = ModelFlopsPerStep(model_, train_.global_batch_size, train_.seq_length);
 }
@@ -104,11 +109,15 @@ double CostModel::P2PTime(double bytes, bool crosses_nodes) const {
 }
 
 double CostModel::GemmTime(double flops, double sharded_dim) const {
+  return GemmTimeAt(flops, sharded_dim, gemm_peak_flops_);
+}
+
+double CostModel::GemmTimeAt(double flops, double sharded_dim, double peak) const {
   if (flops <= 0) return 0;
   // Narrow GEMMs (a dimension cut thin by tensor parallelism) keep fewer tensor cores busy.
   const Efficiency& e = constants_.eff;
   const double eff = e.gemm * sharded_dim / (sharded_dim + e.gemm_half_dim);
-  return flops / (peak_flops_ * eff);
+  return flops / (peak * eff);
 }
 
 double CostModel::AttentionTime(double flops) const {
@@ -197,7 +206,14 @@ MemoryBreakdown CostModel::StageMemory(const ParallelConfig& c, const StageLayou
     const double ffn = moe ? m.moe_shared_expert_intermediate_size : m.ffn_hidden_size;
     return replicated / (c.sp ? t : 1) + attention_saved + (gated * tokens * ffn + scores) / t;
   };
-  auto layer_bytes = [&](bool moe) { return layer_ws(moe) + (moe ? routed : 0); };
+  // FP8 training keeps FP8 copies of the GEMM inputs instead of (or besides) BF16 ones (fp8.cc);
+  // the backward's gradient buffers stay BF16, so the working set keeps layer_ws.
+  auto fp8_saved = [&](bool moe) {
+    if (!fp8_) return 0.0;
+    const Fp8LayerTraffic q = Fp8Layer(m, c, tokens, elem, fp8_transposed_copy_, moe);
+    return q.saved_delta_bytes + q.routed_saved_delta_bytes;
+  };
+  auto layer_bytes = [&](bool moe) { return layer_ws(moe) + (moe ? routed : 0) + fp8_saved(moe); };
   // Transient buffers of a MoE layer's backward: dispatch and combine ping-pong buffers
   // ([tokens·k·etp/tp, h] each), the experts' input gradient and their fc1 / activation
   // gradients; and the router's input gradient [tokens / tp, h].
@@ -244,6 +260,11 @@ MemoryBreakdown CostModel::StageMemory(const ParallelConfig& c, const StageLayou
                           mtp * static_cast<double>(params_.mtp_experts())) /
                          (et * ep);
   mem.weights = weight_bytes * (dense + experts);
+  // FP8: Transformer Engine's cached FP8 weights (and transposes), kept across the micro-batches.
+  if (fp8_) {
+    mem.weights +=
+        Fp8WeightCacheBytes(fp8_transposed_copy_) * Fp8StageWeights(m, params_, c, layout, stage);
+  }
   // Megatron's main-gradient buffers are fp32, or in the parameters' dtype with
   // --grad-reduce-in-bf16 (DistributedDataParallelConfig.grad_reduce_in_fp32 off).
   const double grad_bytes = c.grad_reduce_dtype == GradReduceDtype::kFP32 ? 4 : elem;

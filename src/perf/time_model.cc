@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "autopar/perf/cost_model.h"
+#include "fp8.h"
 #include "stages.h"
 
 namespace autopar {
@@ -193,9 +194,14 @@ StageTimeParts CostModel::TimeParts(const ParallelConfig& c) const {
                                      act_passes * tokens * width / t) / hbm;
     if (moe) f[kMemoryBound] += element_bytes_ * 4 * tokens * m.moe_router_topk * h / t / hbm;
 
-    // Tensor parallel: two all-reduces of the layer's activations (or AG + RS with SP).
+    // Tensor parallel: two all-reduces of the layer's activations (or AG + RS with SP). In FP8
+    // training TE all-gathers the quantized inputs of the QKV and fc1 GEMMs (a MoE layer's
+    // dispatcher gathers BF16 rows) and, in backward, the FP8 output gradients of the
+    // projection and fc2: one byte an element. The reduce-scatters stay BF16.
     const double act_bytes = element_bytes_ * tokens * h;
-    f[kTpComm] = c.sp ? 4 * AllGatherTime(act_bytes, c.tp, tp_stride)
+    const double fp8_gathers = fp8_ ? (moe ? 1 : 2) : 0;
+    f[kTpComm] = c.sp ? (4 - fp8_gathers) * AllGatherTime(act_bytes, c.tp, tp_stride) +
+                            fp8_gathers * AllGatherTime(tokens * h, c.tp, tp_stride)
                       : 2 * AllReduceTime(act_bytes, c.tp, tp_stride);
     // Ulysses (as the trial runs it): one all-to-all of q, k and v into head shards, one of the
     // output back; backward mirrors them. The buffers are packed and unpacked by row gathers.
@@ -244,6 +250,11 @@ StageTimeParts CostModel::TimeParts(const ParallelConfig& c) const {
     b[kGemm] = 2 * f[kGemm];
     b[kAttention] = (stack.flash_attention ? 2.5 : 2.0) * f[kAttention];
     b[kMemoryBound] = 2 * f[kMemoryBound];
+    if (fp8_) {  // Transformer Engine's casts of GEMM inputs and output gradients (fp8.cc)
+      const Fp8LayerTraffic q = Fp8Layer(m, c, tokens, element_bytes_, fp8_transposed_copy_, moe);
+      f[kMemoryBound] += q.forward_bytes / hbm;
+      b[kMemoryBound] += q.backward_bytes / hbm;
+    }
     b[kCpComm] = cp_bwd;
     if (c.recompute == Recompute::kSelective) {  // the attention core runs forward again
       b[kAttention] += f[kAttention];
@@ -264,7 +275,8 @@ StageTimeParts CostModel::TimeParts(const ParallelConfig& c) const {
   // adds the 2h → h projection (column-parallel) and its own logits and loss.
   const double v = m.vocab_size;
   const double mtp = m.mtp_num_layers;
-  const double logits_fwd = GemmTime(2 * tokens * h * v / t, v / t);
+  // The output layer is Megatron's ColumnParallelLinear, not a TE one: BF16 in FP8 training.
+  const double logits_fwd = GemmTimeAt(2 * tokens * h * v / t, v / t, attention_peak_flops_);
   const double ce_fwd = 10 * tokens * v / t / hbm;
   const double mtp_fwd = mtp * (logits_fwd + GemmTime(2 * tokens * 2 * h * h / t, h / t));
   LayerCost& last = parts.last_extra;
@@ -352,7 +364,7 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
                             AllReduceTime(grad_bytes * experts, edp_group, ex.edp);
   };
   LayerCost slowest;
-  double slowest_time = -1, recompute_share = 0;
+  double slowest_time = -1, recompute_share = 0, slowest_fp8_weights = 0;
   double dense_params = 0, expert_params = 0, grad_time = -1;
   int64_t before = 0;
   for (int64_t stage = 0; stage < c.pp; ++stage) {
@@ -365,6 +377,7 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
       recompute_share =
           static_cast<double>(layout.recomputed.dense_total() + layout.recomputed.moe_total()) /
           std::max<int64_t>(layout.layers(), 1);
+      slowest_fp8_weights = fp8_ ? Fp8StageWeights(m, params_, c, layout, stage) : 0.0;
     }
     const double dense =
         (layout.all.dense_total() * static_cast<double>(params_.dense_layer()) +
@@ -391,6 +404,11 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   out.bubble_fraction = 1.0 - microbatches / slots;
   for (int k = 0; k < kNumFeatures; ++k)
     out.features[k] = slots * (slowest.fwd[k] + slowest.bwd[k]);
+  // FP8: TE quantizes a stage's weights (read BF16, write the cached FP8 copies) once a step, in
+  // its first micro-batch's forward; Megatron passes is_first_microbatch, so later micro-batches
+  // reuse them.
+  out.features[kMemoryBound] +=
+      (element_bytes_ + Fp8WeightCacheBytes(fp8_transposed_copy_)) * slowest_fp8_weights / hbm;
   out.layer_forward_s = parts.dense.forward();
   out.layer_backward_s = parts.dense.backward() + recompute_share * parts.dense.forward();
   const double fwd = slowest.forward(), bwd = slowest.backward();

@@ -47,4 +47,17 @@ struct PerfConstants {
 // Defaults for a GPU family, by preset name (`a100-80gb`, `h100`, `v100`, ...).
 PerfConstants DefaultConstants(const std::string& gpu_name);
 
+// How FP8 training runs on a GPU family (docs/models.md §5). Derived from the GPU's name, which
+// a study stores, rather than kept with the efficiencies above, so that a resumed study models
+// FP8 as the one that started it.
+struct Fp8Traits {
+  // An FP8 GEMM's efficiency (of the FP8 dense peak) over a BF16 GEMM's (of the BF16 peak), on
+  // the same large shapes with the operands already quantized (the casts are modelled apart).
+  double gemm_ratio = 1;
+  // FP8 GEMMs take TN operands only (Hopper's cuBLAS): Transformer Engine writes a transposed
+  // FP8 copy of each operand besides the row-wise one. Blackwell's take any layout.
+  bool transposed_copy = true;
+};
+Fp8Traits Fp8TraitsOf(const std::string& gpu_name);
+
 }  // namespace autopar

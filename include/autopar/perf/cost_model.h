@@ -118,6 +118,8 @@ class CostModel {
   // Compute at nominal efficiency: a GEMM whose sharded dimension is `sharded_dim`, the attention
   // core (flash-style), and memory-bound kernels moving `bytes`. Exposed for the probe.
   double GemmTime(double flops, double sharded_dim) const;
+  // A GEMM run at `peak` FLOP/s (the output layer's BF16 one in FP8 training).
+  double GemmTimeAt(double flops, double sharded_dim, double peak) const;
   double AttentionTime(double flops) const;
   double MemoryBoundTime(double bytes) const;
 
@@ -138,8 +140,14 @@ class CostModel {
   ClusterSpec cluster_;
   PerfConstants constants_;
   ParamCounts params_;
-  double peak_flops_ = 0;            // the GEMMs' (the training precision's)
-  double attention_peak_flops_ = 0;  // attention's: BF16 when training in FP8
+  double peak_flops_ = 0;  // the training precision's (MFU's denominator)
+  // The transformer layers' GEMMs: the training precision's peak, times Fp8Traits::gemm_ratio
+  // in FP8 training.
+  double gemm_peak_flops_ = 0;
+  // Attention's and the output layer's: BF16 when training in FP8 (neither is a TE linear layer).
+  double attention_peak_flops_ = 0;
+  bool fp8_ = false;                  // FP8 training (Transformer Engine, docs/models.md §4.2)
+  bool fp8_transposed_copy_ = false;  // Fp8Traits::transposed_copy of the GPU
   // Bytes of a weight or activation element: 2 under mixed precision, 4 in fp32 training.
   double element_bytes_ = 2;
   double model_flops_per_step_ = 0;
