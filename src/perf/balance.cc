@@ -116,20 +116,11 @@ bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) c
   const double last_min = parts.last_extra.forward() + parts.last_extra.backward();
 
   // Where even the first or the last stage cannot fit with the fewest layers Megatron allows
-  // (vpp) and everything recomputed, no split fits: keep the most even one, no search.
+  // and everything recomputed, no split fits: keep the most even one, no search.
   if (c.pp > 1) {
     ParallelConfig thin = c;
     thin.recompute_layers = depths.back();
-    const int64_t v = c.vpp;
-    thin.pp_first = static_cast<int32_t>(v);
-    thin.pp_last = static_cast<int32_t>(layers - v * (c.pp - 1));
-    const bool first_too_big = StageMemory(thin, LayoutOf(model_, thin, 0, 0), 0).total() > cap;
-    thin.pp_first = static_cast<int32_t>(layers - v * (c.pp - 1));
-    thin.pp_last = static_cast<int32_t>(v);
-    const int64_t before = (layers - v) / v;
-    const bool last_too_big =
-        StageMemory(thin, LayoutOf(model_, thin, c.pp - 1, before), c.pp - 1).total() > cap;
-    if (first_too_big || last_too_big) return MostEvenSplit(c, layers);
+    if (ThinEndStageOverflows(thin, cap)) return MostEvenSplit(c, layers);
   }
 
   double best_time = std::numeric_limits<double>::infinity();
@@ -176,6 +167,18 @@ bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) c
     if (c.recompute_layers >= deepest_chunk) c.recompute_layers = 0;
   }
   return true;
+}
+
+bool CostModel::ThinEndStageOverflows(ParallelConfig c, double cap_bytes) const {
+  // The first stage with vpp layers (the rest of the split as Megatron allows it), then the last.
+  const int64_t layers = model_.num_layers, v = c.vpp;
+  c.pp_first = static_cast<int32_t>(v);
+  c.pp_last = static_cast<int32_t>(layers - v * (c.pp - 1));
+  if (StageMemory(c, LayoutOf(model_, c, 0, 0), 0).total() > cap_bytes) return true;
+  c.pp_first = static_cast<int32_t>(layers - v * (c.pp - 1));
+  c.pp_last = static_cast<int32_t>(v);
+  const int64_t before = (layers - v) / v;  // the earlier stages' layers per chunk
+  return StageMemory(c, LayoutOf(model_, c, c.pp - 1, before), c.pp - 1).total() > cap_bytes;
 }
 
 }  // namespace autopar

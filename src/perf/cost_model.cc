@@ -144,28 +144,14 @@ MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
   return peak;
 }
 
-MemoryBreakdown CostModel::StageMemory(const ParallelConfig& c, const StageLayout& layout,
-                                       int64_t stage) const {
+LayerBytes CostModel::LayerBytesOf(const ParallelConfig& c) const {
   const ModelSpec& m = model_;
-  // Mixed precision keeps 16-bit weights and activations, fp32 main gradients and an fp32
-  // master copy with Adam's moments (Megatron's 18 bytes per parameter); fp32 training (the CPU
-  // backend) has 4-byte everything and the weights are their own master copy.
-  const bool fp32 = train_.precision == Precision::kFP32;
-  const double elem = element_bytes_;
-  const double weight_bytes = elem;
-  const double optimizer_bytes = fp32 ? 8 : 12;
   const StackOptions& stack = constants_.stack;
+  const double elem = element_bytes_;
   const double t = c.tp;
-  const double ep = c.ep;
-  const double et = c.expert_tp();
   // The routed rows a rank's experts hold, as a share of the tensor-parallel region's: each rank
   // routes its 1/tp and the etp all-gather brings etp such shares (1 at etp = tp).
-  const double gathered = et / t;
-  const int64_t microbatches = train_.global_batch_size / (int64_t{c.dp} * c.mbs);
-  // Every rank of the up·cp·dp block holds the same dense weights (the gradient reduction and
-  // the distributed optimizer span them all); the experts are split over ep of them.
-  const double replicas = static_cast<double>(c.dp) * c.cp * c.up;
-
+  const double gathered = c.expert_tp() / t;
   // Activation bytes of one layer for one micro-batch (Korthikanti et al. 2022, generalised to
   // GQA, gated MLPs, MoE and sequence splitting).
   const double tokens = static_cast<double>(c.mbs) * train_.seq_length / (c.cp * c.up);
@@ -219,9 +205,26 @@ MemoryBreakdown CostModel::StageMemory(const ParallelConfig& c, const StageLayou
   // gradients; and the router's input gradient [tokens / tp, h].
   const double moe_transient = elem * tokens * (k * 3 * h * gathered + h / t) +
                                gated * tokens * k * m.moe_ffn_hidden_size / t;
+  LayerBytes out;
+  out.tokens = tokens;
+  out.dense_ws = layer_ws(false);
+  out.moe_ws = layer_ws(true);
+  out.dense = layer_bytes(false);
+  out.moe = layer_bytes(true);
+  // An MTP module keeps a layer's activations and its input projection's ([tokens, 2h]).
+  out.mtp = (m.is_moe() ? out.moe : out.dense) + elem * tokens * 2 * h / (c.sp ? t : 1);
+  out.moe_transient = moe_transient;
+  out.context_ws = ContextWorkspaceBytes(c, tokens, d, tp_heads, tp_kv);
+  out.layer_input = elem * tokens * h / (c.sp ? t : 1);  // what full recompute keeps
+  return out;
+}
+
+double CostModel::ContextWorkspaceBytes(const ParallelConfig& c, double tokens, double d,
+                                        double tp_heads, double tp_kv) const {
   // The sequence-split attention's workspaces (ContextAttention): the Ulysses send and receive
   // buffers and the head-sharded output and QKV gradients; the ring's K/V blocks (the own one,
   // two in flight) and their gradients (two being summed, one arriving), and a merge buffer.
+  const double up = c.up;
   double context_ws = 0;
   if (c.cp > 1 || c.up > 1) {
     const double rows = tokens * up, ul_cols = d * (tp_heads + 2 * tp_kv) / up;
@@ -230,15 +233,27 @@ MemoryBreakdown CostModel::StageMemory(const ParallelConfig& c, const StageLayou
     if (c.up > 1) context_ws += 2 * rows * ul_cols + rows * d * tp_heads / up;
     if (c.cp > 1) context_ws += 6 * rows * kv_cols + rows / 2 * d * tp_heads / up;
     if (c.up > 1 && c.recompute == Recompute::kSelective) context_ws += tokens * d * tp_heads;
-    context_ws *= elem;
+    context_ws *= element_bytes_;
   }
-  const double layer_input = elem * tokens * h / (c.sp ? t : 1);  // what full recompute keeps
+  return context_ws;
+}
 
-  MemoryBreakdown mem;
-  const int64_t layers_per_stage = layout.layers();
+void CostModel::StageParameterBytes(const ParallelConfig& c, const StageLayout& layout,
+                                    int64_t stage, MemoryBreakdown& mem) const {
+  const ModelSpec& m = model_;
+  // Mixed precision keeps 16-bit weights and activations, fp32 main gradients and an fp32
+  // master copy with Adam's moments (Megatron's 18 bytes per parameter); fp32 training (the CPU
+  // backend) has 4-byte everything and the weights are their own master copy.
+  const bool fp32 = train_.precision == Precision::kFP32;
+  const double elem = element_bytes_;
+  const double weight_bytes = elem;
+  const double optimizer_bytes = fp32 ? 8 : 12;
+  const double t = c.tp, ep = c.ep, et = c.expert_tp(), h = m.hidden_size;
+  // Every rank of the up·cp·dp block holds the same dense weights (the gradient reduction and
+  // the distributed optimizer span them all); the experts are split over ep of them.
+  const double replicas = static_cast<double>(c.dp) * c.cp * c.up;
   const int64_t dense_layers = layout.all.dense_total();
   const int64_t moe_layers = layout.all.moe_total();
-
   // Parameters held by this rank: dense ones split by tp, experts by etp·ep.
   double dense = dense_layers * static_cast<double>(params_.dense_layer()) +
                  moe_layers * static_cast<double>(params_.moe_layer_non_expert());
@@ -274,15 +289,30 @@ MemoryBreakdown CostModel::StageMemory(const ParallelConfig& c, const StageLayou
   const double expert_replicas = static_cast<double>(c.expert_dp());
   mem.optimizer = optimizer_bytes *
                   (c.dist_opt ? dense / replicas + experts / expert_replicas : dense + experts);
+}
+
+MemoryBreakdown CostModel::StageMemory(const ParallelConfig& c, const StageLayout& layout,
+                                       int64_t stage) const {
+  const ModelSpec& m = model_;
+  const bool fp32 = train_.precision == Precision::kFP32;
+  const double elem = element_bytes_;
+  const double t = c.tp;
+  const int64_t microbatches = train_.global_batch_size / (int64_t{c.dp} * c.mbs);
+  const LayerBytes x = LayerBytesOf(c);
+  const double tokens = x.tokens, h = m.hidden_size;
+  MemoryBreakdown mem;
+  StageParameterBytes(c, layout, stage, mem);
+  const int64_t layers_per_stage = layout.layers();
+  const int64_t dense_layers = layout.all.dense_total();
+  const int64_t moe_layers = layout.all.moe_total();
+  // Multi-token-prediction modules follow the last layer on the last stage.
+  const double mtp = stage == c.pp - 1 ? static_cast<double>(m.mtp_num_layers) : 0.0;
 
   // Micro-batches whose activations are alive at the peak of this stage.
   double in_flight = std::min<double>(microbatches, c.pp - stage);
   if (c.vpp > 1) in_flight *= 1 + (c.pp - 1.0) / (c.pp * c.vpp);
-  const double dense_layer_bytes = layer_bytes(false);
-  const double moe_layer_bytes = layer_bytes(true);
-  // An MTP module keeps a layer's activations and its input projection's ([tokens, 2h]).
-  const double mtp_layer_bytes =
-      (m.is_moe() ? moe_layer_bytes : dense_layer_bytes) + elem * tokens * 2 * h / (c.sp ? t : 1);
+  const double dense_layer_bytes = x.dense, moe_layer_bytes = x.moe, mtp_layer_bytes = x.mtp;
+  const double layer_input = x.layer_input;
   double per_microbatch =
       dense_layers * dense_layer_bytes + moe_layers * moe_layer_bytes + mtp * mtp_layer_bytes;
   // The backward pass works on one layer at a time: its activation gradients are about the
@@ -290,10 +320,9 @@ MemoryBreakdown CostModel::StageMemory(const ParallelConfig& c, const StageLayou
   // tensor-parallel region ([s·b, h] each) and the residual-stream gradients and pipeline
   // send/recv buffers (local [s·b, h] each). A fully recomputed layer rebuilds its activations
   // first.
-  double working =
-      std::max(dense_layers > 0 ? layer_ws(false) : 0.0, moe_layers > 0 ? layer_ws(true) : 0.0) +
-      elem * tokens * h * (2 + 6 / (c.sp ? t : 1)) + context_ws +
-      (moe_layers > 0 ? moe_transient : 0.0);
+  double working = std::max(dense_layers > 0 ? x.dense_ws : 0.0, moe_layers > 0 ? x.moe_ws : 0.0) +
+                   elem * tokens * h * (2 + 6 / (c.sp ? t : 1)) + x.context_ws +
+                   (moe_layers > 0 ? x.moe_transient : 0.0);
   if (c.recompute == Recompute::kFull) {
     // Megatron's block method recomputes the first N layers of every model chunk: they keep
     // only their input; the others (and MTP modules) keep their activations.

@@ -35,6 +35,38 @@ struct LayerCost {
   }
 };
 
+// Real-rank strides of the expert groups. The expert grid orders a pipeline stage's ranks as tp,
+// then the (cp, dp) block (at rank stride tp·up), then up (at stride tp): etp takes consecutive
+// positions, ep every etp-th, edp every (etp·ep)-th (docs/architecture.md §3). A group of n at
+// position stride σ lies in one tp group while σ·n ≤ tp (stride σ), spans (cp, dp) positions up
+// to σ·n = tp·cp·dp (stride σ·up) and beyond that every up slice too (stride σ: it covers the
+// stage's ranks). At etp = tp these are the tp, cp and tp·ep strides of the earlier model.
+struct ExpertStrides {
+  int64_t etp, ep, edp;
+};
+inline ExpertStrides ExpertGroupStrides(const ParallelConfig& c) {
+  const int64_t tp = c.tp, block = tp * c.cp * c.dp;
+  auto stride = [&](int64_t sigma, int64_t n) {
+    const int64_t span = sigma * n;
+    return span <= tp ? sigma : span <= block ? sigma * c.up : sigma;
+  };
+  const int64_t etp = c.expert_tp();
+  return {stride(1, etp), stride(etp, c.ep), stride(etp * c.ep, c.expert_dp())};
+}
+
+// What one layer's time is computed from (CostModel::ShapeOf): the per-rank sizes of a
+// configuration and the strides of its groups. t, s, h, a: tp, sequence, hidden, heads; tokens
+// per rank and micro-batch; hbm the reachable HBM bandwidth; tp_heads and tp_kv the query and kv
+// heads per tp rank; et the expert tp size and gathered the expert rows' share (et/t).
+struct LayerShape {
+  double t = 1, s = 0, h = 0, a = 0, tokens = 0, hbm = 0;
+  int64_t up_stride = 1, cp_stride = 1;
+  ExpertStrides ex{};
+  double et = 1, gathered = 1;
+  double qk_dim = 0, v_dim = 0, kv_heads = 0, tp_heads = 0, tp_kv = 0;
+  double one_expert = 0, window_share = 1;
+};
+
 // The layers of [first, first + count) by kind: dense or MoE (the MoE ones follow the first
 // moe_first_dense_layers), full or sliding-window attention (ModelSpec::is_windowed_layer).
 struct LayerMix {
@@ -65,6 +97,26 @@ struct StageTimeParts {
     to.Add(dense_windowed, static_cast<double>(x.dense_windowed));
     to.Add(moe_windowed, static_cast<double>(x.moe_windowed));
   }
+};
+
+// What the stages of a configuration come to (CostModel::SummarizeStages): the slowest stage's
+// cost (which paces the pipeline), its share of recomputed layers and its FP8-cast weights, and
+// the parameters and gradient reduction of the stage whose reduction takes longest.
+struct StageSummary {
+  LayerCost slowest;
+  double recompute_share = 0, fp8_weights = 0;
+  double dense_params = 0, expert_params = 0, grad_time = -1;
+  bool embedding_copy = false;  // a tied (or MTP-read) embedding duplicated on the last stage
+};
+
+// One layer's activation bytes for one micro-batch on one rank (CostModel::LayerBytesOf,
+// docs/models.md §3): what a dense, a MoE and an MTP layer keep for backward, their working sets
+// without the routed experts (ws), a MoE backward's transient buffers, the sequence-split
+// attention's workspaces, and the layer input full recompute keeps instead.
+struct LayerBytes {
+  double tokens = 0;
+  double dense = 0, moe = 0, mtp = 0, dense_ws = 0, moe_ws = 0;
+  double moe_transient = 0, context_ws = 0, layer_input = 0;
 };
 
 // A stage's layers as the model sees them: all its chunks' layers by kind, the ones block

@@ -83,201 +83,198 @@ int64_t FirstStageBuckets(const ModelSpec& m, const ParallelConfig& c, double bu
   return dense.buckets() + experts.buckets();
 }
 
-// Real-rank strides of the expert groups. The expert grid orders a pipeline stage's ranks as tp,
-// then the (cp, dp) block (at rank stride tp·up), then up (at stride tp): etp takes consecutive
-// positions, ep every etp-th, edp every (etp·ep)-th (docs/architecture.md §3). A group of n at
-// position stride σ lies in one tp group while σ·n ≤ tp (stride σ), spans (cp, dp) positions up
-// to σ·n = tp·cp·dp (stride σ·up) and beyond that every up slice too (stride σ: it covers the
-// stage's ranks). At etp = tp these are the tp, cp and tp·ep strides of the earlier model.
-struct ExpertStrides {
-  int64_t etp, ep, edp;
-};
-ExpertStrides ExpertGroupStrides(const ParallelConfig& c) {
-  const int64_t tp = c.tp, block = tp * c.cp * c.dp;
-  auto stride = [&](int64_t sigma, int64_t n) {
-    const int64_t span = sigma * n;
-    return span <= tp ? sigma : span <= block ? sigma * c.up : sigma;
-  };
-  const int64_t etp = c.expert_tp();
-  return {stride(1, etp), stride(etp, c.ep), stride(etp * c.ep, c.expert_dp())};
-}
-
 }  // namespace
 
-StageTimeParts CostModel::TimeParts(const ParallelConfig& c) const {
+LayerShape CostModel::ShapeOf(const ParallelConfig& c) const {
+  const ModelSpec& m = model_;
+  LayerShape x;
+  x.t = c.tp;
+  x.s = static_cast<double>(train_.seq_length);
+  x.h = static_cast<double>(m.hidden_size);
+  x.a = static_cast<double>(m.num_attention_heads);
+  x.tokens = c.mbs * x.s / (c.cp * c.up);
+  x.hbm = cluster_.gpu.hbm_bandwidth * constants_.eff.memory_bound;
+  // Megatron-core rank order tp-up-cp-dp-pp: each group's stride decides its link.
+  x.up_stride = c.tp;
+  x.cp_stride = int64_t{c.tp} * c.up;
+  // The expert grid etp-ep-edp (MoE parallel folding, docs/architecture.md §3) over the tp·cp·dp
+  // ranks of an up slice, then the up slices: etp consecutive ranks, ep at stride etp.
+  x.ex = ExpertGroupStrides(c);
+  // Rows a rank's experts see, as a share of the routed rows of the tensor-parallel region: each
+  // rank routes its 1/tp, the ep all-to-all balances them, the etp all-gather multiplies by etp.
+  x.et = c.expert_tp();
+  x.gathered = x.et / x.t;
+  x.qk_dim = static_cast<double>(m.is_mla() ? m.qk_head_dim + m.qk_pos_emb_head_dim : m.head_dim());
+  x.v_dim = static_cast<double>(m.is_mla() ? m.v_head_dim : m.head_dim());
+  x.kv_heads = m.is_mla() ? x.a : static_cast<double>(m.num_query_groups);
+  // Heads per rank: query heads split by tp; kv heads by tp (replicated when fewer). The Ulysses
+  // all-to-all scatters both over up, which divides them (the space's UlyssesKvReason).
+  x.tp_heads = x.a / x.t;
+  x.tp_kv = std::max(x.kv_heads / x.t, 1.0);
+  x.one_expert = m.is_moe() ? static_cast<double>(params_.expert_per_layer) / m.num_experts : 0;
+  // A windowed layer's share of full causal attention's work (docs/models.md §4.2): flash
+  // attention skips the blocks outside the band; the unfused path masks the whole square.
+  x.window_share = constants_.stack.flash_attention && m.window_size > 0
+                       ? CausalKeysPerQuery(x.s, static_cast<double>(m.window_size)) / (0.5 * x.s)
+                       : 1.0;
+  return x;
+}
+
+double CostModel::LayerCompute(const ParallelConfig& c, const LayerShape& x, bool moe,
+                               bool windowed, std::array<double, kNumFeatures>& f) const {
   const ModelSpec& m = model_;
   const StackOptions& stack = constants_.stack;
   const Efficiency& e = constants_.eff;
-  const GpuSpec& gpu = cluster_.gpu;
-  const double t = c.tp;
-  const double s = train_.seq_length;
-  const double h = m.hidden_size;
-  const double a = m.num_attention_heads;
-  const double tokens = c.mbs * s / (c.cp * c.up);
-  const double hbm = gpu.hbm_bandwidth * e.memory_bound;
+  const double t = x.t, s = x.s, h = x.h, a = x.a, tokens = x.tokens, hbm = x.hbm;
+  // GEMMs: 2 FLOPs per parameter per token, split by tp.
+  f[kGemm] = GemmTime(2 * tokens * params_.attention_per_layer / t, a * x.qk_dim / t);
+  if (moe) {
+    const double routed = 2 * tokens * m.moe_router_topk * x.one_expert / t;
+    const double shared =
+        2 * tokens * (params_.shared_expert_per_layer + params_.moe_router_per_layer) / t;
+    f[kGemm] += GemmTime(routed, m.moe_ffn_hidden_size / x.et) +
+                (shared > 0 ? GemmTime(shared, std::max<double>(h, 1) / t) : 0);
+  } else {
+    f[kGemm] += GemmTime(2 * tokens * params_.dense_mlp_per_layer / t, m.ffn_hidden_size / t);
+  }
+  // Attention core over the full key range; flash skips the masked half of a causal square.
+  const double heads = a / (t * c.up);
+  // A rank attends with its heads/(tp·up) heads for the cp rank's s/cp queries over all s keys
+  // (after the Ulysses all-to-all); the load-balanced chunks give every rank the same share.
+  const double attn_flops = 2 * c.mbs * (s / c.cp) * s * heads * (x.qk_dim + x.v_dim);
+  double softmax = 0;  // the unfused attention's passes over the score matrix
+  if (stack.flash_attention) {
+    f[kAttention] = 0.5 * attn_flops * (windowed ? x.window_share : 1.0) /
+                    (attention_peak_flops_ * e.attention);
+  } else {
+    f[kAttention] = attn_flops / (attention_peak_flops_ * e.attention_unfused);
+    // Scale-mask-softmax and dropout over the score matrix, each one read and one write of an
+    // element (+ a byte mask for dropout).
+    const double score_elems = c.mbs * heads * (s / c.cp) * s;
+    softmax = score_elems * (stack.dropout ? 4 * element_bytes_ + 1 : 2 * element_bytes_) / hbm;
+    f[kMemoryBound] += softmax;
+  }
+  // Elementwise traffic: norms, residuals, RoPE, bias and dropout on hidden-sized tensors
+  // (replicated over tp unless SP shards them), the activation function on the MLP width.
+  // Two norms (read + write) and two residual adds (2 reads + 1 write); bias and dropout are
+  // fused into the adds and cost only the dropout masks; RoPE reads and writes q and k.
+  const double rope_passes = m.position_embedding == PositionEmbedding::kRope
+                                 ? 2 * (a * x.qk_dim + x.kv_heads * x.qk_dim) / h
+                                 : 0;
+  const double hidden_passes = 10 + (stack.dropout ? 1 : 0) + rope_passes;
+  const double width =
+      moe ? m.moe_router_topk * m.moe_ffn_hidden_size + m.moe_shared_expert_intermediate_size
+          : m.ffn_hidden_size;
+  const double act_passes = m.activation == Activation::kSwiGLU ? 3 : 2;
+  f[kMemoryBound] +=
+      element_bytes_ *
+      (hidden_passes * tokens * h / (c.sp ? t : 1) + act_passes * tokens * width / t) / hbm;
+  if (moe) f[kMemoryBound] += element_bytes_ * 4 * tokens * m.moe_router_topk * h / t / hbm;
+  return softmax;
+}
 
-  // Megatron-core rank order tp-up-cp-dp-pp: each group's stride decides its link.
+double CostModel::LayerCommunication(const ParallelConfig& c, const LayerShape& x, bool moe,
+                                     std::array<double, kNumFeatures>& f) const {
+  const ModelSpec& m = model_;
+  const double t = x.t, h = x.h, tokens = x.tokens, hbm = x.hbm;
+  // Tensor parallel: two all-reduces of the layer's activations (or AG + RS with SP). In FP8
+  // training TE all-gathers the quantized inputs of the QKV and fc1 GEMMs (a MoE layer's
+  // dispatcher gathers BF16 rows) and, in backward, the FP8 output gradients of the
+  // projection and fc2: one byte an element. The reduce-scatters stay BF16.
   const int64_t tp_stride = 1;
-  const int64_t up_stride = c.tp;
-  const int64_t cp_stride = int64_t{c.tp} * c.up;
-  // The expert grid etp-ep-edp (MoE parallel folding, docs/architecture.md §3) over the tp·cp·dp
-  // ranks of an up slice, then the up slices: etp consecutive ranks, ep at stride etp.
-  const ExpertStrides ex = ExpertGroupStrides(c);
-  // Rows a rank's experts see, as a share of the routed rows of the tensor-parallel region: each
-  // rank routes its 1/tp, the ep all-to-all balances them, the etp all-gather multiplies by etp.
-  const double et = c.expert_tp();
-  const double gathered = et / t;
+  const double act_bytes = element_bytes_ * tokens * h;
+  const double fp8_gathers = fp8_ ? (moe ? 1 : 2) : 0;
+  f[kTpComm] = c.sp ? (4 - fp8_gathers) * AllGatherTime(act_bytes, c.tp, tp_stride) +
+                          fp8_gathers * AllGatherTime(tokens * h, c.tp, tp_stride)
+                    : 2 * AllReduceTime(act_bytes, c.tp, tp_stride);
+  // Ulysses (as the trial runs it): one all-to-all of q, k and v into head shards, one of the
+  // output back; backward mirrors them. The buffers are packed and unpacked by row gathers.
+  if (c.up > 1) {
+    const double qkv_bytes =
+        element_bytes_ * tokens * (x.tp_heads * x.qk_dim + x.tp_kv * (x.qk_dim + x.v_dim));
+    const double o_bytes = element_bytes_ * tokens * x.tp_heads * x.v_dim;
+    f[kUlyssesComm] =
+        AllToAllTime(qkv_bytes, c.up, x.up_stride) + AllToAllTime(o_bytes, c.up, x.up_stride);
+    f[kMemoryBound] += 2 * (qkv_bytes + o_bytes) / hbm;
+  }
+  // Context parallel (ring attention, load-balanced chunks): cp − 1 steps pass the K/V block
+  // of the rank's rows, each behind that step's attention; the blocks are merged by
+  // log-sum-exp. Backward passes K/V and their gradients together, and the gradients take one
+  // more hop home after the last step, which nothing hides.
+  double cp_bwd = 0;
+  if (c.cp > 1) {
+    const double kv_block = element_bytes_ * tokens * x.tp_kv * (x.qk_dim + x.v_dim);
+    const bool crosses = CrossesNodes(c.cp, x.cp_stride);
+    const double step = P2PTime(kv_block, crosses), both = P2PTime(2 * kv_block, crosses);
+    const double attention_step = f[kAttention] / c.cp;
+    const double backward_step = (constants_.stack.flash_attention ? 2.5 : 2.0) * attention_step;
+    f[kCpComm] = (c.cp - 1) * std::max(0.0, step - attention_step);
+    cp_bwd = (c.cp - 1) * std::max(0.0, both - backward_step) + step;
+    // Merges: 2·cp − 1 partial results of half the rows each, read twice and written once.
+    f[kMemoryBound] +=
+        (2.0 * c.cp - 2) * 3 * element_bytes_ * tokens * x.tp_heads * x.v_dim / 2 / hbm;
+  }
+  // Expert parallel (the trial's dropless dispatcher, Megatron's all-to-all one): each tp rank
+  // routes its 1/tp of the rows; dispatch is an all-to-all over ep of their k copies, then
+  // (experts being etp-sharded) an etp all-gather of what arrived; combine is an etp
+  // reduce-scatter and the all-to-all back. The per-expert counts travel first (a small
+  // all-to-all and a host round trip).
+  if (moe) {
+    const double routed = element_bytes_ * tokens * m.moe_router_topk * h;
+    f[kEpComm] = 2 * AllToAllTime(routed / t, c.ep, x.ex.ep) +
+                 2 * AllGatherTime(routed * x.gathered, c.expert_tp(), x.ex.etp) +
+                 (c.ep > 1 ? AllToAllTime(0, c.ep, x.ex.ep) : 0);
+    // Row gathers of dispatch, sort, unsort and combine.
+    f[kMemoryBound] += 2 * (2 * routed / t + 2 * routed * x.gathered) / hbm;
+  }
+  return cp_bwd;
+}
 
-  // ---- one transformer layer, forward, per rank ----
-  const double qk_dim = m.is_mla() ? m.qk_head_dim + m.qk_pos_emb_head_dim : m.head_dim();
-  const double v_dim = m.is_mla() ? m.v_head_dim : m.head_dim();
-  const double kv_heads = m.is_mla() ? a : m.num_query_groups;
-  // Heads per rank: query heads split by tp; kv heads by tp (replicated when fewer). The Ulysses
-  // all-to-all scatters both over up, which divides them (the space's UlyssesKvReason).
-  const double tp_heads = a / t;
-  const double tp_kv = std::max(kv_heads / t, 1.0);
-  const double attn_params = params_.attention_per_layer;
-  const double one_expert =
-      m.is_moe() ? static_cast<double>(params_.expert_per_layer) / m.num_experts : 0;
+LayerCost CostModel::LayerTime(const ParallelConfig& c, const LayerShape& x, bool moe,
+                               bool windowed) const {
+  LayerCost lc;
+  auto& f = lc.fwd;
+  const double softmax = LayerCompute(c, x, moe, windowed, f);
+  const double cp_bwd = LayerCommunication(c, x, moe, f);
+  // Backward: twice the GEMM FLOPs (input and weight gradients), the same collectives.
+  auto& b = lc.bwd;
+  b = f;
+  b[kGemm] = 2 * f[kGemm];
+  b[kAttention] = (constants_.stack.flash_attention ? 2.5 : 2.0) * f[kAttention];
+  b[kMemoryBound] = 2 * f[kMemoryBound];
+  if (fp8_) {  // Transformer Engine's casts of GEMM inputs and output gradients (fp8.cc)
+    const Fp8LayerTraffic q =
+        Fp8Layer(model_, c, x.tokens, element_bytes_, fp8_transposed_copy_, moe);
+    f[kMemoryBound] += q.forward_bytes / x.hbm;
+    b[kMemoryBound] += q.backward_bytes / x.hbm;
+  }
+  b[kCpComm] = cp_bwd;
+  if (c.recompute == Recompute::kSelective) {  // the attention core runs forward again
+    b[kAttention] += f[kAttention];
+    b[kMemoryBound] += softmax;
+    b[kCpComm] += f[kCpComm];
+  }
+  return lc;
+}
 
-  // A windowed layer's share of full causal attention's work (docs/models.md §4.2): flash
-  // attention skips the blocks outside the band; the unfused path masks the whole square.
-  const double window_share =
-      stack.flash_attention && m.window_size > 0
-          ? CausalKeysPerQuery(s, static_cast<double>(m.window_size)) / (0.5 * s)
-          : 1.0;
-
-  auto layer_cost = [&](bool moe, bool windowed) {
-    LayerCost lc;
-    auto& f = lc.fwd;
-    // GEMMs: 2 FLOPs per parameter per token, split by tp.
-    f[kGemm] = GemmTime(2 * tokens * attn_params / t, a * qk_dim / t);
-    if (moe) {
-      const double routed = 2 * tokens * m.moe_router_topk * one_expert / t;
-      const double shared = 2 * tokens * (params_.shared_expert_per_layer +
-                                          params_.moe_router_per_layer) / t;
-      f[kGemm] += GemmTime(routed, m.moe_ffn_hidden_size / et) +
-                  (shared > 0 ? GemmTime(shared, std::max<double>(h, 1) / t) : 0);
-    } else {
-      f[kGemm] += GemmTime(2 * tokens * params_.dense_mlp_per_layer / t, m.ffn_hidden_size / t);
-    }
-    // Attention core over the full key range; flash skips the masked half of a causal square.
-    const double heads = a / (t * c.up);
-    // A rank attends with its heads/(tp·up) heads for the cp rank's s/cp queries over all s keys
-    // (after the Ulysses all-to-all); the load-balanced chunks give every rank the same share.
-    const double attn_flops = 2 * c.mbs * (s / c.cp) * s * heads * (qk_dim + v_dim);
-    double softmax = 0;  // the unfused attention's passes over the score matrix
-    if (stack.flash_attention) {
-      f[kAttention] = 0.5 * attn_flops * (windowed ? window_share : 1.0) /
-                      (attention_peak_flops_ * e.attention);
-    } else {
-      f[kAttention] = attn_flops / (attention_peak_flops_ * e.attention_unfused);
-      // Scale-mask-softmax and dropout over the score matrix, each one read and one write of an
-      // element (+ a byte mask for dropout).
-      const double score_elems = c.mbs * heads * (s / c.cp) * s;
-      softmax = score_elems * (stack.dropout ? 4 * element_bytes_ + 1 : 2 * element_bytes_) / hbm;
-      f[kMemoryBound] += softmax;
-    }
-    // Elementwise traffic: norms, residuals, RoPE, bias and dropout on hidden-sized tensors
-    // (replicated over tp unless SP shards them), the activation function on the MLP width.
-    // Two norms (read + write) and two residual adds (2 reads + 1 write); bias and dropout are
-    // fused into the adds and cost only the dropout masks; RoPE reads and writes q and k.
-    const double rope_passes =
-        m.position_embedding == PositionEmbedding::kRope ? 2 * (a * qk_dim + kv_heads * qk_dim) / h
-                                                         : 0;
-    const double hidden_passes = 10 + (stack.dropout ? 1 : 0) + rope_passes;
-    const double width = moe ? m.moe_router_topk * m.moe_ffn_hidden_size +
-                                   m.moe_shared_expert_intermediate_size
-                             : m.ffn_hidden_size;
-    const double act_passes = m.activation == Activation::kSwiGLU ? 3 : 2;
-    f[kMemoryBound] += element_bytes_ * (hidden_passes * tokens * h / (c.sp ? t : 1) +
-                                     act_passes * tokens * width / t) / hbm;
-    if (moe) f[kMemoryBound] += element_bytes_ * 4 * tokens * m.moe_router_topk * h / t / hbm;
-
-    // Tensor parallel: two all-reduces of the layer's activations (or AG + RS with SP). In FP8
-    // training TE all-gathers the quantized inputs of the QKV and fc1 GEMMs (a MoE layer's
-    // dispatcher gathers BF16 rows) and, in backward, the FP8 output gradients of the
-    // projection and fc2: one byte an element. The reduce-scatters stay BF16.
-    const double act_bytes = element_bytes_ * tokens * h;
-    const double fp8_gathers = fp8_ ? (moe ? 1 : 2) : 0;
-    f[kTpComm] = c.sp ? (4 - fp8_gathers) * AllGatherTime(act_bytes, c.tp, tp_stride) +
-                            fp8_gathers * AllGatherTime(tokens * h, c.tp, tp_stride)
-                      : 2 * AllReduceTime(act_bytes, c.tp, tp_stride);
-    // Ulysses (as the trial runs it): one all-to-all of q, k and v into head shards, one of the
-    // output back; backward mirrors them. The buffers are packed and unpacked by row gathers.
-    if (c.up > 1) {
-      const double qkv_bytes =
-          element_bytes_ * tokens * (tp_heads * qk_dim + tp_kv * (qk_dim + v_dim));
-      const double o_bytes = element_bytes_ * tokens * tp_heads * v_dim;
-      f[kUlyssesComm] =
-          AllToAllTime(qkv_bytes, c.up, up_stride) + AllToAllTime(o_bytes, c.up, up_stride);
-      f[kMemoryBound] += 2 * (qkv_bytes + o_bytes) / hbm;
-    }
-    // Context parallel (ring attention, load-balanced chunks): cp − 1 steps pass the K/V block
-    // of the rank's rows, each behind that step's attention; the blocks are merged by
-    // log-sum-exp. Backward passes K/V and their gradients together, and the gradients take one
-    // more hop home after the last step, which nothing hides.
-    double cp_bwd = 0;
-    if (c.cp > 1) {
-      const double kv_block = element_bytes_ * tokens * tp_kv * (qk_dim + v_dim);
-      const bool crosses = CrossesNodes(c.cp, cp_stride);
-      const double step = P2PTime(kv_block, crosses), both = P2PTime(2 * kv_block, crosses);
-      const double attention_step = f[kAttention] / c.cp;
-      const double backward_step = (stack.flash_attention ? 2.5 : 2.0) * attention_step;
-      f[kCpComm] = (c.cp - 1) * std::max(0.0, step - attention_step);
-      cp_bwd = (c.cp - 1) * std::max(0.0, both - backward_step) + step;
-      // Merges: 2·cp − 1 partial results of half the rows each, read twice and written once.
-      f[kMemoryBound] +=
-          (2.0 * c.cp - 2) * 3 * element_bytes_ * tokens * tp_heads * v_dim / 2 / hbm;
-    }
-    // Expert parallel (the trial's dropless dispatcher, Megatron's all-to-all one): each tp rank
-    // routes its 1/tp of the rows; dispatch is an all-to-all over ep of their k copies, then
-    // (experts being etp-sharded) an etp all-gather of what arrived; combine is an etp
-    // reduce-scatter and the all-to-all back. The per-expert counts travel first (a small
-    // all-to-all and a host round trip).
-    if (moe) {
-      const double routed = element_bytes_ * tokens * m.moe_router_topk * h;
-      f[kEpComm] = 2 * AllToAllTime(routed / t, c.ep, ex.ep) +
-                   2 * AllGatherTime(routed * gathered, c.expert_tp(), ex.etp) +
-                   (c.ep > 1 ? AllToAllTime(0, c.ep, ex.ep) : 0);
-      // Row gathers of dispatch, sort, unsort and combine.
-      f[kMemoryBound] += 2 * (2 * routed / t + 2 * routed * gathered) / hbm;
-    }
-
-    // Backward: twice the GEMM FLOPs (input and weight gradients), the same collectives.
-    auto& b = lc.bwd;
-    b = f;
-    b[kGemm] = 2 * f[kGemm];
-    b[kAttention] = (stack.flash_attention ? 2.5 : 2.0) * f[kAttention];
-    b[kMemoryBound] = 2 * f[kMemoryBound];
-    if (fp8_) {  // Transformer Engine's casts of GEMM inputs and output gradients (fp8.cc)
-      const Fp8LayerTraffic q = Fp8Layer(m, c, tokens, element_bytes_, fp8_transposed_copy_, moe);
-      f[kMemoryBound] += q.forward_bytes / hbm;
-      b[kMemoryBound] += q.backward_bytes / hbm;
-    }
-    b[kCpComm] = cp_bwd;
-    if (c.recompute == Recompute::kSelective) {  // the attention core runs forward again
-      b[kAttention] += f[kAttention];
-      b[kMemoryBound] += softmax;
-      b[kCpComm] += f[kCpComm];
-    }
-    return lc;
-  };
-
+StageTimeParts CostModel::TimeParts(const ParallelConfig& c) const {
+  const ModelSpec& m = model_;
+  const LayerShape x = ShapeOf(c);
   const bool windows = m.window_size > 0;
   StageTimeParts parts;
-  parts.dense = layer_cost(false, false);
-  if (m.is_moe()) parts.moe = layer_cost(true, false);
-  if (windows) parts.dense_windowed = layer_cost(false, true);
-  if (windows && m.is_moe()) parts.moe_windowed = layer_cost(true, true);
+  parts.dense = LayerTime(c, x, false, false);
+  if (m.is_moe()) parts.moe = LayerTime(c, x, true, false);
+  if (windows) parts.dense_windowed = LayerTime(c, x, false, true);
+  if (windows && m.is_moe()) parts.moe_windowed = LayerTime(c, x, true, true);
 
   // The last stage's logits and vocab-parallel cross-entropy; each multi-token-prediction module
   // adds the 2h → h projection (column-parallel) and its own logits and loss.
-  const double v = m.vocab_size;
-  const double mtp = m.mtp_num_layers;
+  const double t = x.t, h = x.h, tokens = x.tokens;
+  const double v = static_cast<double>(m.vocab_size);
+  const double mtp = static_cast<double>(m.mtp_num_layers);
   // The output layer is Megatron's ColumnParallelLinear, not a TE one: BF16 in FP8 training.
   const double logits_fwd = GemmTimeAt(2 * tokens * h * v / t, v / t, attention_peak_flops_);
-  const double ce_fwd = 10 * tokens * v / t / hbm;
+  const double ce_fwd = 10 * tokens * v / t / x.hbm;
   const double mtp_fwd = mtp * (logits_fwd + GemmTime(2 * tokens * 2 * h * h / t, h / t));
   LayerCost& last = parts.last_extra;
   last.fwd[kGemm] = logits_fwd + mtp_fwd;
@@ -285,7 +282,7 @@ StageTimeParts CostModel::TimeParts(const ParallelConfig& c) const {
   last.fwd[kMemoryBound] = (1 + mtp) * ce_fwd;
   last.bwd[kMemoryBound] = (1 + mtp) * ce_fwd;
   if (c.sp) {  // the final norm's output is gathered for the logits GEMM
-    last.fwd[kTpComm] = AllGatherTime(element_bytes_ * tokens * h, c.tp, tp_stride);
+    last.fwd[kTpComm] = AllGatherTime(element_bytes_ * tokens * h, c.tp, 1);
     last.bwd[kTpComm] = last.fwd[kTpComm];
   }
   return parts;
@@ -328,56 +325,35 @@ std::vector<CostModel::StageEstimate> CostModel::Stages(const ParallelConfig& c)
   return out;
 }
 
-TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
-  const ModelSpec& m = model_;
-  const Efficiency& e = constants_.eff;
-  const StackOptions& stack = constants_.stack;
-  const double t = c.tp;
-  const double h = m.hidden_size;
-  const double tokens = c.mbs * static_cast<double>(train_.seq_length) / (c.cp * c.up);
-  const double hbm = cluster_.gpu.hbm_bandwidth * e.memory_bound;
-  const int64_t up_stride = c.tp;
-  const int64_t pp_stride = int64_t{c.tp} * c.up * c.cp * c.dp;
-  const ExpertStrides ex = ExpertGroupStrides(c);
-  const double et = c.expert_tp();
-  const StageTimeParts parts = TimeParts(c);
-
-  // ---- the pipeline stages (docs/models.md §4.4) ----
+StageSummary CostModel::SummarizeStages(const ParallelConfig& c,
+                                        const StageTimeParts& parts) const {
   // The slowest stage paces the schedule. Each stage's dense parameters: its layers, plus the
   // embedding (first stage) or the final norm and output layer (last stage; a tied embedding's
   // copy when pp > 1, and the one MTP reads); its experts: its MoE layers' and the MTP modules'.
   // The stage whose gradient reduction takes longest sets the data-parallel and optimizer terms.
+  const ModelSpec& m = model_;
+  const double t = c.tp, et = c.expert_tp();
   const int64_t mtp = m.mtp_num_layers;
   const bool embedding_copy = c.pp > 1 && (params_.output_layer == 0 || mtp > 0);
   const double first_extra = static_cast<double>(params_.embedding);
   const double last_extra =
       static_cast<double>(params_.final_norm) + static_cast<double>(params_.output_layer) +
-      (embedding_copy ? static_cast<double>(m.vocab_size) * h : 0.0) +
+      (embedding_copy ? static_cast<double>(m.vocab_size) * m.hidden_size : 0.0) +
       static_cast<double>(mtp) * static_cast<double>(params_.mtp_non_expert());
-  const double grad_bytes = c.grad_reduce_dtype == GradReduceDtype::kFP32 ? 4 : element_bytes_;
-  const int64_t dp_group = int64_t{c.dp} * c.cp * c.up;
-  const int64_t edp_group = c.expert_dp();
-  auto reduce_time = [&](double dense, double experts) {
-    return c.dist_opt ? AllGatherTime(grad_bytes * dense, dp_group, up_stride) +
-                            AllGatherTime(grad_bytes * experts, edp_group, ex.edp)
-                      : AllReduceTime(grad_bytes * dense, dp_group, up_stride) +
-                            AllReduceTime(grad_bytes * experts, edp_group, ex.edp);
-  };
-  LayerCost slowest;
-  double slowest_time = -1, recompute_share = 0, slowest_fp8_weights = 0;
-  double dense_params = 0, expert_params = 0, grad_time = -1;
+  StageSummary out;
+  double slowest_time = -1;
   int64_t before = 0;
   for (int64_t stage = 0; stage < c.pp; ++stage) {
     const StageLayout layout = LayoutOf(m, c, stage, before);
     before += layout.per_chunk;
     const LayerCost cost = StageTime(parts, c, layout, stage);
     if (cost.forward() + cost.backward() > slowest_time) {
-      slowest = cost;
+      out.slowest = cost;
       slowest_time = cost.forward() + cost.backward();
-      recompute_share =
+      out.recompute_share =
           static_cast<double>(layout.recomputed.dense_total() + layout.recomputed.moe_total()) /
           std::max<int64_t>(layout.layers(), 1);
-      slowest_fp8_weights = fp8_ ? Fp8StageWeights(m, params_, c, layout, stage) : 0.0;
+      out.fp8_weights = fp8_ ? Fp8StageWeights(m, params_, c, layout, stage) : 0.0;
     }
     const double dense =
         (layout.all.dense_total() * static_cast<double>(params_.dense_layer()) +
@@ -389,48 +365,43 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
          (stage == c.pp - 1 ? static_cast<double>(mtp) * params_.mtp_experts() : 0.0)) /
         (et * c.ep);
     // (Ties, e.g. with no data parallelism, go to the later stage: the last one's parameters.)
-    if (const double g = reduce_time(dense, experts); g >= grad_time) {
-      grad_time = g;
-      dense_params = dense;
-      expert_params = experts;
+    if (const double g = GradReduceTime(c, dense, experts); g >= out.grad_time) {
+      out.grad_time = g;
+      out.dense_params = dense;
+      out.expert_params = experts;
     }
   }
+  out.embedding_copy = embedding_copy;
+  return out;
+}
 
-  TimeBreakdown out;
-  const int64_t microbatches = train_.global_batch_size / (int64_t{c.dp} * c.mbs);
-  out.microbatches = microbatches;
-  // 1F1B: (m + p − 1)·(t_f + t_b); interleaved: bubble (p − 1)/v instead of p − 1.
-  const double slots = microbatches + (c.pp - 1.0) / c.vpp;
-  out.bubble_fraction = 1.0 - microbatches / slots;
-  for (int k = 0; k < kNumFeatures; ++k)
-    out.features[k] = slots * (slowest.fwd[k] + slowest.bwd[k]);
-  // FP8: TE quantizes a stage's weights (read BF16, write the cached FP8 copies) once a step, in
-  // its first micro-batch's forward; Megatron passes is_first_microbatch, so later micro-batches
-  // reuse them.
-  out.features[kMemoryBound] +=
-      (element_bytes_ + Fp8WeightCacheBytes(fp8_transposed_copy_)) * slowest_fp8_weights / hbm;
-  out.layer_forward_s = parts.dense.forward();
-  out.layer_backward_s = parts.dense.backward() + recompute_share * parts.dense.forward();
-  const double fwd = slowest.forward(), bwd = slowest.backward();
-  out.forward_per_microbatch_s = fwd;
-  out.backward_per_microbatch_s = bwd;
+double CostModel::GradReduceTime(const ParallelConfig& c, double dense, double experts) const {
+  // Over the up·cp·dp ranks that hold the same dense parameters (up fastest, at stride tp) and
+  // the tp·up·cp·dp / (etp·ep) that hold the same experts (at stride etp·ep), in the reduction
+  // dtype: fp32 (Megatron's default) or the 16-bit parameter dtype (--grad-reduce-in-bf16; fp32
+  // training reduces its fp32 gradients either way). The distributed optimizer reduce-scatters.
+  const double grad_bytes = c.grad_reduce_dtype == GradReduceDtype::kFP32 ? 4 : element_bytes_;
+  const int64_t dp_group = int64_t{c.dp} * c.cp * c.up, edp_group = c.expert_dp();
+  const int64_t edp_stride = ExpertGroupStrides(c).edp;
+  return c.dist_opt ? AllGatherTime(grad_bytes * dense, dp_group, c.tp) +
+                          AllGatherTime(grad_bytes * experts, edp_group, edp_stride)
+                    : AllReduceTime(grad_bytes * dense, dp_group, c.tp) +
+                          AllReduceTime(grad_bytes * experts, edp_group, edp_stride);
+}
 
-  // Pipeline p2p: every micro-batch crosses each virtual stage boundary forward and backward.
-  if (c.pp > 1) {
-    const double bytes = element_bytes_ * tokens * h / t;  // scatter-gather / SP shard by tp
-    const double p2p = P2PTime(bytes, CrossesNodes(c.pp, pp_stride));
-    out.features[kPpComm] = 2 * p2p * (microbatches * c.vpp + (c.pp - 1));
-  }
-
-  // Data-parallel gradient reduction (and the distributed optimizer's parameter all-gather),
-  // over the up·cp·dp ranks that hold the same dense parameters (up fastest, at stride tp) and
-  // the tp·up·cp·dp / (etp·ep) that hold the same experts (at stride etp·ep). Gradients travel in
-  // the reduction dtype: fp32 (Megatron's default) or the 16-bit parameter dtype
-  // (--grad-reduce-in-bf16; fp32 training reduces its fp32 gradients either way).
+void CostModel::AddDataParallel(const ParallelConfig& c, const StageSummary& st,
+                                TimeBreakdown& out) const {
+  const ModelSpec& m = model_;
+  const Efficiency& e = constants_.eff;
+  const double hbm = cluster_.gpu.hbm_bandwidth * e.memory_bound;
+  const double fwd = st.slowest.forward(), bwd = st.slowest.backward();
+  const int64_t dp_group = int64_t{c.dp} * c.cp * c.up, edp_group = c.expert_dp();
+  // The distributed optimizer's parameter all-gather, in the parameters' dtype.
   double gather_time = 0;
   if (c.dist_opt) {
-    gather_time = AllGatherTime(element_bytes_ * dense_params, dp_group, up_stride) +
-                  AllGatherTime(element_bytes_ * expert_params, edp_group, ex.edp);
+    gather_time =
+        AllGatherTime(element_bytes_ * st.dense_params, dp_group, c.tp) +
+        AllGatherTime(element_bytes_ * st.expert_params, edp_group, ExpertGroupStrides(c).edp);
   }
   // Megatron's overlap (megatron/core/distributed/): parameters go into buckets of
   // MegatronDdpBucketSize(dp) in reverse order, on the first pipeline stage only (later stages,
@@ -442,7 +413,7 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   // its own. The parameter all-gather mirrors it under the first micro-batch's forward: the
   // first bucket's gather waits at the first layer, each later one is dispatched when the one
   // before it completes. No overlap hides more than dp_overlap of a collective.
-  const int64_t bucket_size = DdpBucketSize(stack.ddp_bucket_size, c.dp);
+  const int64_t bucket_size = DdpBucketSize(constants_.stack.ddp_bucket_size, c.dp);
   const bool gather_overlapped = c.overlap_param_gather && OverlapParamGatherAllowed(c);
   const int64_t buckets = c.overlap_grad_reduce || gather_overlapped
                               ? FirstStageBuckets(m, c, static_cast<double>(bucket_size))
@@ -450,6 +421,7 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
   auto exposed = [&](double comm, double window, int64_t n) {
     return std::max({comm * (1 - e.dp_overlap), comm / n, comm - window * (n - 1) / n});
   };
+  const double grad_time = st.grad_time;
   double grad_exposed = grad_time;
   if (c.overlap_grad_reduce) {
     out.grad_reduce_buckets = buckets;
@@ -464,19 +436,60 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     gather_exposed = exposed(gather_time, fwd, c.pp == 1 ? buckets : 1);
   }
   // Tied embeddings (or MTP's use of the embedding): first and last stage all-reduce the
-  // embedding gradient once the DP
-  // reduction is done (finalize_model_grads), in the step's tail where nothing hides it.
+  // embedding gradient once the DP reduction is done (finalize_model_grads), in the step's tail
+  // where nothing hides it.
   double embedding_time = 0;
-  if (embedding_copy) {
-    embedding_time = AllReduceTime(grad_bytes * m.vocab_size * h / t, 2, pp_stride * (c.pp - 1));
+  if (st.embedding_copy) {
+    const double grad_bytes = c.grad_reduce_dtype == GradReduceDtype::kFP32 ? 4 : element_bytes_;
+    const int64_t pp_stride = int64_t{c.tp} * c.up * c.cp * c.dp;
+    embedding_time =
+        AllReduceTime(grad_bytes * m.vocab_size * m.hidden_size / c.tp, 2, pp_stride * (c.pp - 1));
   }
   out.dp_comm_s = grad_time + gather_time + embedding_time;
   out.features[kDpComm] = grad_exposed + gather_exposed + embedding_time;
 
-  const double optimizer_params =
-      c.dist_opt ? dense_params / dp_group + expert_params / edp_group : dense_params + expert_params;
+  const double optimizer_params = c.dist_opt
+                                      ? st.dense_params / dp_group + st.expert_params / edp_group
+                                      : st.dense_params + st.expert_params;
   out.features[kOptimizer] = kAdamBytesPerParam * optimizer_params / hbm;
+}
 
+TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
+  const ModelSpec& m = model_;
+  const double hbm = cluster_.gpu.hbm_bandwidth * constants_.eff.memory_bound;
+  const StageTimeParts parts = TimeParts(c);
+  // ---- the pipeline stages (docs/models.md §4.4) ----
+  const StageSummary st = SummarizeStages(c, parts);
+
+  TimeBreakdown out;
+  const int64_t microbatches = train_.global_batch_size / (int64_t{c.dp} * c.mbs);
+  out.microbatches = microbatches;
+  // 1F1B: (m + p − 1)·(t_f + t_b); interleaved: bubble (p − 1)/v instead of p − 1.
+  const double slots = microbatches + (c.pp - 1.0) / c.vpp;
+  out.bubble_fraction = 1.0 - microbatches / slots;
+  for (int k = 0; k < kNumFeatures; ++k)
+    out.features[k] = slots * (st.slowest.fwd[k] + st.slowest.bwd[k]);
+  // FP8: TE quantizes a stage's weights (read BF16, write the cached FP8 copies) once a step, in
+  // its first micro-batch's forward; Megatron passes is_first_microbatch, so later micro-batches
+  // reuse them.
+  out.features[kMemoryBound] +=
+      (element_bytes_ + Fp8WeightCacheBytes(fp8_transposed_copy_)) * st.fp8_weights / hbm;
+  out.layer_forward_s = parts.dense.forward();
+  out.layer_backward_s = parts.dense.backward() + st.recompute_share * parts.dense.forward();
+  out.forward_per_microbatch_s = st.slowest.forward();
+  out.backward_per_microbatch_s = st.slowest.backward();
+
+  // Pipeline p2p: every micro-batch crosses each virtual stage boundary forward and backward
+  // (the activations' scatter-gather / SP shard by tp).
+  if (c.pp > 1) {
+    const double tokens = c.mbs * static_cast<double>(train_.seq_length) / (c.cp * c.up);
+    const double bytes = element_bytes_ * tokens * m.hidden_size / c.tp;
+    const int64_t pp_stride = int64_t{c.tp} * c.up * c.cp * c.dp;
+    const double p2p = P2PTime(bytes, CrossesNodes(c.pp, pp_stride));
+    out.features[kPpComm] = 2 * p2p * (microbatches * c.vpp + (c.pp - 1));
+  }
+  // ---- data-parallel gradient reduction, parameter gather and the optimizer (§4.5) ----
+  AddDataParallel(c, st, out);
   for (double x : out.features) out.step_time_s += x;
   return out;
 }

@@ -72,8 +72,11 @@ struct Estimate {
   bool fits = false;
 };
 
+struct LayerBytes;
 struct LayerCost;
+struct LayerShape;
 struct StageLayout;
+struct StageSummary;
 struct StageTimeParts;
 
 class CostModel {
@@ -130,10 +133,34 @@ class CostModel {
   // The cost of one layer of each kind and the last stage's own work (time_model.cc), and one
   // stage's time and memory from its layers (StageLayout, src/perf/stages.h).
   StageTimeParts TimeParts(const ParallelConfig& c) const;
+  // One layer's forward and backward (LayerTime), from the configuration's shapes (ShapeOf):
+  // its compute (returns the unfused attention's softmax time, which selective recompute
+  // repeats) and its collectives (returns the ring's backward exposure), time_model.cc.
+  LayerShape ShapeOf(const ParallelConfig& c) const;
+  LayerCost LayerTime(const ParallelConfig& c, const LayerShape& x, bool moe, bool windowed) const;
+  double LayerCompute(const ParallelConfig& c, const LayerShape& x, bool moe, bool windowed,
+                      std::array<double, kNumFeatures>& f) const;
+  double LayerCommunication(const ParallelConfig& c, const LayerShape& x, bool moe,
+                            std::array<double, kNumFeatures>& f) const;
+  // The stages of c (the slowest, and the one with the longest gradient reduction), the
+  // reduction's time for given parameters per rank, and the DP and optimizer features.
+  StageSummary SummarizeStages(const ParallelConfig& c, const StageTimeParts& parts) const;
+  double GradReduceTime(const ParallelConfig& c, double dense, double experts) const;
+  void AddDataParallel(const ParallelConfig& c, const StageSummary& st, TimeBreakdown& out) const;
   LayerCost StageTime(const StageTimeParts& parts, const ParallelConfig& c,
                       const StageLayout& layout, int64_t stage) const;
   MemoryBreakdown StageMemory(const ParallelConfig& c, const StageLayout& layout,
                               int64_t stage) const;
+  // The pieces of a stage's memory (cost_model.cc): one layer's activation bytes, the sequence-
+  // split attention's workspaces, and the stage's weights, gradients and optimizer state.
+  LayerBytes LayerBytesOf(const ParallelConfig& c) const;
+  double ContextWorkspaceBytes(const ParallelConfig& c, double tokens, double d, double tp_heads,
+                               double tp_kv) const;
+  // Whether the first or the last stage of c, given the fewest layers Megatron allows (vpp),
+  // needs more than `cap_bytes`: then no split of c fits (balance.cc).
+  bool ThinEndStageOverflows(ParallelConfig c, double cap_bytes) const;
+  void StageParameterBytes(const ParallelConfig& c, const StageLayout& layout, int64_t stage,
+                           MemoryBreakdown& mem) const;
 
   ModelSpec model_;
   TrainSpec train_;
