@@ -94,8 +94,16 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   // A pasted script's own configuration: the search goes around it and says where it ranks.
   std::optional<Ranked> script;
   if (in.script_config) {
-    const ParallelConfig c = Complete(*in.script_config, in.cluster.world_size());
-    const std::string reason = ValidityReason(in, c);
+    // A script written for another cluster size may not complete here (its tp·cp·pp does not
+    // divide this world): noted like any other invalid configuration, and the search goes on.
+    ParallelConfig c = *in.script_config;
+    std::string reason;
+    try {
+      c = Complete(c, in.cluster.world_size());
+      reason = ValidityReason(in, c);
+    } catch (const InputError& e) {
+      reason = e.what();
+    }
     if (reason.empty()) {
       script = Ranked{c, model.Evaluate(c)};
     } else {

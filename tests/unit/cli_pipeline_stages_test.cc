@@ -318,3 +318,22 @@ TEST(MegatronStages, PlanBalancesUnevenPinsItselfAndRanksAPastedUnevenScript) {
 
 }  // namespace
 }  // namespace autopar::cli
+
+namespace autopar::cli {
+namespace {
+
+// A script written for a bigger cluster: its tp·pp does not divide this one. plan says why in a
+// note and searches all the same (it used to stop with exit 2).
+TEST(MegatronStages, PlanNotesAScriptForAnotherClusterSizeAndSearches) {
+  const Result r = RunCli({"plan", "--model", "llama3-8b", "--gpu", "h100", "--nnodes", "1",
+                           "--global-batch-size", "64", "--seq-length", "1024", "--megatron-args",
+                           "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 4"});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_TRUE(Has(r.err, "the script's configuration")) << r.err;
+  EXPECT_TRUE(Has(r.err, "is not valid here")) << r.err;
+  EXPECT_TRUE(Has(r.err, "does not divide the world size 8")) << r.err;
+  EXPECT_TRUE(Has(r.out, "rank config")) << r.out;
+}
+
+}  // namespace
+}  // namespace autopar::cli
