@@ -5,11 +5,12 @@
 
 #include <unistd.h>
 
-#include <iostream>
-
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -41,9 +42,13 @@ double ParseDuration(const std::string& flag, const std::string& text) {
   }
   char* end = nullptr;
   const double v = std::strtod(number.c_str(), &end);
-  if (number.empty() || *end != '\0' || !std::isfinite(v) || v < 0) {
+  // At most ~31 years: a deadline past it would overflow the clocks it is added to.
+  constexpr double kMaxSeconds = 1e9;
+  if (number.empty() || *end != '\0' || !std::isfinite(v) || v < 0 || v * scale > kMaxSeconds) {
     throw InputError(flag,
-                     "expected seconds or a duration such as 90s, 30m, 8h; got '" + text + "'");
+                     "expected seconds (at most 1e9) or a duration such as 90s, 30m, 8h; "
+                     "got '" +
+                         text + "'");
   }
   return v * scale;
 }
@@ -71,10 +76,12 @@ TuneFlags ReadTuneFlags(Args& args) {
                      "corrupt from every valid record (docs/journal.md §9)");
   }
   if (const auto seed = args.Value("--seed")) {
-    char* end = nullptr;
-    const unsigned long long v = std::strtoull(seed->c_str(), &end, 10);
-    if (seed->empty() || *end != '\0' || (*seed)[0] == '-') {
-      throw InputError("--seed", "expected a non-negative integer, got '" + *seed + "'");
+    uint64_t v = 0;
+    const char* end = seed->data() + seed->size();
+    const auto [ptr, ec] = std::from_chars(seed->data(), end, v);
+    if (seed->empty() || ec != std::errc() || ptr != end) {
+      throw InputError("--seed",
+                       "expected an integer from 0 to 18446744073709551615, got '" + *seed + "'");
     }
     f.seed = v;
   }
@@ -85,8 +92,9 @@ TuneFlags ReadTuneFlags(Args& args) {
   }
   f.p2p_semantics = ReadP2PSemantics(args, f.backend);
   f.status_addr = args.Value("--status-addr").value_or(f.status_addr);
-  f.status_port = static_cast<int>(args.Int("--status-port", f.backend == "replay" ? -1 : 8642, -1));
-  if (f.status_port > 65535) throw InputError("--status-port", "expected 0..65535 (0: any free port)");
+  // -1: no endpoint, 0: any free port.
+  f.status_port =
+      static_cast<int>(args.Int("--status-port", f.backend == "replay" ? -1 : 8642, -1, 65535));
   if (f.backend == "replay" && !f.replay_table) {
     throw InputError("--replay-table", "required with --backend replay (a CSV of measured trials)");
   }
@@ -108,7 +116,8 @@ TuneFlags ReadTuneFlags(Args& args) {
   }
   t.stop.budget_s = ParseDuration("--budget", args.Value("--budget").value_or("8h"));
   t.stop.max_trials = args.Int("--max-trials", 0, 0);
-  t.stop.draws = static_cast<int>(args.Int("--stop-draws", 200));
+  // Each stop check draws this many posterior samples over every candidate: bounded work.
+  t.stop.draws = static_cast<int>(args.Int("--stop-draws", 200, 1, 1'000'000));
   t.stop.converged_fraction = Fraction(args, "--stop-fraction", 0.95, true);
   t.stop.epsilon = args.Double("--stop-epsilon", 0.02);
   if (t.stop.epsilon >= 1) throw InputError("--stop-epsilon", "expected a number in [0, 1)");
@@ -175,7 +184,8 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
   std::unique_ptr<search::CandidateSet> candidates;
   if (flags.replay_table) {
     RejectRestrictions(in.space);
-    const std::string text = ReadTextFile("--replay-table", *flags.replay_table);
+    const std::string text =
+        ReadTextFile("--replay-table", *flags.replay_table, bounds::kMaxReplayTableBytes);
     table_crc = coord::Crc32c(text.data(), text.size());
     table = coord::ReplayTable::Parse(text, *flags.replay_table);
     table->Validate(SearchSpace(in.model, in.train, in.cluster, OpenSpace({})),
@@ -394,7 +404,8 @@ int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, 
                                     world_name + "'");
   }
   coord::SyntheticTruth truth;
-  truth.seed = static_cast<uint64_t>(args.Int("--truth-seed", 1, 0));
+  truth.seed =
+      static_cast<uint64_t>(args.Int("--truth-seed", 1, 0, std::numeric_limits<int64_t>::max()));
   auto range = [&](const std::string& flag, double* lo, double* hi) {
     const auto v = args.Value(flag);
     if (!v) return;

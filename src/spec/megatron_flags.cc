@@ -24,29 +24,31 @@ struct IntFlag {
   const char* flag;
   int64_t ModelSpec::*member;
   bool allow_zero;  // 0 is meaningful ("none") rather than a missing size
+  int64_t max;      // the field's bound (include/autopar/spec/bounds.h), checked as it is read
 };
 
+using namespace bounds;
 constexpr IntFlag kModelIntFlags[] = {
-    {"--num-layers", &ModelSpec::num_layers, false},
-    {"--hidden-size", &ModelSpec::hidden_size, false},
-    {"--ffn-hidden-size", &ModelSpec::ffn_hidden_size, false},
-    {"--num-attention-heads", &ModelSpec::num_attention_heads, false},
-    {"--num-query-groups", &ModelSpec::num_query_groups, false},
-    {"--kv-channels", &ModelSpec::kv_channels, false},
-    {"--max-position-embeddings", &ModelSpec::max_position_embeddings, false},
-    {"--vocab-size", &ModelSpec::vocab_size, false},
-    {"--q-lora-rank", &ModelSpec::q_lora_rank, true},
-    {"--kv-lora-rank", &ModelSpec::kv_lora_rank, false},
-    {"--qk-head-dim", &ModelSpec::qk_head_dim, false},
-    {"--qk-pos-emb-head-dim", &ModelSpec::qk_pos_emb_head_dim, false},
-    {"--v-head-dim", &ModelSpec::v_head_dim, false},
-    {"--num-experts", &ModelSpec::num_experts, false},
-    {"--moe-router-topk", &ModelSpec::moe_router_topk, false},
-    {"--moe-ffn-hidden-size", &ModelSpec::moe_ffn_hidden_size, false},
-    {"--moe-shared-expert-intermediate-size", &ModelSpec::moe_shared_expert_intermediate_size,
-     true},
-    {"--window-attn-skip-freq", &ModelSpec::window_attn_skip_freq, false},
-    {"--mtp-num-layers", &ModelSpec::mtp_num_layers, true},
+    {"--num-layers", &ModelSpec::num_layers, false, kMaxLayers},
+    {"--hidden-size", &ModelSpec::hidden_size, false, kMaxWidth},
+    {"--ffn-hidden-size", &ModelSpec::ffn_hidden_size, false, kMaxFfn},
+    {"--num-attention-heads", &ModelSpec::num_attention_heads, false, kMaxWidth},
+    {"--num-query-groups", &ModelSpec::num_query_groups, false, kMaxWidth},
+    {"--kv-channels", &ModelSpec::kv_channels, false, kMaxWidth},
+    {"--max-position-embeddings", &ModelSpec::max_position_embeddings, false, kMaxSequence},
+    {"--vocab-size", &ModelSpec::vocab_size, false, kMaxVocabulary},
+    {"--q-lora-rank", &ModelSpec::q_lora_rank, true, kMaxWidth},
+    {"--kv-lora-rank", &ModelSpec::kv_lora_rank, false, kMaxWidth},
+    {"--qk-head-dim", &ModelSpec::qk_head_dim, false, kMaxWidth},
+    {"--qk-pos-emb-head-dim", &ModelSpec::qk_pos_emb_head_dim, false, kMaxWidth},
+    {"--v-head-dim", &ModelSpec::v_head_dim, false, kMaxWidth},
+    {"--num-experts", &ModelSpec::num_experts, false, kMaxExperts},
+    {"--moe-router-topk", &ModelSpec::moe_router_topk, false, kMaxExperts},
+    {"--moe-ffn-hidden-size", &ModelSpec::moe_ffn_hidden_size, false, kMaxFfn},
+    {"--moe-shared-expert-intermediate-size", &ModelSpec::moe_shared_expert_intermediate_size, true,
+     kMaxFfn},
+    {"--window-attn-skip-freq", &ModelSpec::window_attn_skip_freq, false, kMaxLayers},
+    {"--mtp-num-layers", &ModelSpec::mtp_num_layers, true, kMaxLayers},
 };
 
 // Megatron-LM's defaults for what a from-scratch command line leaves out (arguments.py).
@@ -65,12 +67,16 @@ bool IsEmpty(const ModelSpec& m) {
   return m.num_layers == 0 && m.hidden_size == 0 && m.num_attention_heads == 0;
 }
 
-int64_t PositiveInt(const std::string& text, const std::string& flag, bool allow_zero) {
+// A count read from a flag: positive (or zero where `allow_zero`) and at most `max`, so that
+// what is derived from it before Validate (4·hidden, the vocabulary's padding) cannot overflow.
+int64_t PositiveInt(const std::string& text, const std::string& flag, bool allow_zero,
+                    int64_t max) {
   const int64_t value = ParseInt(text, flag);
   if (value < 0 || (value == 0 && !allow_zero)) {
     throw InputError(flag, std::string("must be a ") + (allow_zero ? "non-negative" : "positive") +
                                " integer, got " + text);
   }
+  spec_internal::RequireAtMost(value, max, flag.c_str());
   return value;
 }
 
@@ -112,6 +118,10 @@ LayerFreq ParseMoeLayerFreq(const std::string& raw) {
     std::vector<int64_t> items;
     size_t start = pos + 1;
     while (start < close) {
+      if (static_cast<int64_t>(items.size() + pattern.size()) >= kMaxLayers) {
+        throw InputError(flag, "the pattern lists more than " + std::to_string(kMaxLayers) +
+                                   " layers (the bound on num_layers)");
+      }
       size_t comma = text.find(',', start);
       if (comma == std::string::npos || comma > close) comma = close;
       const int64_t item = ParseInt(text.substr(start, comma - start), flag);
@@ -126,8 +136,15 @@ LayerFreq ParseMoeLayerFreq(const std::string& raw) {
     if (pos < text.size() && text[pos] == '*') {
       const size_t end = text.find('+', pos);
       const size_t stop = end == std::string::npos ? text.size() : end;
-      repeat = PositiveInt(text.substr(pos + 1, stop - pos - 1), flag, /*allow_zero=*/true);
+      repeat = ParseInt(text.substr(pos + 1, stop - pos - 1), flag);
+      if (repeat < 0) throw InputError(flag, "a repeat count must be non-negative" + expected);
       pos = stop;
+    }
+    // Bounded before it is expanded: a pattern lists one entry per layer.
+    const int64_t room = kMaxLayers - static_cast<int64_t>(pattern.size());
+    if (!items.empty() && repeat > room / static_cast<int64_t>(items.size())) {
+      throw InputError(flag, "the pattern lists more than " + std::to_string(kMaxLayers) +
+                                 " layers (the bound on num_layers)");
     }
     for (int64_t r = 0; r < repeat; ++r) pattern.insert(pattern.end(), items.begin(), items.end());
     if (pos < text.size()) {
@@ -320,7 +337,7 @@ MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const Mode
       if (flag == f.flag) int_flag = &f;
     }
     if (int_flag != nullptr) {
-      m.*(int_flag->member) = PositiveInt(value(), flag, int_flag->allow_zero);
+      m.*(int_flag->member) = PositiveInt(value(), flag, int_flag->allow_zero, int_flag->max);
     } else if (flag == "--swiglu") {
       switch_flag();
       m.activation = Activation::kSwiGLU;
@@ -352,20 +369,20 @@ MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const Mode
       out.unused.push_back(arg);
       continue;
     } else if (flag == "--make-vocab-size-divisible-by") {
-      vocab_divisible_by = PositiveInt(value(), flag, false);
+      vocab_divisible_by = PositiveInt(value(), flag, false, kMaxVocabulary);
       continue;
     } else if (flag == "--tensor-model-parallel-size") {
       // Left for the caller's parallel flags; the vocabulary's padding follows it.
       const std::string text = value();
-      script_tp = PositiveInt(text, flag, false);
+      script_tp = PositiveInt(text, flag, false, kMaxGpus);
       out.unused.push_back(flag);
       out.unused.push_back(text);
       continue;
     } else if (flag == "--global-batch-size") {
-      out.train.global_batch_size = PositiveInt(value(), flag, false);
+      out.train.global_batch_size = PositiveInt(value(), flag, false, kMaxBatch);
       continue;
     } else if (flag == "--seq-length") {
-      out.train.seq_length = PositiveInt(value(), flag, false);
+      out.train.seq_length = PositiveInt(value(), flag, false, kMaxSequence);
       continue;
     } else if (flag == "--bf16" || flag == "--fp16") {
       switch_flag();
