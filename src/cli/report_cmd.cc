@@ -95,7 +95,7 @@ int RunReport(const std::vector<std::string>& argv, std::ostream& out, std::ostr
     }
     const pb::StudyDescription d = coord::ReadStudyDescription(*study);
     const coord::StudySpecs specs = coord::SpecsOf(d);
-    const coord::JournalSummary j = coord::ReadJournal(*study);
+    const coord::JournalSummary j = coord::ReadJournal(*study, d);
     const CostModel model(specs.model, specs.train, specs.cluster, specs.constants);
 
     std::vector<const coord::JournaledTrial*> ok;

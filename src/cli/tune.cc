@@ -174,51 +174,99 @@ void CheckResumedInputs(const TuneFlags& flags, const Inputs& in) {
   coord::CheckSameStudy(stored, given);
 }
 
-int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostream& err) {
-  CheckResumedInputs(flags, in);
-  const CostModel model(in.model, in.train, in.cluster, in.constants);
-
-  // ---- the candidate set: the table's rows, or the space ----
+// The candidate set: a replay table's rows (the table and its CRC-32C kept), or the space.
+struct Candidates {
   std::optional<coord::ReplayTable> table;
   uint32_t table_crc = 0;
-  std::unique_ptr<search::CandidateSet> candidates;
+  std::unique_ptr<search::CandidateSet> set;
+};
+
+Candidates FindCandidates(const TuneFlags& flags, const Inputs& in, const CostModel& model) {
+  Candidates c;
   if (flags.replay_table) {
     RejectRestrictions(in.space);
     const std::string text =
         ReadTextFile("--replay-table", *flags.replay_table, bounds::kMaxReplayTableBytes);
-    table_crc = coord::Crc32c(text.data(), text.size());
-    table = coord::ReplayTable::Parse(text, *flags.replay_table);
-    table->Validate(SearchSpace(in.model, in.train, in.cluster, OpenSpace({})),
-                    *flags.replay_table);
-    candidates =
-        std::make_unique<search::CandidateSet>(table->configs(), model, in.cluster.gpu.memory_gib);
+    c.table_crc = coord::Crc32c(text.data(), text.size());
+    c.table = coord::ReplayTable::Parse(text, *flags.replay_table);
+    c.table->Validate(SearchSpace(in.model, in.train, in.cluster, OpenSpace({})),
+                      *flags.replay_table);
+    c.set = std::make_unique<search::CandidateSet>(c.table->configs(), model,
+                                                   in.cluster.gpu.memory_gib);
   } else {
     const StageBalancer balancer(model);  // uneven stages, as plan ranks them
     const SearchSpace space(in.model, in.train, in.cluster, in.space, &balancer);
-    candidates =
-        std::make_unique<search::CandidateSet>(search::CandidateSet::FromSpace(space, model));
+    c.set = std::make_unique<search::CandidateSet>(search::CandidateSet::FromSpace(space, model));
   }
-  if (candidates->size() == 0) {
-    err << "autopar-tune tune: no configuration satisfies the constraints of docs/architecture.md §3 with these "
-           "restrictions\n";
-    return kExitInfeasible;
-  }
-  const auto searcher = search::MakeSearcher(flags.searcher, *candidates);
+  return c;
+}
 
-  // ---- the study as the flags describe it ----
+// The read-only status endpoint: it only reads the board the observer keeps, so a failure to
+// bind (a port in use) costs the endpoint, never the search. Null when off or not bound.
+std::unique_ptr<coord::StatusServer> StartStatusServer(const TuneFlags& flags,
+                                                       const coord::StatusBoard& board,
+                                                       std::ostream& err) {
+  if (flags.status_port < 0) return nullptr;
+  try {
+    auto server = std::make_unique<coord::StatusServer>(
+        flags.status_addr, static_cast<uint16_t>(flags.status_port), board);
+    err << "autopar-tune tune: status at http://" << flags.status_addr << ":" << server->port()
+        << "/status and /metrics\n";
+    return server;
+  } catch (const std::runtime_error& e) {
+    err << "autopar-tune tune: no status endpoint: " << e.what() << "\n";
+    return nullptr;
+  }
+}
+
+// The trial backend: the replay table's (`*replay` set to it), or the registered one for
+// --backend, which on ranks other than 0 runs the worker loop and returns null.
+std::unique_ptr<coord::TrialBackend> MakeBackend(const TuneFlags& flags, const Inputs& in,
+                                                 const pb::StudyDescription& given,
+                                                 const search::CandidateSet& candidates,
+                                                 const std::optional<coord::ReplayTable>& table,
+                                                 coord::ReplayBackend** replay) {
+  if (flags.backend == "replay") {
+    auto owned = std::make_unique<coord::ReplayBackend>(*table);
+    *replay = owned.get();
+    return owned;
+  }
+  const auto factory = Registry().find(flags.backend);
+  if (factory == Registry().end()) {
+    throw InputError("--backend", flags.backend +
+                                      " runs trials on every rank and needs the MPI launcher "
+                                      "(mpirun -np N autopar-tune ...), which this build does "
+                                      "not wire in yet; use --backend replay --replay-table "
+                                      "FILE.csv");
+  }
+  const TuneContext context{in,
+                            given,
+                            candidates,
+                            flags.backend,
+                            flags.p2p_semantics,
+                            flags.tuner.trial_timeout_s,
+                            flags.tuner.warmup_iterations,
+                            flags.tuner.timed_iterations};
+  return factory->second(context);
+}
+
+// The study as the flags describe it (docs/journal.md §2).
+pb::StudyDescription DescribeStudy(const TuneFlags& flags, const Inputs& in,
+                                   const search::CandidateSet& candidates,
+                                   const std::string& searcher, uint32_t table_crc) {
   pb::StudyDescription given;
   given.set_format_version(coord::kStudyFormatVersion);
   *given.mutable_model() = coord::Describe(in.model);
   *given.mutable_train() = coord::Describe(in.train);
   *given.mutable_cluster() = coord::Describe(in.cluster);
-  *given.mutable_space() = coord::Describe(in.space, *candidates);
+  *given.mutable_space() = coord::Describe(in.space, candidates);
   if (flags.replay_table) {
     given.mutable_space()->set_replay_table(*flags.replay_table);
     given.mutable_space()->set_replay_table_crc32c(table_crc);
   }
   *given.mutable_perf() = coord::Describe(in.constants);
   pb::SearchDesc& sd = *given.mutable_search();
-  sd.set_searcher(searcher->name());
+  sd.set_searcher(searcher);
   sd.set_seed(flags.seed.value_or(0));
   sd.set_max_p_oom(flags.max_p_oom);
   sd.set_max_failures(2);
@@ -229,34 +277,94 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
   sd.set_min_measured(static_cast<int32_t>(flags.tuner.stop.min_measured));
   sd.set_backend(flags.backend);
   given.set_created_by("autopar-tune 0.1.0");
+  return given;
+}
+
+// The study directory, locked, with its description and journal (docs/journal.md §1–§5): a new
+// study is described by `given`; an existing one must be resumed and match it, and its seed is
+// the default. The journal must belong to the study (its fingerprint, §3).
+struct OpenedStudy {
+  std::unique_ptr<coord::StudyDir> dir;
+  coord::FileJournal::Opened journal;
+};
+
+OpenedStudy OpenStudy(const TuneFlags& flags, pb::StudyDescription& given, std::ostream& err) {
+  OpenedStudy s;
+  s.dir = std::make_unique<coord::StudyDir>(flags.study);
+  const coord::StudyDir& dir = *s.dir;
+  uint64_t fingerprint = 0;  // the study the journal must belong to (study.pb's)
+  if (dir.HasDescription()) {
+    if (!flags.resume) {
+      const std::string hint = "pass --resume to continue it or choose another --study";
+      throw coord::StudyError("study '" + flags.study + "' exists; " + hint);
+    }
+    const pb::StudyDescription stored = dir.ReadDescription();
+    if (!flags.seed) given.mutable_search()->set_seed(stored.search().seed());  // the study's
+    coord::CheckSameStudy(stored, given);
+    fingerprint = coord::JournalFingerprint(stored);
+  } else {
+    if (coord::FileExists(dir.Path("journal"))) {
+      const std::string hint = "move it away or choose another --study";
+      throw coord::StudyError("'" + dir.Path("journal") + "' exists without study.pb; " + hint);
+    }
+    if (flags.resume && !flags.quiet) {
+      err << "autopar-tune tune: nothing to resume in '" << flags.study << "', starting it\n";
+    }
+    dir.WriteDescription(given);
+    fingerprint = coord::JournalFingerprint(given);
+  }
+  s.journal = coord::FileJournal::Open(
+      dir.Path("journal"),
+      flags.salvage ? coord::JournalRecovery::kSalvage : coord::JournalRecovery::kRefuseCorrupt,
+      fingerprint);
+  if (!s.journal.salvaged_copy.empty()) {
+    err << "autopar-tune tune: salvaged '" << dir.Path("journal")
+        << "': " << s.journal.salvage_report << "\n";
+  } else if (flags.salvage && !flags.quiet) {
+    err << "autopar-tune tune: --salvage: the journal is not corrupt, nothing to salvage\n";
+  }
+  if (s.journal.cut_bytes > 0) {
+    err << "autopar-tune tune: cut a torn record (" << s.journal.cut_bytes << " bytes) from '"
+        << dir.Path("journal") << "'\n";
+  }
+  return s;
+}
+
+// result.json, trials.csv and best.args, each atomic (docs/journal.md §1).
+void WriteOutputs(const coord::StudyDir& dir, const TuneReport& report) {
+  coord::WriteFileAtomic(dir.Path("result.json"), ResultJson(report));
+  coord::WriteFileAtomic(dir.Path("trials.csv"), TrialsCsv(report));
+  const int64_t best = report.tuner.state().best();
+  if (best >= 0) {
+    coord::WriteFileAtomic(
+        dir.Path("best.args"),
+        MegatronFlags(report.candidates.config(best), report.in.model, report.in.train) + "\n");
+  }
+}
+
+int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostream& err) {
+  CheckResumedInputs(flags, in);
+  const CostModel model(in.model, in.train, in.cluster, in.constants);
+
+  // ---- the candidate set: the table's rows, or the space ----
+  Candidates found = FindCandidates(flags, in, model);
+  std::optional<coord::ReplayTable>& table = found.table;
+  const uint32_t table_crc = found.table_crc;
+  const std::unique_ptr<search::CandidateSet>& candidates = found.set;
+  if (candidates->size() == 0) {
+    err << "autopar-tune tune: no configuration satisfies the constraints of docs/architecture.md §3 with these "
+           "restrictions\n";
+    return kExitInfeasible;
+  }
+  const auto searcher = search::MakeSearcher(flags.searcher, *candidates);
+  pb::StudyDescription given = DescribeStudy(flags, in, *candidates, searcher->name(), table_crc);
+  pb::SearchDesc& sd = *given.mutable_search();
 
   // ---- the backend (on ranks other than 0, a real backend runs the worker loop and returns) ----
-  std::unique_ptr<coord::TrialBackend> backend;
   coord::ReplayBackend* replay = nullptr;  // its noise seed is the study's, known below
-  if (flags.backend == "replay") {
-    auto owned = std::make_unique<coord::ReplayBackend>(*table);
-    replay = owned.get();
-    backend = std::move(owned);
-  } else {
-    const auto factory = Registry().find(flags.backend);
-    if (factory == Registry().end()) {
-      throw InputError("--backend", flags.backend +
-                                        " runs trials on every rank and needs the MPI launcher "
-                                        "(mpirun -np N autopar-tune ...), which this build does "
-                                        "not wire in yet; use --backend replay --replay-table "
-                                        "FILE.csv");
-    }
-    const TuneContext context{in,
-                              given,
-                              *candidates,
-                              flags.backend,
-                              flags.p2p_semantics,
-                              flags.tuner.trial_timeout_s,
-                              flags.tuner.warmup_iterations,
-                              flags.tuner.timed_iterations};
-    backend = factory->second(context);
-    if (!backend) return kExitOk;  // a worker rank, done
-  }
+  const std::unique_ptr<coord::TrialBackend> backend =
+      MakeBackend(flags, in, given, *candidates, table, &replay);
+  if (!backend) return kExitOk;  // a worker rank, done
   WriteNotes(err, "tune", in);
   // Whatever ends this function, the workers must leave their loop, or an error on rank 0 (a
   // locked study, say) would leave them waiting in the next broadcast.
@@ -272,38 +380,8 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
   } release{*backend};
 
   // ---- the study directory: lock, description, journal ----
-  const coord::StudyDir dir(flags.study);
-  if (dir.HasDescription()) {
-    if (!flags.resume) {
-      const std::string hint = "pass --resume to continue it or choose another --study";
-      throw coord::StudyError("study '" + flags.study + "' exists; " + hint);
-    }
-    const pb::StudyDescription stored = dir.ReadDescription();
-    if (!flags.seed) sd.set_seed(stored.search().seed());  // the study's seed by default
-    coord::CheckSameStudy(stored, given);
-  } else {
-    if (coord::FileExists(dir.Path("journal"))) {
-      const std::string hint = "move it away or choose another --study";
-      throw coord::StudyError("'" + dir.Path("journal") + "' exists without study.pb; " + hint);
-    }
-    if (flags.resume && !flags.quiet) {
-      err << "autopar-tune tune: nothing to resume in '" << flags.study << "', starting it\n";
-    }
-    dir.WriteDescription(given);
-  }
-  coord::FileJournal::Opened journal = coord::FileJournal::Open(
-      dir.Path("journal"),
-      flags.salvage ? coord::JournalRecovery::kSalvage : coord::JournalRecovery::kRefuseCorrupt);
-  if (!journal.salvaged_copy.empty()) {
-    err << "autopar-tune tune: salvaged '" << dir.Path("journal") << "': " << journal.salvage_report
-        << "\n";
-  } else if (flags.salvage && !flags.quiet) {
-    err << "autopar-tune tune: --salvage: the journal is not corrupt, nothing to salvage\n";
-  }
-  if (journal.cut_bytes > 0) {
-    err << "autopar-tune tune: cut a torn record (" << journal.cut_bytes << " bytes) from '"
-        << dir.Path("journal") << "'\n";
-  }
+  OpenedStudy study = OpenStudy(flags, given, err);
+  coord::FileJournal::Opened& journal = study.journal;
 
   search::SearchSettings settings = search::SearchSettings::Default(*candidates);
   settings.max_p_oom = flags.max_p_oom;
@@ -312,20 +390,8 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
   if (replay != nullptr) replay->set_noise_seed(sd.seed());
   ProgressPrinter progress(err, *candidates, flags.tuner, flags.quiet,
                            &err == &std::cerr && isatty(STDERR_FILENO));
-  // The read-only status endpoint: it only reads the board the observer keeps, so a failure to
-  // bind (a port in use) costs the endpoint, never the search.
   coord::StatusBoard board;
-  std::unique_ptr<coord::StatusServer> server;
-  if (flags.status_port >= 0) {
-    try {
-      server = std::make_unique<coord::StatusServer>(flags.status_addr,
-                                                     static_cast<uint16_t>(flags.status_port), board);
-      err << "autopar-tune tune: status at http://" << flags.status_addr << ":" << server->port()
-          << "/status and /metrics\n";
-    } catch (const std::runtime_error& e) {
-      err << "autopar-tune tune: no status endpoint: " << e.what() << "\n";
-    }
-  }
+  std::unique_ptr<coord::StatusServer> server = StartStatusServer(flags, board, err);
   // Only a running endpoint needs the board kept current (a pass over the candidates per trial).
   std::optional<StatusObserver> status;
   if (server) {
@@ -348,13 +414,7 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
   // ---- outputs ----
   const TuneReport report{in,      model, *candidates, tuner,
                           summary, given, flags,       table ? &*table : nullptr};
-  coord::WriteFileAtomic(dir.Path("result.json"), ResultJson(report));
-  coord::WriteFileAtomic(dir.Path("trials.csv"), TrialsCsv(report));
-  if (tuner.state().best() >= 0) {
-    coord::WriteFileAtomic(
-        dir.Path("best.args"),
-        MegatronFlags(candidates->config(tuner.state().best()), in.model, in.train) + "\n");
-  }
+  WriteOutputs(*study.dir, report);
   WriteFinal(out, report);
   if (tuner.state().best() < 0) {
     err << "autopar-tune tune: no configuration could be measured (" << tuner.trials().size()
