@@ -410,6 +410,9 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
         << " trials\n";
   }
   const coord::TuneSummary summary = tuner.Run();
+  // The endpoint stops before the outputs are written: whatever a flood of connections did to
+  // it, its descriptors are free for the result files (docs/protocol.md §8).
+  server.reset();
 
   // ---- outputs ----
   const TuneReport report{in,      model, *candidates, tuner,
