@@ -457,6 +457,26 @@ int RunTune(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   }
 }
 
+// A synthetic table holds what `tune` reads back: every time and peak a measurement
+// (coord/backend.h), else the knobs drew something no run measures.
+void RequireMeasurements(const coord::ReplayTable& table) {
+  for (const coord::ReplayRow& r : table.rows()) {
+    const bool time_ok = std::isnan(r.step_time_s) || (r.step_time_s >= coord::kMinStepTimeS &&
+                                                       r.step_time_s <= coord::kMaxStepTimeS);
+    const bool peak_ok =
+        std::isnan(r.peak_memory_gib) || (r.peak_memory_gib >= coord::kMinPeakMemoryGib &&
+                                          r.peak_memory_gib <= coord::kMaxPeakMemoryGib);
+    if (!time_ok || !peak_ok) {
+      const double v = time_ok ? r.peak_memory_gib : r.step_time_s;
+      char what[64] = "a number that is not finite";
+      if (std::isfinite(v)) std::snprintf(what, sizeof what, "%g %s", v, time_ok ? "GiB" : "s");
+      throw InputError("--model", ToSpec(r.config) + " would measure " + what +
+                                      " with this model, batch, cluster and --*-range scales, "
+                                      "outside what a replay table holds (1e-9 to 1e6)");
+    }
+  }
+}
+
 int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
   Args args(argv);
   const auto output = args.Value("--output");
@@ -484,15 +504,21 @@ int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, 
     if (parts.size() != 2) throw InputError(flag, "expected LO,HI; got '" + *v + "'");
     *lo = std::strtod(parts[0].c_str(), &e1);
     *hi = std::strtod(parts[1].c_str(), &e2);
-    if (*e1 || *e2 || !(*lo > 0) || !(*hi >= *lo) || !std::isfinite(*hi)) {
-      throw InputError(flag, "expected LO,HI with 0 < LO <= HI; got '" + *v + "'");
+    // Scales of the analytic model's terms: bounded so the table's times stay measurements.
+    if (*e1 || *e2 || !(*lo >= 1e-3) || !(*hi >= *lo) || !(*hi <= 1e3)) {
+      throw InputError(flag, "expected LO,HI with 0.001 <= LO <= HI <= 1000; got '" + *v + "'");
     }
   };
   range("--compute-range", &truth.compute_low, &truth.compute_high);
   range("--comm-range", &truth.comm_low, &truth.comm_high);
   range("--memory-scale-range", &truth.memory_scale_low, &truth.memory_scale_high);
+  // Log-normal standard deviations, as a table's noise_sd column (docs/cli.md §12).
   truth.noise = args.Double("--noise", truth.noise);
   truth.memory_noise = args.Double("--memory-noise", truth.memory_noise);
+  for (const auto& [flag, sd] :
+       {std::pair{"--noise", truth.noise}, {"--memory-noise", truth.memory_noise}}) {
+    if (sd > 1) throw InputError(flag, "expected a log-normal sd from 0 to 1");
+  }
   truth.surprise_oom = args.Double("--surprise-oom", truth.surprise_oom);
   if (truth.surprise_oom > 1)
     throw InputError("--surprise-oom", "expected a probability in [0, 1]");
@@ -509,6 +535,7 @@ int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, 
   std::string summary;
   const coord::ReplayTable table = coord::MakeWorldTable(
       candidates, coord::WorldShape::Of(in.model, in.train), *world, truth, &summary);
+  RequireMeasurements(table);
   const std::string csv = table.ToCsv();
   int64_t ok = 0;
   for (const coord::ReplayRow& r : table.rows()) ok += r.status == search::Outcome::kOk;

@@ -196,6 +196,17 @@ def bound_cases(a):
         cfg[f"key{i}"] = i
     big = write(a, "keys.config.json", json.dumps(cfg))
     expect(a, "10 MB config.json key list", ["plan", "--model", big, *JOB], 2, "--model", "MiB")
+    for knob in (["--noise", "1e14"], ["--memory-noise", "1e14"], ["--noise", "2"],
+                 ["--compute-range", "1e-300,1e300"], ["--comm-range", "1e300,1e300"],
+                 ["--memory-scale-range", "1e-300,1e300"]):
+        expect(a, f"make-replay-table {' '.join(knob)}",
+               ["make-replay-table", *model, *knob, "--output", "knob.csv"], 2, knob[0])
+        check(not os.path.exists(os.path.join(a.work, "knob.csv")), f"{knob}: a table was written")
+    expect(a, "make-replay-table of times past 1e6 s",
+           ["make-replay-table", "--model", "llama2-7b", "--gpu", "a100-80gb", "--nnodes", "1",
+            "--nproc-per-node", "8", "--global-batch-size", "1048576", "--seq-length", "4096",
+            "--compute-range", "1000,1000", "--output", "knob.csv"], 2, "outside what a replay")
+    check(not os.path.exists(os.path.join(a.work, "knob.csv")), "a table past 1e6 s was written")
     cfg = hf_config(a, "noexperts.config.json", "mixtral-8x7b-v0.1.config.json",
                     num_local_experts=0)
     expect(a, "hf num_local_experts 0", ["plan", "--model", cfg, *JOB], 2, "num_local_experts")
