@@ -262,12 +262,11 @@ TEST(SpecValidate, ReadersRefuseOverflowingAndUnboundedInputBeforeTheWork) {
   EXPECT_EQ(ErrorField([&] { ModelFromHfConfig(zero); }, &message), "num_local_experts");
   EXPECT_NE(message.find("1 to 65536"), std::string::npos) << message;
   // A device figure no device has (1e-300 FLOP/s made 1e302-second steps).
-  EXPECT_EQ(ErrorField([&] { GpuFromYaml("base: a100-80gb\npeak_tflops_bf16: 1e-300\n"); },
-                       &message),
-            "peak_tflops_bf16");
+  EXPECT_EQ(
+      ErrorField([&] { GpuFromYaml("base: a100-80gb\npeak_tflops_bf16: 1e-300\n"); }, &message),
+      "peak_tflops_bf16");
   EXPECT_NE(message.find("from 1e+06 to 1e+19 FLOP/s"), std::string::npos) << message;
-  EXPECT_EQ(ErrorField([&] { GpuFromYaml("base: a100-80gb\nmemory_gib: 1e308\n"); }),
-            "memory_gib");
+  EXPECT_EQ(ErrorField([&] { GpuFromYaml("base: a100-80gb\nmemory_gib: 1e308\n"); }), "memory_gib");
   EXPECT_EQ(ErrorField([&] { GpuFromYaml("base: a100-80gb\nhbm_bandwidth_gbps: 1e-300\n"); }),
             "hbm_bandwidth_gbps");
   EXPECT_EQ(ErrorField([&] { GpuFromYaml("base: a100-80gb\ninter_node_latency_us: 1e300\n"); }),
