@@ -550,24 +550,10 @@ backend::P2PSemantics ReadP2PSemantics(Args& args, const std::string& backend) {
   return *semantics;
 }
 
-Inputs ReadInputs(Args& args) {
-  Inputs in;
-  // Our own flags first; whatever is left is Megatron-LM's (model and train flags).
-  const auto model_value = args.Value("--model");
-  const auto cluster_file = args.Value("--cluster");
-  const auto gpu_value = args.Value("--gpu");
-  const auto nnodes = args.Value("--nnodes");
-  const auto nproc = args.Value("--nproc-per-node");
-  const auto memory = args.Value("--device-memory-gib");
-  const auto host_cores = args.Value("--host-cores");
-  const ShellVariables variables = ScriptVariables(args.Value("--megatron-env"));
-  std::vector<std::string> pasted;
-  if (const auto text = args.Value("--megatron-args")) pasted = SplitCommandLine(*text, variables);
-  if (const auto file = args.Value("--megatron-args-file")) {
-    pasted = SplitCommandLine(ReadTextFile("--megatron-args-file", *file), variables);
-  }
-  const bool no_flash = args.Switch("--no-flash-attention");
-  SpaceOptions& space = in.space;
+namespace {
+
+// The user's restrictions of the space (docs/cli.md §3).
+void ReadSpaceOptions(Args& args, SpaceOptions& space) {
   auto list = [&](const char* flag, std::vector<int32_t>& to) {
     if (const auto v = args.Value(flag)) to = ParseIntList(flag, *v);
   };
@@ -601,6 +587,61 @@ Inputs ReadInputs(Args& args) {
   space.tp_across_nodes = args.Switch("--tp-across-nodes");
   space.sweep_recompute_layers = args.Switch("--sweep-recompute-layers");
   space.max_mbs = static_cast<int32_t>(args.Int("--max-mbs", space.max_mbs, 1, bounds::kMaxBatch));
+}
+
+// One note naming every flag of a pasted script that could change the step and that the model
+// does not read (MegatronFlagAccountedFor lists those that change nothing costed).
+std::optional<std::string> IgnoredNote(const std::vector<std::string>& script_rest) {
+  std::vector<std::string> ignored;
+  for (const std::string& word : script_rest) {
+    const std::string flag = word.substr(0, word.find('='));
+    if (IsFlag(flag) && !MegatronFlagAccountedFor(flag) &&
+        std::find(ignored.begin(), ignored.end(), flag) == ignored.end()) {
+      ignored.push_back(flag);
+    }
+  }
+  if (ignored.empty()) return std::nullopt;
+  std::string line = "ignored (not modelled):";
+  for (const std::string& flag : ignored) line += " " + flag;
+  return line;
+}
+
+// A model and a batch are required; the sequence defaults to the positions (at most 4096).
+void RequireModelAndBatch(Inputs& in) {
+  if (in.model.num_layers == 0) {
+    std::string names;
+    for (const std::string& n : ModelPresetNames()) names += (names.empty() ? "" : ", ") + n;
+    throw InputError("--model", "required (a preset, a .yaml file or a config.json, or Megatron "
+                                "flags such as --num-layers); presets: " + names);
+  }
+  if (in.train.seq_length == 0) {
+    in.train.seq_length = std::min<int64_t>(in.model.max_position_embeddings, 4096);
+  }
+  if (in.train.global_batch_size == 0) {
+    throw InputError("--global-batch-size", "required (sequences per optimizer step)");
+  }
+}
+
+}  // namespace
+
+Inputs ReadInputs(Args& args) {
+  Inputs in;
+  // Our own flags first; whatever is left is Megatron-LM's (model and train flags).
+  const auto model_value = args.Value("--model");
+  const auto cluster_file = args.Value("--cluster");
+  const auto gpu_value = args.Value("--gpu");
+  const auto nnodes = args.Value("--nnodes");
+  const auto nproc = args.Value("--nproc-per-node");
+  const auto memory = args.Value("--device-memory-gib");
+  const auto host_cores = args.Value("--host-cores");
+  const ShellVariables variables = ScriptVariables(args.Value("--megatron-env"));
+  std::vector<std::string> pasted;
+  if (const auto text = args.Value("--megatron-args")) pasted = SplitCommandLine(*text, variables);
+  if (const auto file = args.Value("--megatron-args-file")) {
+    pasted = SplitCommandLine(ReadTextFile("--megatron-args-file", *file), variables);
+  }
+  const bool no_flash = args.Switch("--no-flash-attention");
+  ReadSpaceOptions(args, in.space);
   if (const auto f = args.Value("--format")) in.format = ParseFormat(*f);
 
   // ---- model and training job: preset or file, pasted script, then flags on the command line ----
@@ -617,18 +658,7 @@ Inputs ReadInputs(Args& args) {
   for (const auto* notes : {&from_script.notes, &megatron.notes}) {
     in.notes.insert(in.notes.end(), notes->begin(), notes->end());
   }
-  if (in.model.num_layers == 0) {
-    std::string names;
-    for (const std::string& n : ModelPresetNames()) names += (names.empty() ? "" : ", ") + n;
-    throw InputError("--model", "required (a preset, a .yaml file or a config.json, or Megatron "
-                                "flags such as --num-layers); presets: " + names);
-  }
-  if (in.train.seq_length == 0) {
-    in.train.seq_length = std::min<int64_t>(in.model.max_position_embeddings, 4096);
-  }
-  if (in.train.global_batch_size == 0) {
-    throw InputError("--global-batch-size", "required (sequences per optimizer step)");
-  }
+  RequireModelAndBatch(in);
 
   // ---- cluster ----
   if (cluster_file) {
@@ -677,19 +707,7 @@ Inputs ReadInputs(Args& args) {
   in.script_config = TakeMegatronParallelFlags(script_rest, in.model, in.train.precision,
                                                /*script=*/!pasted.empty() && !model_value,
                                                stack, in.notes, script_uneven_flag);
-  std::vector<std::string> ignored;
-  for (const std::string& word : script_rest) {
-    const std::string flag = word.substr(0, word.find('='));
-    if (IsFlag(flag) && !MegatronFlagAccountedFor(flag) &&
-        std::find(ignored.begin(), ignored.end(), flag) == ignored.end()) {
-      ignored.push_back(flag);
-    }
-  }
-  if (!ignored.empty()) {
-    std::string line = "ignored (not modelled):";
-    for (const std::string& flag : ignored) line += " " + flag;
-    in.notes.push_back(line);
-  }
+  if (const auto note = IgnoredNote(script_rest)) in.notes.push_back(*note);
   std::vector<std::string> rest = megatron.unused;
   in.megatron_config =
       TakeMegatronParallelFlags(rest, in.model, in.train.precision, false, stack, in.notes,

@@ -6,6 +6,7 @@
 //    embeddings, biases, ffn_hidden_size from hidden_size, ...), as Megatron itself would train.
 //  - `base` is a model (a preset): flags override its fields; the rest keep the base's values.
 // Flags we do not model (--lr, --tensor-model-parallel-size, ...) come back in `unused`.
+#include <functional>
 #include <set>
 #include <string>
 #include <utility>
@@ -226,6 +227,109 @@ std::string FlagForField(const std::string& field) {
   return flag;
 }
 
+// A Megatron-LM model flag applied to `m`, its value read through `value` (a switch checked
+// through `switch_flag`); false when `flag` is not one.
+bool ApplyModelFlag(const std::string& flag, const std::function<std::string()>& value,
+                    const std::function<void()>& switch_flag, ModelSpec& m, LayerFreq& layer_freq) {
+  const IntFlag* int_flag = nullptr;
+  for (const IntFlag& f : kModelIntFlags) {
+    if (flag == f.flag) int_flag = &f;
+  }
+  if (int_flag != nullptr) {
+    m.*(int_flag->member) = PositiveInt(value(), flag, int_flag->allow_zero, int_flag->max);
+  } else if (flag == "--swiglu") {
+    switch_flag();
+    m.activation = Activation::kSwiGLU;
+  } else if (flag == "--normalization") {
+    m.norm = spec_internal::ParseNorm(value(), flag);
+  } else if (flag == "--position-embedding-type") {
+    m.position_embedding = spec_internal::ParsePositionEmbedding(value(), flag);
+  } else if (flag == "--use-rotary-position-embeddings") {  // older Megatron-LM spelling
+    switch_flag();
+    m.position_embedding = PositionEmbedding::kRope;
+  } else if (flag == "--untie-embeddings-and-output-weights") {
+    switch_flag();
+    m.untie_embeddings = true;
+  } else if (flag == "--disable-bias-linear") {
+    switch_flag();
+    m.add_bias_linear = false;
+  } else if (flag == "--group-query-attention" || flag == "--multi-latent-attention") {
+    switch_flag();
+  } else if (flag == "--window-size") {
+    m.window_size = ParseWindowSize(value());
+  } else if (flag == "--moe-layer-freq") {
+    layer_freq = ParseMoeLayerFreq(value());
+    m.moe_first_dense_layers = layer_freq.first_dense;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// What the flag loop gathered for CompleteModel besides the model.
+struct ReadState {
+  std::string tokenizer;
+  int64_t vocab_divisible_by, script_tp;
+  LayerFreq layer_freq;
+};
+
+// What Megatron-LM derives where its flags were silent (arguments.py, the configs'
+// __post_init__), for a model described from scratch or edited by `given` flags: the MLP width,
+// positions and vocabulary with its padding, the query groups, MLA's and MoE's defaults; and the
+// layer pattern's length checked against the layers.
+void CompleteModel(const std::set<std::string>& given, bool from_scratch, const ModelSpec& base,
+                   const ReadState& st, MegatronArgs& out) {
+  ModelSpec& m = out.model;
+  const std::string& tokenizer = st.tokenizer;
+  const int64_t vocab_divisible_by = st.vocab_divisible_by, script_tp = st.script_tp;
+  const LayerFreq& layer_freq = st.layer_freq;
+  const auto was_given = [&](const char* flag) { return given.count(flag) > 0; };
+  const bool gqa = was_given("--group-query-attention");
+
+  if (from_scratch) {
+    // Megatron keeps a SwiGLU MLP's parameter count near a 4h one, rounded down to 64.
+    if (!was_given("--ffn-hidden-size")) {
+      m.ffn_hidden_size =
+          m.activation == Activation::kSwiGLU ? m.hidden_size / 24 * 64 : 4 * m.hidden_size;
+    }
+    if (!was_given("--max-position-embeddings")) m.max_position_embeddings = out.train.seq_length;
+    if (!was_given("--vocab-size")) m.vocab_size = TokenizerVocabulary(tokenizer, out.notes);
+  }
+  if (from_scratch || was_given("--vocab-size")) {
+    const int64_t multiple = vocab_divisible_by * script_tp;
+    const int64_t padded = (m.vocab_size + multiple - 1) / multiple * multiple;
+    if (padded != m.vocab_size) {
+      out.notes.push_back(
+          "vocabulary " + std::to_string(m.vocab_size) + " padded to " + std::to_string(padded) +
+          " (a multiple of --make-vocab-size-divisible-by " + std::to_string(vocab_divisible_by) +
+          " x tensor-parallel size " + std::to_string(script_tp) + "), as Megatron-LM pads it");
+      m.vocab_size = padded;
+    }
+  }
+  // Without --num-query-groups: Megatron's GQA default is 1 group; without GQA there is one
+  // group per head, also when a base without GQA gets a new head count.
+  const bool base_is_mha = from_scratch || base.num_query_groups == base.num_attention_heads;
+  if (!was_given("--num-query-groups") && base_is_mha) {
+    m.num_query_groups = gqa ? 1 : m.num_attention_heads;
+  }
+  if (was_given("--multi-latent-attention")) {
+    // Megatron-LM's MLA defaults (MLATransformerConfig).
+    if (m.kv_lora_rank == 0) m.kv_lora_rank = 32;
+    if (m.qk_head_dim == 0) m.qk_head_dim = 128;
+    if (m.qk_pos_emb_head_dim == 0) m.qk_pos_emb_head_dim = 64;
+    if (m.v_head_dim == 0) m.v_head_dim = 128;
+  }
+  if (m.num_experts > 0) {
+    if (m.moe_router_topk == 0) m.moe_router_topk = 2;  // Megatron's --moe-router-topk default
+    if (m.moe_ffn_hidden_size == 0) m.moe_ffn_hidden_size = m.ffn_hidden_size;
+  }
+  if (layer_freq.length > 0 && layer_freq.length != m.num_layers) {
+    throw InputError("--moe-layer-freq", "the pattern lists " + std::to_string(layer_freq.length) +
+                                             " layers but the model has " +
+                                             std::to_string(m.num_layers));
+  }
+}
+
 }  // namespace
 
 bool MegatronFlagAccountedFor(const std::string& flag) {
@@ -332,62 +436,30 @@ MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const Mode
       if (has_inline) throw InputError(flag, "takes no value, got '" + arg.substr(eq + 1) + "'");
     };
 
-    const IntFlag* int_flag = nullptr;
-    for (const IntFlag& f : kModelIntFlags) {
-      if (flag == f.flag) int_flag = &f;
-    }
-    if (int_flag != nullptr) {
-      m.*(int_flag->member) = PositiveInt(value(), flag, int_flag->allow_zero, int_flag->max);
-    } else if (flag == "--swiglu") {
-      switch_flag();
-      m.activation = Activation::kSwiGLU;
-    } else if (flag == "--normalization") {
-      m.norm = spec_internal::ParseNorm(value(), flag);
-    } else if (flag == "--position-embedding-type") {
-      m.position_embedding = spec_internal::ParsePositionEmbedding(value(), flag);
-    } else if (flag == "--use-rotary-position-embeddings") {  // older Megatron-LM spelling
-      switch_flag();
-      m.position_embedding = PositionEmbedding::kRope;
-    } else if (flag == "--untie-embeddings-and-output-weights") {
-      switch_flag();
-      m.untie_embeddings = true;
-    } else if (flag == "--disable-bias-linear") {
-      switch_flag();
-      m.add_bias_linear = false;
-    } else if (flag == "--group-query-attention" || flag == "--multi-latent-attention") {
-      switch_flag();
-    } else if (flag == "--window-size") {
-      m.window_size = ParseWindowSize(value());
-    } else if (flag == "--moe-layer-freq") {
-      layer_freq = ParseMoeLayerFreq(value());
-      m.moe_first_dense_layers = layer_freq.first_dense;
-    } else if (flag == "--tokenizer-type") {
-      tokenizer = value();
+    if (ApplyModelFlag(flag, value, switch_flag, m, layer_freq)) {
+      given.insert(flag);
       continue;
+    }
+    if (flag == "--tokenizer-type") {
+      tokenizer = value();
     } else if (flag == "--vocab-file" || flag == "--merge-file") {
       if (tokenizer.empty()) tokenizer = "GPT2BPETokenizer";  // what a vocab and merge file are
       out.unused.push_back(arg);
-      continue;
     } else if (flag == "--make-vocab-size-divisible-by") {
       vocab_divisible_by = PositiveInt(value(), flag, false, kMaxVocabulary);
-      continue;
     } else if (flag == "--tensor-model-parallel-size") {
       // Left for the caller's parallel flags; the vocabulary's padding follows it.
       const std::string text = value();
       script_tp = PositiveInt(text, flag, false, kMaxGpus);
       out.unused.push_back(flag);
       out.unused.push_back(text);
-      continue;
     } else if (flag == "--global-batch-size") {
       out.train.global_batch_size = PositiveInt(value(), flag, false, kMaxBatch);
-      continue;
     } else if (flag == "--seq-length") {
       out.train.seq_length = PositiveInt(value(), flag, false, kMaxSequence);
-      continue;
     } else if (flag == "--bf16" || flag == "--fp16") {
       switch_flag();
       out.train.precision = flag == "--bf16" ? Precision::kBF16 : Precision::kFP16;
-      continue;
     } else if (flag == "--fp8-format") {
       const std::string format = value();
       if (format != "e4m3" && format != "hybrid") {
@@ -396,12 +468,9 @@ MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const Mode
       fp8 = true;
       out.train.fp8_format =
           format == "e4m3" ? TrainSpec::Fp8Format::kE4M3 : TrainSpec::Fp8Format::kHybrid;
-      continue;
     } else {
       out.unused.push_back(arg);
-      continue;
     }
-    given.insert(flag);
   }
   // Megatron-LM trains in FP8 with --fp8-format alongside --bf16, whatever their order.
   if (fp8) out.train.precision = Precision::kFP8;
@@ -410,52 +479,8 @@ MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const Mode
     out.model = base;  // train flags only: the model is whatever the caller had
     return out;
   }
-  const auto was_given = [&](const char* flag) { return given.count(flag) > 0; };
-  const bool gqa = was_given("--group-query-attention");
-
-  if (from_scratch) {
-    // Megatron keeps a SwiGLU MLP's parameter count near a 4h one, rounded down to 64.
-    if (!was_given("--ffn-hidden-size")) {
-      m.ffn_hidden_size =
-          m.activation == Activation::kSwiGLU ? m.hidden_size / 24 * 64 : 4 * m.hidden_size;
-    }
-    if (!was_given("--max-position-embeddings")) m.max_position_embeddings = out.train.seq_length;
-    if (!was_given("--vocab-size")) m.vocab_size = TokenizerVocabulary(tokenizer, out.notes);
-  }
-  if (from_scratch || was_given("--vocab-size")) {
-    const int64_t multiple = vocab_divisible_by * script_tp;
-    const int64_t padded = (m.vocab_size + multiple - 1) / multiple * multiple;
-    if (padded != m.vocab_size) {
-      out.notes.push_back(
-          "vocabulary " + std::to_string(m.vocab_size) + " padded to " + std::to_string(padded) +
-          " (a multiple of --make-vocab-size-divisible-by " + std::to_string(vocab_divisible_by) +
-          " x tensor-parallel size " + std::to_string(script_tp) + "), as Megatron-LM pads it");
-      m.vocab_size = padded;
-    }
-  }
-  // Without --num-query-groups: Megatron's GQA default is 1 group; without GQA there is one
-  // group per head, also when a base without GQA gets a new head count.
-  const bool base_is_mha = from_scratch || base.num_query_groups == base.num_attention_heads;
-  if (!was_given("--num-query-groups") && base_is_mha) {
-    m.num_query_groups = gqa ? 1 : m.num_attention_heads;
-  }
-  if (was_given("--multi-latent-attention")) {
-    // Megatron-LM's MLA defaults (MLATransformerConfig).
-    if (m.kv_lora_rank == 0) m.kv_lora_rank = 32;
-    if (m.qk_head_dim == 0) m.qk_head_dim = 128;
-    if (m.qk_pos_emb_head_dim == 0) m.qk_pos_emb_head_dim = 64;
-    if (m.v_head_dim == 0) m.v_head_dim = 128;
-  }
-  if (m.num_experts > 0) {
-    if (m.moe_router_topk == 0) m.moe_router_topk = 2;  // Megatron's --moe-router-topk default
-    if (m.moe_ffn_hidden_size == 0) m.moe_ffn_hidden_size = m.ffn_hidden_size;
-  }
-  if (layer_freq.length > 0 && layer_freq.length != m.num_layers) {
-    throw InputError("--moe-layer-freq", "the pattern lists " + std::to_string(layer_freq.length) +
-                                             " layers but the model has " +
-                                             std::to_string(m.num_layers));
-  }
-
+  CompleteModel(given, from_scratch, base,
+                ReadState{tokenizer, vocab_divisible_by, script_tp, layer_freq}, out);
   try {
     Validate(m);
   } catch (const InputError& e) {
