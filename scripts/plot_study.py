@@ -1,13 +1,16 @@
 #!/usr/bin/python3
-"""Plots of a study (autopar-tune report --plot): writes PNGs into STUDY/plots/.
+"""Plots of a study (autopar-tune report --plot): writes PNGs into PLOTS_DIR (STUDY/plots/).
+
+  plot_study.py STUDY [REPORT_DIR [PLOTS_DIR]]
 
   step_time.png   measured step time per trial, failures marked, best so far
   predicted.png   predicted vs measured step time, with the posterior's ±2σ interval
   memory.png      measured and predicted peak memory per trial against the budget
   breakdown.png   the analytic time breakdown of the top configurations
 
-Reads what `autopar-tune report` writes into STUDY/report/ (trials.csv, summary.json,
-breakdown.csv) and, when the study finished, STUDY/result.json for the posterior's noise.
+Reads what `autopar-tune report` writes into REPORT_DIR (its --output, STUDY/report/ by default:
+trials.csv, summary.json, breakdown.csv) and, when the study finished, STUDY/result.json for the
+posterior's noise.
 Uses Debian's python3-matplotlib.
 """
 import csv
@@ -30,14 +33,12 @@ def num(s):
         return None
 
 
-def main(study):
-    report = os.path.join(study, "report")
+def main(study, report, out):
     trials = list(csv.DictReader(open(os.path.join(report, "trials.csv"))))
     result = json.load(open(os.path.join(report, "summary.json")))
     finished = os.path.join(study, "result.json")
     if os.path.exists(finished):
         result["posterior"] = json.load(open(finished)).get("posterior", {})
-    out = os.path.join(study, "plots")
     os.makedirs(out, exist_ok=True)
     idx = [int(t["trial"]) for t in trials]
     ok = [t["status"] == "ok" for t in trials]
@@ -143,6 +144,9 @@ def main(study):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: plot_study.py STUDY_DIR")
-    main(sys.argv[1])
+    if not 2 <= len(sys.argv) <= 4:
+        sys.exit("usage: plot_study.py STUDY_DIR [REPORT_DIR [PLOTS_DIR]]")
+    study_dir = sys.argv[1]
+    report_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.join(study_dir, "report")
+    main(study_dir, report_dir,
+         sys.argv[3] if len(sys.argv) > 3 else os.path.join(study_dir, "plots"))

@@ -217,9 +217,10 @@ const FlagGroup kProbe = {"probe", {{"--repetitions", "N", "(5)"}}};
 const FlagGroup kReport = {"report (docs/cli.md §8)",
                            {
                                {"--study", "DIR", "the study directory (required)"},
+                               {"--output", "DIR", "where the report files go (STUDY/report)"},
                                {"--top", "K", "(5)"},
                                {"--format", "table|json|csv", "(table)"},
-                               {"--plot", "", "PNGs into DIR/plots (scripts/plot_study.py)"},
+                               {"--plot", "", "PNGs into STUDY/plots, or --output's plots/"},
                            }};
 
 const FlagGroup kReplayTable = {
@@ -275,7 +276,7 @@ std::vector<CommandHelp> MakeCommands() {
 #endif
   c.push_back({"report",
                "summary and trial table of a finished, running or interrupted study",
-               "Writes DIR/report/{trials.csv,summary.json,breakdown.csv}.\n",
+               "Writes {trials.csv,summary.json,breakdown.csv} into --output, or DIR/report.\n",
                {&kReport}});
   c.push_back({"make-replay-table",
                "a synthetic replay table of the space",

@@ -1,6 +1,7 @@
 #include "autopar/cli/inputs.h"
 
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +28,9 @@ int64_t HostCores() {
   return std::max(1, CPU_COUNT(&set));
 }
 
+// Validate(ClusterSpec)'s bound on gpus_per_node, checked where the flag is read.
+constexpr int64_t kMaxGpusPerNode = 1024;
+
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -44,26 +48,32 @@ void RefuseUnsetVariable(const std::string& flag, const std::string& text) {
                              "--megatron-env NAME=VALUE (or in the environment)");
 }
 
-int64_t ToInt(const std::string& flag, const std::string& text, int64_t min_value) {
+// An integer in [min_value, max_value]: out of range (of the bound or of int64) is refused with
+// the range, never wrapped.
+int64_t ToInt(const std::string& flag, const std::string& text, int64_t min_value,
+              int64_t max_value = kMaxIntFlag) {
   RefuseUnsetVariable(flag, text);
   int64_t v = 0;
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  if (text.empty() || ec != std::errc() || ptr != end || v < min_value) {
-    throw InputError(flag, "expected an integer >= " + std::to_string(min_value) + ", got '" +
-                               text + "'");
+  if (text.empty() || ec != std::errc() || ptr != end || v < min_value || v > max_value) {
+    throw InputError(flag, "expected an integer from " + std::to_string(min_value) + " to " +
+                               std::to_string(max_value) + ", got '" + text + "'");
   }
   return v;
 }
 
-double ToDouble(const std::string& flag, const std::string& text) {
+// A finite number in [0, max_value].
+double ToDouble(const std::string& flag, const std::string& text, double max_value = 1e15) {
   try {
     size_t used = 0;
     const double v = std::stod(text, &used);
-    if (used != text.size() || !(v >= 0)) throw std::invalid_argument(text);
+    if (used != text.size() || !(v >= 0) || !(v <= max_value)) throw std::invalid_argument(text);
     return v;
   } catch (const std::exception&) {
-    throw InputError(flag, "expected a non-negative number, got '" + text + "'");
+    std::ostringstream bound;
+    bound << max_value;
+    throw InputError(flag, "expected a number from 0 to " + bound.str() + ", got '" + text + "'");
   }
 }
 
@@ -102,13 +112,16 @@ void SplitContextParallel(const std::vector<std::string>& comm_types,
     }
   }
   std::vector<int32_t> sizes;
-  int64_t product = 1;
+  int64_t product = 1;  // at most kMaxGpus², far inside int64: it stops growing past the bound
   for (const std::string& v : hierarchical) {
-    sizes.push_back(static_cast<int32_t>(ToInt(sizes_flag, v, 1)));
-    product *= sizes.back();
+    sizes.push_back(static_cast<int32_t>(ToInt(sizes_flag, v, 1, bounds::kMaxGpus)));
+    product = std::min(product * sizes.back(), bounds::kMaxGpus + 1);
   }
   if (!sizes.empty() && product != c.cp) {
-    throw InputError(sizes_flag, "the sizes multiply to " + std::to_string(product) +
+    const std::string what = product > bounds::kMaxGpus
+                                 ? "more than " + std::to_string(bounds::kMaxGpus)
+                                 : std::to_string(product);
+    throw InputError(sizes_flag, "the sizes multiply to " + what +
                                      " but --context-parallel-size is " + std::to_string(c.cp));
   }
   if (type == "p2p") return;  // the ring: cp as read, up = 1
@@ -128,6 +141,12 @@ void SplitContextParallel(const std::vector<std::string>& comm_types,
                                     "parallelism is not modelled); got '" + type + "'");
   }
 }
+
+// A Megatron flag's sizes are bounded where they are read (include/autopar/spec/bounds.h): a
+// parallel size by the GPUs there can be, a layer count by the layers, a micro-batch by the
+// batch, a DDP bucket (elements) by 2^40.
+constexpr int64_t kGpus = bounds::kMaxGpus, kLayers = bounds::kMaxLayers;
+constexpr int64_t kBucket = int64_t{1} << 40;
 
 // What a Megatron-LM argument list says beyond the configuration's sizes, gathered while reading
 // it and applied once every flag is known (FinishMegatronConfig).
@@ -216,34 +235,34 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
       if (i + 1 >= args.size() || IsFlag(args[i + 1])) throw InputError(flag, "needs a value");
       return args[++i];
     };
-    auto next_int = [&]() { return static_cast<int32_t>(ToInt(flag, next(), 1)); };
+    auto next_int = [&](int64_t max) { return static_cast<int32_t>(ToInt(flag, next(), 1, max)); };
     // argparse's nargs='+': `--flag=a` is one value, `--flag a b` every word up to the next flag.
     auto next_list = [&]() {
       std::vector<std::string> values = {next()};
       while (!value && i + 1 < args.size() && !IsFlag(args[i + 1])) values.push_back(args[++i]);
       return values;
     };
-    if (flag == "--tensor-model-parallel-size") cfg().tp = next_int();
-    else if (flag == "--pipeline-model-parallel-size") cfg().pp = next_int();
-    else if (flag == "--context-parallel-size") cfg().cp = next_int();
+    if (flag == "--tensor-model-parallel-size") cfg().tp = next_int(kGpus);
+    else if (flag == "--pipeline-model-parallel-size") cfg().pp = next_int(kGpus);
+    else if (flag == "--context-parallel-size") cfg().cp = next_int(kGpus);
     else if (flag == "--cp-comm-type") r.cp_comm_types = next_list();
     else if (flag == "--hierarchical-context-parallel-sizes") r.hierarchical_cp_sizes = next_list();
-    else if (flag == "--expert-model-parallel-size") cfg().ep = next_int();
+    else if (flag == "--expert-model-parallel-size") cfg().ep = next_int(kGpus);
     else if (flag == "--virtual-pipeline-model-parallel-size" ||
              flag == "--num-virtual-stages-per-pipeline-rank") {
-      cfg().vpp = next_int();
+      cfg().vpp = next_int(kLayers);
       r.stages.virtual_stages_flag = flag;
-    } else if (flag == "--expert-tensor-parallel-size") cfg().etp = next_int();
+    } else if (flag == "--expert-tensor-parallel-size") cfg().etp = next_int(kGpus);
     else if (flag == "--moe-token-dispatcher-type") {
       const std::string v = next();  // the model's experts exchange tokens by all-to-all
       if (v != "alltoall") notes.push_back(flag + " " + v + " is not modelled: costed as alltoall");
     } else if (flag == "--num-layers-per-virtual-pipeline-stage") {
-      r.stages.layers_per_virtual_stage = next_int();
+      r.stages.layers_per_virtual_stage = next_int(kLayers);
     } else if (flag == "--decoder-first-pipeline-num-layers") {
-      r.stages.first_layers = ToInt(flag, next(), 1);
+      r.stages.first_layers = ToInt(flag, next(), 1, kLayers);
       cfg();
     } else if (flag == "--decoder-last-pipeline-num-layers") {
-      r.stages.last_layers = ToInt(flag, next(), 1);
+      r.stages.last_layers = ToInt(flag, next(), 1, kLayers);
       cfg();
     } else if (flag == "--pipeline-model-parallel-layout") {
       r.stages.layout = next();
@@ -252,7 +271,7 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
     } else if (flag == "--account-for-embedding-in-pipeline-split") {
       r.stages.account_for_embedding = true;
     } else if (flag == "--account-for-loss-in-pipeline-split") r.stages.account_for_loss = true;
-    else if (flag == "--micro-batch-size") cfg().mbs = next_int();
+    else if (flag == "--micro-batch-size") cfg().mbs = next_int(bounds::kMaxBatch);
     else if (flag == "--sequence-parallel") cfg().sp = true;
     else if (flag == "--use-distributed-optimizer") cfg().dist_opt = true;
     else if (flag == "--recompute-activations") cfg().recompute = Recompute::kSelective;
@@ -262,7 +281,7 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
       else if (v == "selective") cfg().recompute = Recompute::kSelective;
       else throw InputError(flag, "allowed: full, selective; got '" + v + "'");
     } else if (flag == "--recompute-method") r.recompute_method = next();
-    else if (flag == "--recompute-num-layers") cfg().recompute_layers = next_int();
+    else if (flag == "--recompute-num-layers") cfg().recompute_layers = next_int(kLayers);
     else if (flag == "--attention-dropout") r.attention_dropout = ToDouble(flag, next());
     else if (flag == "--hidden-dropout") r.hidden_dropout = ToDouble(flag, next());
     else if (flag == "--use-flash-attn") stack.flash_attention = true;
@@ -276,7 +295,7 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
     else if (flag == "--overlap-param-gather") r.overlap_param_gather = true;
     else if (flag == "--grad-reduce-in-bf16") r.grad_reduce_in_fp32 = false;
     else if (flag == "--accumulate-allreduce-grads-in-fp32") r.grad_reduce_in_fp32 = true;
-    else if (flag == "--ddp-bucket-size") stack.ddp_bucket_size = ToInt(flag, next(), 1);
+    else if (flag == "--ddp-bucket-size") stack.ddp_bucket_size = ToInt(flag, next(), 1, kBucket);
     else {
       rest.push_back(args[i]);
     }
@@ -323,9 +342,11 @@ TorchrunShape TakeTorchrunShape(const std::vector<std::string>& words) {
   TorchrunShape shape;
   for (size_t i = 0; i + 1 < words.size(); ++i) {
     const std::string& flag = words[i];
-    if (flag == "--nnodes") shape.nnodes = ToInt("--nnodes (torchrun's)", words[i + 1], 1);
+    if (flag == "--nnodes") {
+      shape.nnodes = ToInt("--nnodes (torchrun's)", words[i + 1], 1, bounds::kMaxGpus);
+    }
     if (flag == "--nproc_per_node" || flag == "--nproc-per-node") {
-      shape.nproc_per_node = ToInt(flag + " (torchrun's)", words[i + 1], 1);
+      shape.nproc_per_node = ToInt(flag + " (torchrun's)", words[i + 1], 1, kMaxGpusPerNode);
     }
   }
   return shape;
@@ -333,13 +354,28 @@ TorchrunShape TakeTorchrunShape(const std::vector<std::string>& words) {
 
 }  // namespace
 
-std::string ReadTextFile(const std::string& flag, const std::string& path) {
+std::string ReadTextFile(const std::string& flag, const std::string& path, int64_t max_bytes) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(flag, "cannot read '" + path + "': " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
+  // Refused before it is read: the bound is on the work, not only on what is kept.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw InputError(flag, "cannot stat '" + path + "': " + std::strerror(errno));
+  }
+  if (S_ISREG(st.st_mode) && st.st_size > max_bytes) {
+    throw InputError(flag, "'" + path + "' is " + std::to_string(st.st_size) + " bytes; at most " +
+                               std::to_string(max_bytes >> 20) + " MiB is read");
+  }
+  // A pipe or device has no size to check first: read at most one byte past the bound.
+  std::string text(static_cast<size_t>(max_bytes) + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) throw InputError(flag, "error reading '" + path + "'");
-  return text.str();
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (static_cast<int64_t>(text.size()) > max_bytes) {
+    throw InputError(flag, "'" + path + "' is larger than " + std::to_string(max_bytes >> 20) +
+                               " MiB, the most that is read");
+  }
+  return text;
 }
 
 void WriteNotes(std::ostream& err, const std::string& command, const Inputs& in) {
@@ -405,9 +441,9 @@ bool Args::Switch(const std::string& flag) {
   return true;
 }
 
-int64_t Args::Int(const std::string& flag, int64_t fallback, int64_t min_value) {
+int64_t Args::Int(const std::string& flag, int64_t fallback, int64_t min_value, int64_t max_value) {
   const auto v = Value(flag);
-  return v ? ToInt(flag, *v, min_value) : fallback;
+  return v ? ToInt(flag, *v, min_value, max_value) : fallback;
 }
 
 double Args::Double(const std::string& flag, double fallback) {
@@ -514,24 +550,10 @@ backend::P2PSemantics ReadP2PSemantics(Args& args, const std::string& backend) {
   return *semantics;
 }
 
-Inputs ReadInputs(Args& args) {
-  Inputs in;
-  // Our own flags first; whatever is left is Megatron-LM's (model and train flags).
-  const auto model_value = args.Value("--model");
-  const auto cluster_file = args.Value("--cluster");
-  const auto gpu_value = args.Value("--gpu");
-  const auto nnodes = args.Value("--nnodes");
-  const auto nproc = args.Value("--nproc-per-node");
-  const auto memory = args.Value("--device-memory-gib");
-  const auto host_cores = args.Value("--host-cores");
-  const ShellVariables variables = ScriptVariables(args.Value("--megatron-env"));
-  std::vector<std::string> pasted;
-  if (const auto text = args.Value("--megatron-args")) pasted = SplitCommandLine(*text, variables);
-  if (const auto file = args.Value("--megatron-args-file")) {
-    pasted = SplitCommandLine(ReadTextFile("--megatron-args-file", *file), variables);
-  }
-  const bool no_flash = args.Switch("--no-flash-attention");
-  SpaceOptions& space = in.space;
+namespace {
+
+// The user's restrictions of the space (docs/cli.md §3).
+void ReadSpaceOptions(Args& args, SpaceOptions& space) {
   auto list = [&](const char* flag, std::vector<int32_t>& to) {
     if (const auto v = args.Value(flag)) to = ParseIntList(flag, *v);
   };
@@ -564,7 +586,62 @@ Inputs ReadInputs(Args& args) {
   if (args.Switch("--no-overlap-param-gather")) space.overlap_param_gather = {false};
   space.tp_across_nodes = args.Switch("--tp-across-nodes");
   space.sweep_recompute_layers = args.Switch("--sweep-recompute-layers");
-  space.max_mbs = static_cast<int32_t>(args.Int("--max-mbs", space.max_mbs));
+  space.max_mbs = static_cast<int32_t>(args.Int("--max-mbs", space.max_mbs, 1, bounds::kMaxBatch));
+}
+
+// One note naming every flag of a pasted script that could change the step and that the model
+// does not read (MegatronFlagAccountedFor lists those that change nothing costed).
+std::optional<std::string> IgnoredNote(const std::vector<std::string>& script_rest) {
+  std::vector<std::string> ignored;
+  for (const std::string& word : script_rest) {
+    const std::string flag = word.substr(0, word.find('='));
+    if (IsFlag(flag) && !MegatronFlagAccountedFor(flag) &&
+        std::find(ignored.begin(), ignored.end(), flag) == ignored.end()) {
+      ignored.push_back(flag);
+    }
+  }
+  if (ignored.empty()) return std::nullopt;
+  std::string line = "ignored (not modelled):";
+  for (const std::string& flag : ignored) line += " " + flag;
+  return line;
+}
+
+// A model and a batch are required; the sequence defaults to the positions (at most 4096).
+void RequireModelAndBatch(Inputs& in) {
+  if (in.model.num_layers == 0) {
+    std::string names;
+    for (const std::string& n : ModelPresetNames()) names += (names.empty() ? "" : ", ") + n;
+    throw InputError("--model", "required (a preset, a .yaml file or a config.json, or Megatron "
+                                "flags such as --num-layers); presets: " + names);
+  }
+  if (in.train.seq_length == 0) {
+    in.train.seq_length = std::min<int64_t>(in.model.max_position_embeddings, 4096);
+  }
+  if (in.train.global_batch_size == 0) {
+    throw InputError("--global-batch-size", "required (sequences per optimizer step)");
+  }
+}
+
+}  // namespace
+
+Inputs ReadInputs(Args& args) {
+  Inputs in;
+  // Our own flags first; whatever is left is Megatron-LM's (model and train flags).
+  const auto model_value = args.Value("--model");
+  const auto cluster_file = args.Value("--cluster");
+  const auto gpu_value = args.Value("--gpu");
+  const auto nnodes = args.Value("--nnodes");
+  const auto nproc = args.Value("--nproc-per-node");
+  const auto memory = args.Value("--device-memory-gib");
+  const auto host_cores = args.Value("--host-cores");
+  const ShellVariables variables = ScriptVariables(args.Value("--megatron-env"));
+  std::vector<std::string> pasted;
+  if (const auto text = args.Value("--megatron-args")) pasted = SplitCommandLine(*text, variables);
+  if (const auto file = args.Value("--megatron-args-file")) {
+    pasted = SplitCommandLine(ReadTextFile("--megatron-args-file", *file), variables);
+  }
+  const bool no_flash = args.Switch("--no-flash-attention");
+  ReadSpaceOptions(args, in.space);
   if (const auto f = args.Value("--format")) in.format = ParseFormat(*f);
 
   // ---- model and training job: preset or file, pasted script, then flags on the command line ----
@@ -581,18 +658,7 @@ Inputs ReadInputs(Args& args) {
   for (const auto* notes : {&from_script.notes, &megatron.notes}) {
     in.notes.insert(in.notes.end(), notes->begin(), notes->end());
   }
-  if (in.model.num_layers == 0) {
-    std::string names;
-    for (const std::string& n : ModelPresetNames()) names += (names.empty() ? "" : ", ") + n;
-    throw InputError("--model", "required (a preset, a .yaml file or a config.json, or Megatron "
-                                "flags such as --num-layers); presets: " + names);
-  }
-  if (in.train.seq_length == 0) {
-    in.train.seq_length = std::min<int64_t>(in.model.max_position_embeddings, 4096);
-  }
-  if (in.train.global_batch_size == 0) {
-    throw InputError("--global-batch-size", "required (sequences per optimizer step)");
-  }
+  RequireModelAndBatch(in);
 
   // ---- cluster ----
   if (cluster_file) {
@@ -608,9 +674,9 @@ Inputs ReadInputs(Args& args) {
   const TorchrunShape launch = TakeTorchrunShape(from_script.unused);
   if (launch.nnodes && !nnodes) in.cluster.nnodes = *launch.nnodes;
   if (launch.nproc_per_node && !nproc) in.cluster.gpus_per_node = *launch.nproc_per_node;
-  if (nnodes) in.cluster.nnodes = ToInt("--nnodes", *nnodes, 1);
-  if (nproc) in.cluster.gpus_per_node = ToInt("--nproc-per-node", *nproc, 1);
-  if (memory) in.cluster.gpu.memory_gib = ToDouble("--device-memory-gib", *memory);
+  if (nnodes) in.cluster.nnodes = ToInt("--nnodes", *nnodes, 1, bounds::kMaxGpus);
+  if (nproc) in.cluster.gpus_per_node = ToInt("--nproc-per-node", *nproc, 1, kMaxGpusPerNode);
+  if (memory) in.cluster.gpu.memory_gib = ToDouble("--device-memory-gib", *memory, 1e6);
   // The `cpu` device is the CPU backend's rank, which trains in fp32 whatever a script asks: a
   // plan for it, or a replay of its measurements, must count 4-byte activations too.
   if (in.cluster.gpu.name == "cpu") {
@@ -625,7 +691,7 @@ Inputs ReadInputs(Args& args) {
       throw InputError("--host-cores", "only for --gpu cpu (the CPU backend's device), not '" +
                                            in.cluster.gpu.name + "'");
     }
-    in.host_cores = ToInt("--host-cores", *host_cores, 1);
+    in.host_cores = ToInt("--host-cores", *host_cores, 1, 1 << 20);
     ShareHostCores(*in.host_cores, in.cluster);
   }
 
@@ -641,19 +707,7 @@ Inputs ReadInputs(Args& args) {
   in.script_config = TakeMegatronParallelFlags(script_rest, in.model, in.train.precision,
                                                /*script=*/!pasted.empty() && !model_value,
                                                stack, in.notes, script_uneven_flag);
-  std::vector<std::string> ignored;
-  for (const std::string& word : script_rest) {
-    const std::string flag = word.substr(0, word.find('='));
-    if (IsFlag(flag) && !MegatronFlagAccountedFor(flag) &&
-        std::find(ignored.begin(), ignored.end(), flag) == ignored.end()) {
-      ignored.push_back(flag);
-    }
-  }
-  if (!ignored.empty()) {
-    std::string line = "ignored (not modelled):";
-    for (const std::string& flag : ignored) line += " " + flag;
-    in.notes.push_back(line);
-  }
+  if (const auto note = IgnoredNote(script_rest)) in.notes.push_back(*note);
   std::vector<std::string> rest = megatron.unused;
   in.megatron_config =
       TakeMegatronParallelFlags(rest, in.model, in.train.precision, false, stack, in.notes,

@@ -1,5 +1,7 @@
+#include <exception>
 #include <initializer_list>
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -100,6 +102,15 @@ int Main(const std::vector<std::string>& argv, std::ostream& out, std::ostream& 
     return kExitBadInput;
   } catch (const std::runtime_error& e) {  // the environment failed us (MPI, files)
     err << "autopar-tune " << command << ": " << e.what() << "\n";
+    return kExitFailure;
+  } catch (const std::bad_alloc&) {
+    err << "autopar-tune " << command << ": out of memory\n";
+    return kExitFailure;
+  } catch (const std::exception& e) {
+    // A bug (a std::logic_error the inputs should have been checked against): still an exit
+    // code and a message, never an abort (issue 17).
+    err << "autopar-tune " << command << ": internal error: " << e.what()
+        << " (a bug: please report it with the command line)\n";
     return kExitFailure;
   }
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
@@ -40,6 +41,7 @@ WorkerFlags ReadWorkerFlags(Args& args) {
   }
   f.p2p_semantics = ReadP2PSemantics(args, f.backend);
   f.options.timeout_s = args.Double("--trial-timeout", 600);
+  if (f.options.timeout_s > 1e9) throw InputError("--trial-timeout", "at most 1e9 seconds");
   f.options.warmup_iterations = static_cast<int>(args.Int("--warmup", 1, 0));
   f.options.timed_iterations = static_cast<int>(args.Int("--iters", 3, 1));
   f.options.min_timed_s = args.Double("--min-timed-seconds", 0);
@@ -47,7 +49,8 @@ WorkerFlags ReadWorkerFlags(Args& args) {
     throw InputError("--min-timed-seconds", "must be a non-negative number of seconds");
   }
   f.options.max_microbatches = static_cast<int>(args.Int("--max-microbatches", 0, -1));
-  f.options.seed = static_cast<uint64_t>(args.Int("--seed", 1234, 0));
+  f.options.seed =
+      static_cast<uint64_t>(args.Int("--seed", 1234, 0, std::numeric_limits<int64_t>::max()));
   // Test hook of the fault tests: this world rank stalls.
   if (const char* stall = std::getenv("AUTOPAR_TEST_STALL_RANK")) f.options.stall_rank = std::atoi(stall);
   return f;

@@ -5,11 +5,12 @@
 
 #include <unistd.h>
 
-#include <iostream>
-
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -41,9 +42,13 @@ double ParseDuration(const std::string& flag, const std::string& text) {
   }
   char* end = nullptr;
   const double v = std::strtod(number.c_str(), &end);
-  if (number.empty() || *end != '\0' || !std::isfinite(v) || v < 0) {
+  // At most ~31 years: a deadline past it would overflow the clocks it is added to.
+  constexpr double kMaxSeconds = 1e9;
+  if (number.empty() || *end != '\0' || !std::isfinite(v) || v < 0 || v * scale > kMaxSeconds) {
     throw InputError(flag,
-                     "expected seconds or a duration such as 90s, 30m, 8h; got '" + text + "'");
+                     "expected seconds (at most 1e9) or a duration such as 90s, 30m, 8h; "
+                     "got '" +
+                         text + "'");
   }
   return v * scale;
 }
@@ -71,10 +76,12 @@ TuneFlags ReadTuneFlags(Args& args) {
                      "corrupt from every valid record (docs/journal.md §9)");
   }
   if (const auto seed = args.Value("--seed")) {
-    char* end = nullptr;
-    const unsigned long long v = std::strtoull(seed->c_str(), &end, 10);
-    if (seed->empty() || *end != '\0' || (*seed)[0] == '-') {
-      throw InputError("--seed", "expected a non-negative integer, got '" + *seed + "'");
+    uint64_t v = 0;
+    const char* end = seed->data() + seed->size();
+    const auto [ptr, ec] = std::from_chars(seed->data(), end, v);
+    if (seed->empty() || ec != std::errc() || ptr != end) {
+      throw InputError("--seed",
+                       "expected an integer from 0 to 18446744073709551615, got '" + *seed + "'");
     }
     f.seed = v;
   }
@@ -85,8 +92,9 @@ TuneFlags ReadTuneFlags(Args& args) {
   }
   f.p2p_semantics = ReadP2PSemantics(args, f.backend);
   f.status_addr = args.Value("--status-addr").value_or(f.status_addr);
-  f.status_port = static_cast<int>(args.Int("--status-port", f.backend == "replay" ? -1 : 8642, -1));
-  if (f.status_port > 65535) throw InputError("--status-port", "expected 0..65535 (0: any free port)");
+  // -1: no endpoint, 0: any free port.
+  f.status_port =
+      static_cast<int>(args.Int("--status-port", f.backend == "replay" ? -1 : 8642, -1, 65535));
   if (f.backend == "replay" && !f.replay_table) {
     throw InputError("--replay-table", "required with --backend replay (a CSV of measured trials)");
   }
@@ -108,7 +116,8 @@ TuneFlags ReadTuneFlags(Args& args) {
   }
   t.stop.budget_s = ParseDuration("--budget", args.Value("--budget").value_or("8h"));
   t.stop.max_trials = args.Int("--max-trials", 0, 0);
-  t.stop.draws = static_cast<int>(args.Int("--stop-draws", 200));
+  // Each stop check draws this many posterior samples over every candidate: bounded work.
+  t.stop.draws = static_cast<int>(args.Int("--stop-draws", 200, 1, 1'000'000));
   t.stop.converged_fraction = Fraction(args, "--stop-fraction", 0.95, true);
   t.stop.epsilon = args.Double("--stop-epsilon", 0.02);
   if (t.stop.epsilon >= 1) throw InputError("--stop-epsilon", "expected a number in [0, 1)");
@@ -165,50 +174,99 @@ void CheckResumedInputs(const TuneFlags& flags, const Inputs& in) {
   coord::CheckSameStudy(stored, given);
 }
 
-int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostream& err) {
-  CheckResumedInputs(flags, in);
-  const CostModel model(in.model, in.train, in.cluster, in.constants);
-
-  // ---- the candidate set: the table's rows, or the space ----
+// The candidate set: a replay table's rows (the table and its CRC-32C kept), or the space.
+struct Candidates {
   std::optional<coord::ReplayTable> table;
   uint32_t table_crc = 0;
-  std::unique_ptr<search::CandidateSet> candidates;
+  std::unique_ptr<search::CandidateSet> set;
+};
+
+Candidates FindCandidates(const TuneFlags& flags, const Inputs& in, const CostModel& model) {
+  Candidates c;
   if (flags.replay_table) {
     RejectRestrictions(in.space);
-    const std::string text = ReadTextFile("--replay-table", *flags.replay_table);
-    table_crc = coord::Crc32c(text.data(), text.size());
-    table = coord::ReplayTable::Parse(text, *flags.replay_table);
-    table->Validate(SearchSpace(in.model, in.train, in.cluster, OpenSpace({})),
-                    *flags.replay_table);
-    candidates =
-        std::make_unique<search::CandidateSet>(table->configs(), model, in.cluster.gpu.memory_gib);
+    const std::string text =
+        ReadTextFile("--replay-table", *flags.replay_table, bounds::kMaxReplayTableBytes);
+    c.table_crc = coord::Crc32c(text.data(), text.size());
+    c.table = coord::ReplayTable::Parse(text, *flags.replay_table);
+    c.table->Validate(SearchSpace(in.model, in.train, in.cluster, OpenSpace({})),
+                      *flags.replay_table);
+    c.set = std::make_unique<search::CandidateSet>(c.table->configs(), model,
+                                                   in.cluster.gpu.memory_gib);
   } else {
     const StageBalancer balancer(model);  // uneven stages, as plan ranks them
     const SearchSpace space(in.model, in.train, in.cluster, in.space, &balancer);
-    candidates =
-        std::make_unique<search::CandidateSet>(search::CandidateSet::FromSpace(space, model));
+    c.set = std::make_unique<search::CandidateSet>(search::CandidateSet::FromSpace(space, model));
   }
-  if (candidates->size() == 0) {
-    err << "autopar-tune tune: no configuration satisfies the constraints of docs/architecture.md §3 with these "
-           "restrictions\n";
-    return kExitInfeasible;
-  }
-  const auto searcher = search::MakeSearcher(flags.searcher, *candidates);
+  return c;
+}
 
-  // ---- the study as the flags describe it ----
+// The read-only status endpoint: it only reads the board the observer keeps, so a failure to
+// bind (a port in use) costs the endpoint, never the search. Null when off or not bound.
+std::unique_ptr<coord::StatusServer> StartStatusServer(const TuneFlags& flags,
+                                                       const coord::StatusBoard& board,
+                                                       std::ostream& err) {
+  if (flags.status_port < 0) return nullptr;
+  try {
+    auto server = std::make_unique<coord::StatusServer>(
+        flags.status_addr, static_cast<uint16_t>(flags.status_port), board);
+    err << "autopar-tune tune: status at http://" << flags.status_addr << ":" << server->port()
+        << "/status and /metrics\n";
+    return server;
+  } catch (const std::runtime_error& e) {
+    err << "autopar-tune tune: no status endpoint: " << e.what() << "\n";
+    return nullptr;
+  }
+}
+
+// The trial backend: the replay table's (`*replay` set to it), or the registered one for
+// --backend, which on ranks other than 0 runs the worker loop and returns null.
+std::unique_ptr<coord::TrialBackend> MakeBackend(const TuneFlags& flags, const Inputs& in,
+                                                 const pb::StudyDescription& given,
+                                                 const search::CandidateSet& candidates,
+                                                 const std::optional<coord::ReplayTable>& table,
+                                                 coord::ReplayBackend** replay) {
+  if (flags.backend == "replay") {
+    auto owned = std::make_unique<coord::ReplayBackend>(*table);
+    *replay = owned.get();
+    return owned;
+  }
+  const auto factory = Registry().find(flags.backend);
+  if (factory == Registry().end()) {
+    throw InputError("--backend", flags.backend +
+                                      " runs trials on every rank and needs the MPI launcher "
+                                      "(mpirun -np N autopar-tune ...), which this build does "
+                                      "not wire in yet; use --backend replay --replay-table "
+                                      "FILE.csv");
+  }
+  const TuneContext context{in,
+                            given,
+                            candidates,
+                            flags.backend,
+                            flags.p2p_semantics,
+                            flags.tuner.trial_timeout_s,
+                            flags.tuner.warmup_iterations,
+                            flags.tuner.timed_iterations};
+  return factory->second(context);
+}
+
+// The study as the flags describe it (docs/journal.md §2).
+pb::StudyDescription DescribeStudy(const TuneFlags& flags, const Inputs& in,
+                                   const search::CandidateSet& candidates,
+                                   const std::string& searcher, uint32_t table_crc) {
   pb::StudyDescription given;
   given.set_format_version(coord::kStudyFormatVersion);
   *given.mutable_model() = coord::Describe(in.model);
   *given.mutable_train() = coord::Describe(in.train);
   *given.mutable_cluster() = coord::Describe(in.cluster);
-  *given.mutable_space() = coord::Describe(in.space, *candidates);
+  *given.mutable_space() = coord::Describe(in.space, candidates);
   if (flags.replay_table) {
     given.mutable_space()->set_replay_table(*flags.replay_table);
     given.mutable_space()->set_replay_table_crc32c(table_crc);
   }
   *given.mutable_perf() = coord::Describe(in.constants);
   pb::SearchDesc& sd = *given.mutable_search();
-  sd.set_searcher(searcher->name());
+  sd.set_searcher(searcher);
   sd.set_seed(flags.seed.value_or(0));
   sd.set_max_p_oom(flags.max_p_oom);
   sd.set_max_failures(2);
@@ -219,34 +277,94 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
   sd.set_min_measured(static_cast<int32_t>(flags.tuner.stop.min_measured));
   sd.set_backend(flags.backend);
   given.set_created_by("autopar-tune 0.1.0");
+  return given;
+}
+
+// The study directory, locked, with its description and journal (docs/journal.md §1–§5): a new
+// study is described by `given`; an existing one must be resumed and match it, and its seed is
+// the default. The journal must belong to the study (its fingerprint, §3).
+struct OpenedStudy {
+  std::unique_ptr<coord::StudyDir> dir;
+  coord::FileJournal::Opened journal;
+};
+
+OpenedStudy OpenStudy(const TuneFlags& flags, pb::StudyDescription& given, std::ostream& err) {
+  OpenedStudy s;
+  s.dir = std::make_unique<coord::StudyDir>(flags.study);
+  const coord::StudyDir& dir = *s.dir;
+  uint64_t fingerprint = 0;  // the study the journal must belong to (study.pb's)
+  if (dir.HasDescription()) {
+    if (!flags.resume) {
+      const std::string hint = "pass --resume to continue it or choose another --study";
+      throw coord::StudyError("study '" + flags.study + "' exists; " + hint);
+    }
+    const pb::StudyDescription stored = dir.ReadDescription();
+    if (!flags.seed) given.mutable_search()->set_seed(stored.search().seed());  // the study's
+    coord::CheckSameStudy(stored, given);
+    fingerprint = coord::JournalFingerprint(stored);
+  } else {
+    if (coord::FileExists(dir.Path("journal"))) {
+      const std::string hint = "move it away or choose another --study";
+      throw coord::StudyError("'" + dir.Path("journal") + "' exists without study.pb; " + hint);
+    }
+    if (flags.resume && !flags.quiet) {
+      err << "autopar-tune tune: nothing to resume in '" << flags.study << "', starting it\n";
+    }
+    dir.WriteDescription(given);
+    fingerprint = coord::JournalFingerprint(given);
+  }
+  s.journal = coord::FileJournal::Open(
+      dir.Path("journal"),
+      flags.salvage ? coord::JournalRecovery::kSalvage : coord::JournalRecovery::kRefuseCorrupt,
+      fingerprint);
+  if (!s.journal.salvaged_copy.empty()) {
+    err << "autopar-tune tune: salvaged '" << dir.Path("journal")
+        << "': " << s.journal.salvage_report << "\n";
+  } else if (flags.salvage && !flags.quiet) {
+    err << "autopar-tune tune: --salvage: the journal is not corrupt, nothing to salvage\n";
+  }
+  if (s.journal.cut_bytes > 0) {
+    err << "autopar-tune tune: cut a torn record (" << s.journal.cut_bytes << " bytes) from '"
+        << dir.Path("journal") << "'\n";
+  }
+  return s;
+}
+
+// result.json, trials.csv and best.args, each atomic (docs/journal.md §1).
+void WriteOutputs(const coord::StudyDir& dir, const TuneReport& report) {
+  coord::WriteFileAtomic(dir.Path("result.json"), ResultJson(report));
+  coord::WriteFileAtomic(dir.Path("trials.csv"), TrialsCsv(report));
+  const int64_t best = report.tuner.state().best();
+  if (best >= 0) {
+    coord::WriteFileAtomic(
+        dir.Path("best.args"),
+        MegatronFlags(report.candidates.config(best), report.in.model, report.in.train) + "\n");
+  }
+}
+
+int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostream& err) {
+  CheckResumedInputs(flags, in);
+  const CostModel model(in.model, in.train, in.cluster, in.constants);
+
+  // ---- the candidate set: the table's rows, or the space ----
+  Candidates found = FindCandidates(flags, in, model);
+  std::optional<coord::ReplayTable>& table = found.table;
+  const uint32_t table_crc = found.table_crc;
+  const std::unique_ptr<search::CandidateSet>& candidates = found.set;
+  if (candidates->size() == 0) {
+    err << "autopar-tune tune: no configuration satisfies the constraints of docs/architecture.md §3 with these "
+           "restrictions\n";
+    return kExitInfeasible;
+  }
+  const auto searcher = search::MakeSearcher(flags.searcher, *candidates);
+  pb::StudyDescription given = DescribeStudy(flags, in, *candidates, searcher->name(), table_crc);
+  pb::SearchDesc& sd = *given.mutable_search();
 
   // ---- the backend (on ranks other than 0, a real backend runs the worker loop and returns) ----
-  std::unique_ptr<coord::TrialBackend> backend;
   coord::ReplayBackend* replay = nullptr;  // its noise seed is the study's, known below
-  if (flags.backend == "replay") {
-    auto owned = std::make_unique<coord::ReplayBackend>(*table);
-    replay = owned.get();
-    backend = std::move(owned);
-  } else {
-    const auto factory = Registry().find(flags.backend);
-    if (factory == Registry().end()) {
-      throw InputError("--backend", flags.backend +
-                                        " runs trials on every rank and needs the MPI launcher "
-                                        "(mpirun -np N autopar-tune ...), which this build does "
-                                        "not wire in yet; use --backend replay --replay-table "
-                                        "FILE.csv");
-    }
-    const TuneContext context{in,
-                              given,
-                              *candidates,
-                              flags.backend,
-                              flags.p2p_semantics,
-                              flags.tuner.trial_timeout_s,
-                              flags.tuner.warmup_iterations,
-                              flags.tuner.timed_iterations};
-    backend = factory->second(context);
-    if (!backend) return kExitOk;  // a worker rank, done
-  }
+  const std::unique_ptr<coord::TrialBackend> backend =
+      MakeBackend(flags, in, given, *candidates, table, &replay);
+  if (!backend) return kExitOk;  // a worker rank, done
   WriteNotes(err, "tune", in);
   // Whatever ends this function, the workers must leave their loop, or an error on rank 0 (a
   // locked study, say) would leave them waiting in the next broadcast.
@@ -262,38 +380,8 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
   } release{*backend};
 
   // ---- the study directory: lock, description, journal ----
-  const coord::StudyDir dir(flags.study);
-  if (dir.HasDescription()) {
-    if (!flags.resume) {
-      const std::string hint = "pass --resume to continue it or choose another --study";
-      throw coord::StudyError("study '" + flags.study + "' exists; " + hint);
-    }
-    const pb::StudyDescription stored = dir.ReadDescription();
-    if (!flags.seed) sd.set_seed(stored.search().seed());  // the study's seed by default
-    coord::CheckSameStudy(stored, given);
-  } else {
-    if (coord::FileExists(dir.Path("journal"))) {
-      const std::string hint = "move it away or choose another --study";
-      throw coord::StudyError("'" + dir.Path("journal") + "' exists without study.pb; " + hint);
-    }
-    if (flags.resume && !flags.quiet) {
-      err << "autopar-tune tune: nothing to resume in '" << flags.study << "', starting it\n";
-    }
-    dir.WriteDescription(given);
-  }
-  coord::FileJournal::Opened journal = coord::FileJournal::Open(
-      dir.Path("journal"),
-      flags.salvage ? coord::JournalRecovery::kSalvage : coord::JournalRecovery::kRefuseCorrupt);
-  if (!journal.salvaged_copy.empty()) {
-    err << "autopar-tune tune: salvaged '" << dir.Path("journal") << "': " << journal.salvage_report
-        << "\n";
-  } else if (flags.salvage && !flags.quiet) {
-    err << "autopar-tune tune: --salvage: the journal is not corrupt, nothing to salvage\n";
-  }
-  if (journal.cut_bytes > 0) {
-    err << "autopar-tune tune: cut a torn record (" << journal.cut_bytes << " bytes) from '"
-        << dir.Path("journal") << "'\n";
-  }
+  OpenedStudy study = OpenStudy(flags, given, err);
+  coord::FileJournal::Opened& journal = study.journal;
 
   search::SearchSettings settings = search::SearchSettings::Default(*candidates);
   settings.max_p_oom = flags.max_p_oom;
@@ -302,20 +390,8 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
   if (replay != nullptr) replay->set_noise_seed(sd.seed());
   ProgressPrinter progress(err, *candidates, flags.tuner, flags.quiet,
                            &err == &std::cerr && isatty(STDERR_FILENO));
-  // The read-only status endpoint: it only reads the board the observer keeps, so a failure to
-  // bind (a port in use) costs the endpoint, never the search.
   coord::StatusBoard board;
-  std::unique_ptr<coord::StatusServer> server;
-  if (flags.status_port >= 0) {
-    try {
-      server = std::make_unique<coord::StatusServer>(flags.status_addr,
-                                                     static_cast<uint16_t>(flags.status_port), board);
-      err << "autopar-tune tune: status at http://" << flags.status_addr << ":" << server->port()
-          << "/status and /metrics\n";
-    } catch (const std::runtime_error& e) {
-      err << "autopar-tune tune: no status endpoint: " << e.what() << "\n";
-    }
-  }
+  std::unique_ptr<coord::StatusServer> server = StartStatusServer(flags, board, err);
   // Only a running endpoint needs the board kept current (a pass over the candidates per trial).
   std::optional<StatusObserver> status;
   if (server) {
@@ -334,17 +410,14 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
         << " trials\n";
   }
   const coord::TuneSummary summary = tuner.Run();
+  // The endpoint stops before the outputs are written: whatever a flood of connections did to
+  // it, its descriptors are free for the result files (docs/protocol.md §8).
+  server.reset();
 
   // ---- outputs ----
   const TuneReport report{in,      model, *candidates, tuner,
                           summary, given, flags,       table ? &*table : nullptr};
-  coord::WriteFileAtomic(dir.Path("result.json"), ResultJson(report));
-  coord::WriteFileAtomic(dir.Path("trials.csv"), TrialsCsv(report));
-  if (tuner.state().best() >= 0) {
-    coord::WriteFileAtomic(
-        dir.Path("best.args"),
-        MegatronFlags(candidates->config(tuner.state().best()), in.model, in.train) + "\n");
-  }
+  WriteOutputs(*study.dir, report);
   WriteFinal(out, report);
   if (tuner.state().best() < 0) {
     err << "autopar-tune tune: no configuration could be measured (" << tuner.trials().size()
@@ -384,6 +457,26 @@ int RunTune(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   }
 }
 
+// A synthetic table holds what `tune` reads back: every time and peak a measurement
+// (coord/backend.h), else the knobs drew something no run measures.
+void RequireMeasurements(const coord::ReplayTable& table) {
+  for (const coord::ReplayRow& r : table.rows()) {
+    const bool time_ok = std::isnan(r.step_time_s) || (r.step_time_s >= coord::kMinStepTimeS &&
+                                                       r.step_time_s <= coord::kMaxStepTimeS);
+    const bool peak_ok =
+        std::isnan(r.peak_memory_gib) || (r.peak_memory_gib >= coord::kMinPeakMemoryGib &&
+                                          r.peak_memory_gib <= coord::kMaxPeakMemoryGib);
+    if (!time_ok || !peak_ok) {
+      const double v = time_ok ? r.peak_memory_gib : r.step_time_s;
+      char what[64] = "a number that is not finite";
+      if (std::isfinite(v)) std::snprintf(what, sizeof what, "%g %s", v, time_ok ? "GiB" : "s");
+      throw InputError("--model", ToSpec(r.config) + " would measure " + what +
+                                      " with this model, batch, cluster and --*-range scales, "
+                                      "outside what a replay table holds (1e-9 to 1e6)");
+    }
+  }
+}
+
 int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
   Args args(argv);
   const auto output = args.Value("--output");
@@ -394,7 +487,8 @@ int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, 
                                     world_name + "'");
   }
   coord::SyntheticTruth truth;
-  truth.seed = static_cast<uint64_t>(args.Int("--truth-seed", 1, 0));
+  truth.seed =
+      static_cast<uint64_t>(args.Int("--truth-seed", 1, 0, std::numeric_limits<int64_t>::max()));
   auto range = [&](const std::string& flag, double* lo, double* hi) {
     const auto v = args.Value(flag);
     if (!v) return;
@@ -410,15 +504,21 @@ int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, 
     if (parts.size() != 2) throw InputError(flag, "expected LO,HI; got '" + *v + "'");
     *lo = std::strtod(parts[0].c_str(), &e1);
     *hi = std::strtod(parts[1].c_str(), &e2);
-    if (*e1 || *e2 || !(*lo > 0) || !(*hi >= *lo) || !std::isfinite(*hi)) {
-      throw InputError(flag, "expected LO,HI with 0 < LO <= HI; got '" + *v + "'");
+    // Scales of the analytic model's terms: bounded so the table's times stay measurements.
+    if (*e1 || *e2 || !(*lo >= 1e-3) || !(*hi >= *lo) || !(*hi <= 1e3)) {
+      throw InputError(flag, "expected LO,HI with 0.001 <= LO <= HI <= 1000; got '" + *v + "'");
     }
   };
   range("--compute-range", &truth.compute_low, &truth.compute_high);
   range("--comm-range", &truth.comm_low, &truth.comm_high);
   range("--memory-scale-range", &truth.memory_scale_low, &truth.memory_scale_high);
+  // Log-normal standard deviations, as a table's noise_sd column (docs/cli.md §12).
   truth.noise = args.Double("--noise", truth.noise);
   truth.memory_noise = args.Double("--memory-noise", truth.memory_noise);
+  for (const auto& [flag, sd] :
+       {std::pair{"--noise", truth.noise}, {"--memory-noise", truth.memory_noise}}) {
+    if (sd > 1) throw InputError(flag, "expected a log-normal sd from 0 to 1");
+  }
   truth.surprise_oom = args.Double("--surprise-oom", truth.surprise_oom);
   if (truth.surprise_oom > 1)
     throw InputError("--surprise-oom", "expected a probability in [0, 1]");
@@ -435,6 +535,7 @@ int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, 
   std::string summary;
   const coord::ReplayTable table = coord::MakeWorldTable(
       candidates, coord::WorldShape::Of(in.model, in.train), *world, truth, &summary);
+  RequireMeasurements(table);
   const std::string csv = table.ToCsv();
   int64_t ok = 0;
   for (const coord::ReplayRow& r : table.rows()) ok += r.status == search::Outcome::kOk;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -212,6 +213,15 @@ void ScanLegacyFrames(std::string_view b, ScanCursor& c) {
 
 }  // namespace
 
+namespace {
+
+// Whether the `bytes`-long header at the start of `b` checks (its CRC-32C is its last 4 bytes).
+bool HeaderChecks(std::string_view b, size_t bytes) {
+  return b.size() >= bytes && Crc32c(b.data(), bytes - 4) == GetU32(b.data() + bytes - 4);
+}
+
+}  // namespace
+
 JournalScan ScanJournal(std::string_view b) {
   JournalScan scan;
   scan.file_bytes = b.size();
@@ -223,22 +233,43 @@ JournalScan ScanJournal(std::string_view b) {
     ScanLegacyFrames(b, c);
     return scan;
   }
-  if (magic && b.size() >= kJournalHeaderBytes && Crc32c(b.data(), 16) == GetU32(b.data() + 16)) {
-    const uint32_t format = GetU32(b.data() + 4);
-    if (format != kJournalFormat) {  // a newer build's: not ours to read
-      scan.unknown_format = format;
-      return scan;
-    }
+  // The format field says which header to check; the checksum covers it, so a damaged field
+  // fails the check rather than choosing another layout.
+  const uint32_t format = b.size() >= 8 ? GetU32(b.data() + 4) : 0;
+  const bool v3 = magic && format == kJournalFormat && HeaderChecks(b, kJournalHeaderBytes);
+  const bool v2 = magic && format == 2 && HeaderChecks(b, kJournalHeaderBytesV2);
+  if (magic && format > kJournalFormat &&
+      (HeaderChecks(b, kJournalHeaderBytes) || HeaderChecks(b, kJournalHeaderBytesV2))) {
+    scan.unknown_format = format;  // a newer build's: not ours to read
+    return scan;
+  }
+  if (v3 || v2) {
+    scan.format = format;
     scan.checked_records = GetU64(b.data() + 8);
-    scan.valid_bytes = kJournalHeaderBytes;
+    if (v3) scan.fingerprint = GetU64(b.data() + 16);
+    scan.valid_bytes = v3 ? kJournalHeaderBytes : kJournalHeaderBytesV2;
   } else {
     // What the header said is lost: a salvage replays every record without the full checks.
+    scan.header_damaged = true;
     scan.checked_records = 0;
     c.Damage(0, 0, "the file header is damaged");
   }
-  ScanFrames(b, std::min(b.size(), kJournalHeaderBytes), c);
+  // After a damaged header the first frame is found by its own checksum, wherever it starts.
+  ScanFrames(b, std::min(b.size(), scan.valid_bytes > 0 ? scan.valid_bytes : kJournalHeaderBytesV2),
+             c);
   return scan;
 }
+
+JournalForeign::JournalForeign(const std::string& path, uint64_t found, uint64_t expected)
+    : StudyError([&] {
+        char text[160];
+        std::snprintf(text, sizeof text, "fingerprint %016llx, this study's (study.pb) %016llx",
+                      static_cast<unsigned long long>(found),
+                      static_cast<unsigned long long>(expected));
+        return "journal '" + path + "' belongs to another study (" + text +
+               "): its trials were measured for another model, cluster, space or search; it is "
+               "left as it is (move it away, or give --study the directory it came from)";
+      }()) {}
 
 JournalCorrupt::JournalCorrupt(const std::string& path, const JournalScan& scan)
     : StudyError("journal '" + path + "': corrupt at record " +
@@ -380,11 +411,13 @@ std::vector<pb::JournalRecord> RepairRecords(const std::vector<pb::JournalRecord
 
 // ---- framing and the file ----
 
-std::string JournalHeader(uint64_t checked_records) {
+std::string JournalHeader(uint64_t checked_records, uint64_t fingerprint) {
   std::string header(kMagic, sizeof kMagic);
   PutU32(&header, kJournalFormat);
   PutU32(&header, static_cast<uint32_t>(checked_records));
   PutU32(&header, static_cast<uint32_t>(checked_records >> 32));
+  PutU32(&header, static_cast<uint32_t>(fingerprint));
+  PutU32(&header, static_cast<uint32_t>(fingerprint >> 32));
   PutU32(&header, Crc32c(header.data(), header.size()));
   return header;
 }
@@ -406,11 +439,16 @@ std::string FrameRecord(const pb::JournalRecord& record, uint32_t sequence) {
 
 namespace {
 
-// Throws what makes a scanned journal unreadable; corruption too unless a salvage will take it.
-void CheckReadable(const JournalScan& scan, const std::string& path, bool refuse_corrupt) {
+// Throws what makes a scanned journal unreadable: a newer format, another study's fingerprint
+// (both known), a frame that does not parse; corruption too unless a salvage will take it.
+void CheckReadable(const JournalScan& scan, const std::string& path, bool refuse_corrupt,
+                   uint64_t fingerprint) {
   if (scan.unknown_format != 0) {
     throw StudyError("journal '" + path + "' is in format " + std::to_string(scan.unknown_format) +
-                     "; this build reads formats 1 and 2 (a newer autopar-tune wrote it?)");
+                     "; this build reads formats 1 to 3 (a newer autopar-tune wrote it?)");
+  }
+  if (scan.fingerprint != 0 && fingerprint != 0 && scan.fingerprint != fingerprint) {
+    throw JournalForeign(path, scan.fingerprint, fingerprint);
   }
   if (scan.bad_payload_at >= 0) {
     throw StudyError("journal '" + path + "': the record at byte " +
@@ -424,10 +462,10 @@ void CheckReadable(const JournalScan& scan, const std::string& path, bool refuse
 }  // namespace
 
 size_t ParseFrames(std::string_view bytes, std::vector<pb::JournalRecord>* records,
-                   int64_t* bad_payload_at, const std::string& path) {
+                   int64_t* bad_payload_at, const std::string& path, uint64_t fingerprint) {
   JournalScan scan = ScanJournal(bytes);
   *bad_payload_at = scan.bad_payload_at;
-  CheckReadable(scan, path, /*refuse_corrupt=*/true);
+  CheckReadable(scan, path, /*refuse_corrupt=*/true, fingerprint);
   for (pb::JournalRecord& r : scan.records) records->push_back(std::move(r));
   return scan.valid_bytes;
 }
@@ -436,8 +474,10 @@ namespace {
 
 // The whole file for `records`. `checked` counts the leading records that replay with every
 // check; all of them is written as "every record".
-std::string Frames(const std::vector<pb::JournalRecord>& records, uint64_t checked) {
-  std::string bytes = JournalHeader(checked >= records.size() ? kEveryRecordChecked : checked);
+std::string Frames(const std::vector<pb::JournalRecord>& records, uint64_t checked,
+                   uint64_t fingerprint) {
+  std::string bytes =
+      JournalHeader(checked >= records.size() ? kEveryRecordChecked : checked, fingerprint);
   for (size_t i = 0; i < records.size(); ++i) {
     bytes += FrameRecord(records[i], static_cast<uint32_t>(i));
   }
@@ -447,7 +487,7 @@ std::string Frames(const std::vector<pb::JournalRecord>& records, uint64_t check
 // Copies the damaged journal to the first free `<path>.corrupt-<n>`, then rewrites it with the
 // repaired records.
 void Salvage(const std::string& path, const std::string& bytes, const JournalScan& scan,
-             FileJournal::Opened* opened) {
+             uint64_t fingerprint, FileJournal::Opened* opened) {
   std::string copy;
   for (int n = 1;; ++n) {
     copy = path + ".corrupt-" + std::to_string(n);
@@ -459,7 +499,7 @@ void Salvage(const std::string& path, const std::string& bytes, const JournalSca
   checked = static_cast<size_t>(std::min<uint64_t>(checked, scan.checked_records));
   opened->checked_records =
       checked >= opened->records.size() ? std::numeric_limits<size_t>::max() : checked;
-  WriteFileAtomic(path, Frames(opened->records, checked));
+  WriteFileAtomic(path, Frames(opened->records, checked, fingerprint));
   opened->salvaged_copy = copy;
   opened->salvage_report = "corrupt at record " + std::to_string(scan.corrupt_record) +
                            ", offset " + std::to_string(scan.corrupt_offset) + " (" +
@@ -469,24 +509,26 @@ void Salvage(const std::string& path, const std::string& bytes, const JournalSca
 
 }  // namespace
 
-FileJournal::Opened FileJournal::Open(const std::string& path, JournalRecovery recovery) {
+FileJournal::Opened FileJournal::Open(const std::string& path, JournalRecovery recovery,
+                                      uint64_t fingerprint) {
   // A new journal is created whole with its header, so the header is never torn.
-  if (!FileExists(path)) WriteFileAtomic(path, JournalHeader(kEveryRecordChecked));
+  if (!FileExists(path)) WriteFileAtomic(path, JournalHeader(kEveryRecordChecked, fingerprint));
   const std::string bytes = ReadFile(path);
   JournalScan scan = ScanJournal(bytes);
-  CheckReadable(scan, path, recovery != JournalRecovery::kSalvage);
+  CheckReadable(scan, path, recovery != JournalRecovery::kSalvage, fingerprint);
   Opened opened;
   bool rewritten = true;
   if (scan.corrupt()) {
-    Salvage(path, bytes, scan, &opened);
+    Salvage(path, bytes, scan, scan.fingerprint != 0 ? scan.fingerprint : fingerprint, &opened);
   } else {
     opened.records = std::move(scan.records);
     opened.checked_records = static_cast<size_t>(scan.checked_records);
     opened.cut_bytes = static_cast<int64_t>(bytes.size() - scan.valid_bytes);
-    opened.upgraded = scan.format == 1;
-    if (scan.format == 1 || scan.valid_bytes < kJournalHeaderBytes) {
-      // Format 1, or a header damaged with nothing after it: rewritten whole.
-      WriteFileAtomic(path, Frames(opened.records, scan.checked_records));
+    opened.upgraded = scan.format != kJournalFormat;
+    if (scan.format != kJournalFormat || scan.header_damaged) {
+      // An older format, or a header damaged with nothing after it: rewritten whole.
+      WriteFileAtomic(path, Frames(opened.records, scan.checked_records,
+                                   scan.fingerprint != 0 ? scan.fingerprint : fingerprint));
     } else {
       rewritten = false;
     }

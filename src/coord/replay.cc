@@ -67,12 +67,26 @@ class RowReader {
     if (text == "full") return Recompute::kFull;
     Fail("recompute", "allowed: none, selective, full; got '" + text + "'");
   }
-  // Empty (or nan) → NaN; otherwise a finite number.
+  // Empty → NaN (not measured); otherwise a finite number.
   double Number(const std::string& column, const std::string& text) const {
-    if (text.empty() || text == "nan" || text == "NaN") return std::nan("");
+    if (text.empty()) return std::nan("");
     char* end = nullptr;
     const double v = std::strtod(text.c_str(), &end);
-    if (*end != '\0' || !std::isfinite(v)) Fail(column, "expected a number, got '" + text + "'");
+    if (*end != '\0' || !std::isfinite(v)) {
+      Fail(column, "expected a finite number (or nothing where not measured), got '" + text + "'");
+    }
+    return v;
+  }
+  // Empty → NaN; otherwise a measurement in [lo, hi] (backend.h: what the search takes).
+  double Measurement(const std::string& column, const std::string& text, double lo,
+                     double hi) const {
+    const double v = Number(column, text);
+    if (!std::isnan(v) && !(v >= lo && v <= hi)) {
+      char bounds[64];
+      std::snprintf(bounds, sizeof bounds, "%g to %g", lo, hi);
+      Fail(column,
+           "a measurement must be from " + std::string(bounds) + " (or empty), got '" + text + "'");
+    }
     return v;
   }
 
@@ -98,13 +112,22 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
   std::string line;
   int64_t line_no = 0;
   std::unordered_map<std::string, size_t> column;
+  size_t header_cells = 0;
   std::vector<ReplayRow> rows;
   while (std::getline(in, line)) {
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos || line[0] == '#') continue;
     const std::vector<std::string> cells = SplitCsv(line);
     if (column.empty()) {
-      for (size_t i = 0; i < cells.size(); ++i) column[cells[i]] = i;
+      for (size_t i = 0; i < cells.size(); ++i) {
+        if (!column.emplace(cells[i], i).second && !cells[i].empty()) {
+          throw InputError(kFlag, source + ":" + std::to_string(line_no) + ": the header names '" +
+                                      cells[i] + "' twice (columns " +
+                                      std::to_string(column[cells[i]] + 1) + " and " +
+                                      std::to_string(i + 1) + ")");
+        }
+      }
+      header_cells = cells.size();
       for (const char* name : kRequired) {
         if (!column.count(name)) {
           throw InputError(kFlag, source + ":" + std::to_string(line_no) + ": the header has no '" +
@@ -116,8 +139,8 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
       continue;
     }
     const RowReader r(source, line_no);
-    if (cells.size() < column.size()) {
-      r.Fail("*", "expected " + std::to_string(column.size()) + " cells, got " +
+    if (cells.size() < header_cells) {  // every column's index is below header_cells
+      r.Fail("*", "expected " + std::to_string(header_cells) + " cells, got " +
                       std::to_string(cells.size()));
     }
     auto cell = [&](const char* name) -> const std::string& { return cells[column.at(name)]; };
@@ -155,8 +178,10 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
                  cell("status") + "'");
     }
     row.status = *status;
-    row.step_time_s = r.Number("step_time_s", cell("step_time_s"));
-    row.peak_memory_gib = r.Number("peak_memory_gib", cell("peak_memory_gib"));
+    row.step_time_s =
+        r.Measurement("step_time_s", cell("step_time_s"), kMinStepTimeS, kMaxStepTimeS);
+    row.peak_memory_gib = r.Measurement("peak_memory_gib", cell("peak_memory_gib"),
+                                        kMinPeakMemoryGib, kMaxPeakMemoryGib);
     if (column.count("noise_sd")) {
       const double sd = r.Number("noise_sd", cell("noise_sd"));
       if (!std::isnan(sd) && !(sd >= 0 && sd < 1)) {

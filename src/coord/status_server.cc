@@ -1,7 +1,9 @@
 #include "autopar/coord/status_server.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -19,6 +21,22 @@ using asio::ip::tcp;
 
 constexpr size_t kMaxRequestBytes = 8192;
 constexpr auto kIdleTimeout = std::chrono::seconds(5);
+// After a failed accept (descriptors run out: EMFILE, ENFILE), the next waits this long, doubling
+// to the ceiling while accept keeps failing, so a flood costs no busy loop.
+constexpr auto kAcceptBackoff = std::chrono::milliseconds(10);
+constexpr auto kAcceptBackoffCeiling = std::chrono::seconds(1);
+
+// The connections open now: each Session holds one while it lives.
+class ConnectionCount {
+ public:
+  explicit ConnectionCount(std::atomic<int64_t>& open) : open_(open) { ++open_; }
+  ~ConnectionCount() { --open_; }
+  ConnectionCount(const ConnectionCount&) = delete;
+  ConnectionCount& operator=(const ConnectionCount&) = delete;
+
+ private:
+  std::atomic<int64_t>& open_;
+};
 
 std::string JsonEscape(const std::string& s) {
   std::string out;
@@ -58,8 +76,12 @@ std::string Response(int code, const char* reason, const std::string& type,
 // One connection: read the head (bounded), answer, close.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, const StatusBoard& board, std::atomic<int64_t>& served)
-      : socket_(std::move(socket)), timer_(socket_.get_executor()), board_(board),
+  Session(tcp::socket socket, const StatusBoard& board, std::atomic<int64_t>& served,
+          std::atomic<int64_t>& open)
+      : count_(open),
+        socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        board_(board),
         served_(served) {}
 
   void Start() {
@@ -78,7 +100,7 @@ class Session : public std::enable_shared_from_this<Session> {
     socket_.async_read_some(
         asio::buffer(chunk_),
         [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
-          if (ec) return;
+          if (ec) return self->Close();  // the client went away: free the descriptor now
           self->head_.append(self->chunk_.data(), n);
           const size_t end = self->head_.find("\r\n\r\n");
           if (end == std::string::npos && self->head_.size() > kMaxRequestBytes) {
@@ -125,11 +147,17 @@ class Session : public std::enable_shared_from_this<Session> {
                       [self = shared_from_this()](const boost::system::error_code&, size_t) {
                         boost::system::error_code ignored;
                         self->socket_.shutdown(tcp::socket::shutdown_both, ignored);
-                        self->socket_.close(ignored);
-                        self->timer_.cancel();
+                        self->Close();
                       });
   }
 
+  void Close() {
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+    timer_.cancel();
+  }
+
+  ConnectionCount count_;
   tcp::socket socket_;
   asio::steady_timer timer_;
   const StatusBoard& board_;
@@ -182,17 +210,40 @@ std::string StatusPrometheus(const StatusSnapshot& s) {
 struct StatusServer::Impl {
   asio::io_context io;
   tcp::acceptor acceptor{io};
+  asio::steady_timer backoff_timer{io};
+  std::chrono::milliseconds backoff{0};
   std::thread thread;
   const StatusBoard& board;
-  std::atomic<int64_t> served{0};
+  std::atomic<int64_t> served{0}, open{0}, refused{0}, accept_failures{0};
 
   explicit Impl(const StatusBoard& b) : board(b) {}
 
+  // Accepts the next connection: served while fewer than kMaxConnections are open, closed at
+  // once beyond (a flood of idle connections holds at most the cap's descriptors, never the
+  // search's); a failed accept waits (Backoff) before the next.
   void Accept() {
     acceptor.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted) return;
-      if (!ec) std::make_shared<Session>(std::move(socket), board, served)->Start();
+      if (ec) return Backoff();
+      backoff = std::chrono::milliseconds(0);
+      if (open.load() >= StatusServer::kMaxConnections) {
+        boost::system::error_code ignored;
+        socket.close(ignored);
+        ++refused;
+      } else {
+        std::make_shared<Session>(std::move(socket), board, served, open)->Start();
+      }
       Accept();
+    });
+  }
+
+  void Backoff() {
+    ++accept_failures;
+    backoff = std::min<std::chrono::milliseconds>(
+        std::max<std::chrono::milliseconds>(backoff * 2, kAcceptBackoff), kAcceptBackoffCeiling);
+    backoff_timer.expires_after(backoff);
+    backoff_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (!ec) Accept();
     });
   }
 };
@@ -219,6 +270,7 @@ StatusServer::~StatusServer() {
   asio::post(impl_->io, [this] {
     boost::system::error_code ignored;
     impl_->acceptor.close(ignored);
+    impl_->backoff_timer.cancel();
     impl_->io.stop();
   });
   if (impl_->thread.joinable()) impl_->thread.join();
@@ -227,5 +279,11 @@ StatusServer::~StatusServer() {
 uint16_t StatusServer::port() const { return impl_->acceptor.local_endpoint().port(); }
 
 int64_t StatusServer::requests_served() const { return impl_->served.load(); }
+
+int64_t StatusServer::open_connections() const { return impl_->open.load(); }
+
+int64_t StatusServer::connections_refused() const { return impl_->refused.load(); }
+
+int64_t StatusServer::accept_failures() const { return impl_->accept_failures.load(); }
 
 }  // namespace autopar::coord

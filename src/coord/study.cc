@@ -187,6 +187,21 @@ uint64_t Fingerprint(const pb::StudyDescription& d) {
   return h.value();
 }
 
+uint64_t JournalFingerprint(const pb::StudyDescription& d) {
+  pb::SearchDesc search = d.search();
+  search.clear_stop_draws();
+  search.clear_stop_fraction();
+  search.clear_stop_epsilon();
+  search.clear_stop_delta();
+  search.clear_min_measured();
+  const std::string bytes = DeterministicBytes(search);
+  search::Hasher h;
+  h.Add(Fingerprint(d));
+  h.Add(static_cast<uint64_t>(d.format_version()));
+  h.Add(bytes.data(), bytes.size());
+  return h.value() != 0 ? h.value() : 1;
+}
+
 const std::string& StudyDir::Created(const std::string& dir) {
   MakeDirectory(dir);
   return dir;

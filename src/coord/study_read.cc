@@ -4,6 +4,7 @@
 
 #include "autopar/coord/files.h"
 #include "autopar/coord/journal.h"
+#include "autopar/coord/study.h"
 
 namespace autopar::coord {
 namespace {
@@ -105,7 +106,7 @@ pb::StudyDescription ReadStudyDescription(const std::string& dir) {
   return d;
 }
 
-JournalSummary ReadJournal(const std::string& dir) {
+JournalSummary ReadJournal(const std::string& dir, const pb::StudyDescription& description) {
   JournalSummary s;
   const std::string path = dir + "/journal";
   if (!FileExists(path)) return s;
@@ -113,7 +114,7 @@ JournalSummary ReadJournal(const std::string& dir) {
   std::vector<pb::JournalRecord> records;
   int64_t bad = -1;
   s.file_bytes = bytes.size();
-  s.valid_bytes = ParseFrames(bytes, &records, &bad, path);
+  s.valid_bytes = ParseFrames(bytes, &records, &bad, path, JournalFingerprint(description));
   if (bad >= 0) {
     throw StudyError("'" + path + "' has a record that does not parse at byte " +
                      std::to_string(bad));

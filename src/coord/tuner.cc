@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <ctime>
 
 #include "autopar/coord/convert.h"
@@ -28,21 +29,28 @@ int FeatureIndex(const std::string& name) {
   return -1;
 }
 
-// A result that claims ok without a usable step time is a nonfinite trial; a peak that is not a
-// positive finite number is no peak. The state rejects such values loudly, so they are mapped here,
-// where the message can say which trial produced them.
+// A result that claims ok without a usable step time (non-finite, not positive, or past the
+// bounds of backend.h) is a nonfinite trial, never fed to the posterior; a peak that is not a
+// finite number within the bounds is no peak (0, also not fed). The state rejects such values
+// loudly, so they are mapped here, where the message can say which trial produced them.
 void Sanitize(pb::TrialResult* r) {
   if (r->status() == pb::STATUS_UNSPECIFIED) {
     r->set_status(pb::INVALID);
     r->set_message("the backend returned no status; " + r->message());
   }
-  if (r->status() == pb::OK && !(std::isfinite(r->step_time_s()) && r->step_time_s() > 0)) {
-    r->set_message("step time " + std::to_string(r->step_time_s()) + " is not finite and positive");
+  const double t = r->step_time_s(), peak = r->peak_memory_gib();
+  if (r->status() == pb::OK && !(t >= kMinStepTimeS && t <= kMaxStepTimeS)) {
+    char what[160];
+    if (std::isfinite(t)) {
+      std::snprintf(what, sizeof what, "step time %g s is not a measurement (%g to %g s)", t,
+                    kMinStepTimeS, kMaxStepTimeS);
+    } else {
+      std::snprintf(what, sizeof what, "step time is not a finite number");
+    }
+    r->set_message(what);
     r->set_status(pb::NONFINITE);
   }
-  if (!(std::isfinite(r->peak_memory_gib()) && r->peak_memory_gib() >= 0)) {
-    r->set_peak_memory_gib(0);
-  }
+  if (!(peak >= kMinPeakMemoryGib && peak <= kMaxPeakMemoryGib)) r->set_peak_memory_gib(0);
 }
 
 [[noreturn]] void Diverged(int64_t trial, const std::string& what) {

@@ -190,6 +190,16 @@ ParallelConfig CanonicalStages(ParallelConfig c, int64_t num_layers) {
 
 ParallelConfig Complete(ParallelConfig c, int64_t world_size) {
   const int64_t mp = c.model_parallel_size();
+  if (c.tp < 1 || c.cp < 1 || c.up < 1 || c.pp < 1 || c.dp < 0) {
+    throw InputError(kFlag,
+                     "tp, cp, up and pp must be positive and dp non-negative, got " + ToSpec(c));
+  }
+  if (mp > world_size) {  // also a product past int64 (saturated)
+    throw InputError(
+        kFlag,
+        "tp·cp·up·pp = " + (mp == INT64_MAX ? std::string("more than 2^63") : std::to_string(mp)) +
+            " is more than the world size " + std::to_string(world_size));
+  }
   if (c.dp == 0) {
     if (world_size % mp != 0) {
       throw InputError(kFlag, "tp·cp·up·pp = " + std::to_string(mp) +
@@ -198,7 +208,9 @@ ParallelConfig Complete(ParallelConfig c, int64_t world_size) {
     c.dp = static_cast<int32_t>(world_size / mp);
   }
   if (c.world_size() != world_size) {
-    throw InputError(kFlag, "tp·cp·up·dp·pp = " + std::to_string(c.world_size()) +
+    throw InputError(kFlag, "tp·cp·up·dp·pp = " +
+                                (c.world_size() == INT64_MAX ? std::string("more than 2^63")
+                                                             : std::to_string(c.world_size())) +
                                 " but the world size (--nnodes × --nproc-per-node) is " +
                                 std::to_string(world_size));
   }

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
+#include <utility>
 
 #include "autopar/common/status.h"
 #include "internal.h"
@@ -58,6 +60,16 @@ void RequireNonNegative(double value, const char* field) {
   }
 }
 
+// A device figure within what any device has (issue 17: 1e-300 FLOP/s gave 1e302 s steps, 1e308
+// GiB an unbounded budget); 0 stays allowed where the caller allowed it.
+void RequireWithin(double value, double lo, double hi, const char* field, const char* unit) {
+  if (value != 0 && !(value >= lo && value <= hi)) {
+    char text[160];
+    std::snprintf(text, sizeof text, "must be from %g to %g %s, got %g", lo, hi, unit, value);
+    throw InputError(field, text);
+  }
+}
+
 }  // namespace
 
 void Validate(const GpuSpec& g) {
@@ -71,6 +83,20 @@ void Validate(const GpuSpec& g) {
   RequireNonNegative(g.intra_node_latency_s, "intra_node_latency_s");
   RequirePositive(g.inter_node_bandwidth, "inter_node_bandwidth");
   RequireNonNegative(g.inter_node_latency_s, "inter_node_latency_s");
+  RequireWithin(g.memory_gib, 1e-6, 1e6, "memory_gib", "GiB");
+  for (const auto& [value, field] : {std::pair{g.peak_flops_bf16, "peak_flops_bf16"},
+                                     {g.peak_flops_fp16, "peak_flops_fp16"},
+                                     {g.peak_flops_fp8, "peak_flops_fp8"},
+                                     {g.peak_flops_fp32, "peak_flops_fp32"}}) {
+    RequireWithin(value, 1e6, 1e19, field, "FLOP/s");
+  }
+  for (const auto& [value, field] : {std::pair{g.hbm_bandwidth, "hbm_bandwidth"},
+                                     {g.intra_node_bandwidth, "intra_node_bandwidth"},
+                                     {g.inter_node_bandwidth, "inter_node_bandwidth"}}) {
+    RequireWithin(value, 1e3, 1e16, field, "bytes/s");
+  }
+  RequireWithin(g.intra_node_latency_s, 0, 1, "intra_node_latency_s", "s");
+  RequireWithin(g.inter_node_latency_s, 0, 1, "inter_node_latency_s", "s");
   if (g.nvlink_domain_gpus < 0) {
     throw InputError("nvlink_domain_gpus",
                      "must be a positive number of GPUs (or 0 for the node), got " +

@@ -57,6 +57,18 @@ class Config {
   std::set<std::string> read_;
 };
 
+// The routed experts of a mixture-of-experts architecture: at least one (none would import a
+// dense model under a MoE family's name), at most the bound on experts.
+int64_t Experts(Config& cfg, const char* key) {
+  const int64_t experts = cfg.Int(key);
+  if (experts < 1 || experts > spec_internal::kMaxExperts) {
+    throw InputError(key, "a mixture-of-experts architecture needs 1 to " +
+                              std::to_string(spec_internal::kMaxExperts) + " experts, got " +
+                              std::to_string(experts));
+  }
+  return experts;
+}
+
 // The tied/untied default differs per architecture (transformers' per-class config defaults).
 void ReadTying(Config& cfg, bool tied_by_default, ModelSpec& m) {
   m.untie_embeddings = !cfg.Bool("tie_word_embeddings", tied_by_default);
@@ -178,7 +190,7 @@ ModelSpec FromQwen(Config& cfg) {
 ModelSpec FromMixtral(Config& cfg) {
   ModelSpec m = FromMistralLike(cfg);
   // Mixtral has no dense MLP: intermediate_size is the width of each expert.
-  m.num_experts = cfg.Int("num_local_experts");
+  m.num_experts = Experts(cfg, "num_local_experts");
   m.moe_router_topk = cfg.Int("num_experts_per_tok");
   m.moe_ffn_hidden_size = m.ffn_hidden_size;
   return m;
@@ -188,7 +200,7 @@ ModelSpec FromMixtral(Config& cfg) {
 // dense MLP of the layers listed in `mlp_only_layers`, which must be leading ones.
 ModelSpec FromQwen3Moe(Config& cfg) {
   ModelSpec m = FromQwen(cfg);
-  m.num_experts = cfg.Int("num_experts");
+  m.num_experts = Experts(cfg, "num_experts");
   m.moe_router_topk = cfg.Int("num_experts_per_tok");
   m.moe_ffn_hidden_size = cfg.Int("moe_intermediate_size");
   if (cfg.Int("decoder_sparse_step", 1) != 1) {
@@ -215,7 +227,7 @@ ModelSpec FromQwen3Moe(Config& cfg) {
 ModelSpec FromGptOss(Config& cfg) {
   ModelSpec m = FromLlamaLike(cfg);
   m.add_bias_linear = true;
-  m.num_experts = cfg.Int("num_local_experts");
+  m.num_experts = Experts(cfg, "num_local_experts");
   const bool old_key = cfg.Has("experts_per_token"), new_key = cfg.Has("num_experts_per_tok");
   if (!old_key && !new_key) {
     throw InputError("num_experts_per_tok",
@@ -273,7 +285,15 @@ ModelSpec FromDeepseek(Config& cfg) {
   if (m.num_experts > 0) {
     m.moe_router_topk = cfg.Int("num_experts_per_tok");
     m.moe_ffn_hidden_size = cfg.Int("moe_intermediate_size");
-    m.moe_shared_expert_intermediate_size = cfg.Int("n_shared_experts", 0) * m.moe_ffn_hidden_size;
+    const int64_t shared = cfg.Int("n_shared_experts", 0);
+    if (shared < 0 || shared > spec_internal::kMaxExperts) {
+      throw InputError("n_shared_experts", "must be 0 to " +
+                                               std::to_string(spec_internal::kMaxExperts) +
+                                               ", got " + std::to_string(shared));
+    }
+    spec_internal::RequireAtMost(m.moe_ffn_hidden_size, spec_internal::kMaxFfn,
+                                 "moe_intermediate_size");
+    m.moe_shared_expert_intermediate_size = shared * m.moe_ffn_hidden_size;
     m.moe_first_dense_layers = cfg.Int("first_k_dense_replace", 0);
     if (cfg.Int("moe_layer_freq", 1) != 1) {
       throw InputError("moe_layer_freq",
@@ -300,6 +320,7 @@ ModelSpec FromGpt2(Config& cfg) {
   m.hidden_size = cfg.Int("n_embd");
   m.num_attention_heads = cfg.Int("n_head");
   m.num_query_groups = m.num_attention_heads;
+  spec_internal::RequireAtMost(m.hidden_size, spec_internal::kMaxWidth, "n_embd");  // before 4·
   m.ffn_hidden_size = cfg.Int("n_inner", 4 * m.hidden_size);
   m.vocab_size = cfg.Int("vocab_size");
   m.max_position_embeddings = cfg.Has("n_positions") ? cfg.Int("n_positions") : cfg.Int("n_ctx");

@@ -59,6 +59,11 @@ InputError Rename(const InputError& error, std::string field) {
 }
 
 YAML::Node LoadMapping(const std::string& text, const std::string& kind) {
+  if (static_cast<int64_t>(text.size()) > kMaxDocumentBytes) {
+    throw InputError(kind, "the " + kind + " is " + std::to_string(text.size()) +
+                               " bytes; at most " + std::to_string(kMaxDocumentBytes >> 20) +
+                               " MiB is read");
+  }
   YAML::Node root;
   try {
     root = YAML::Load(text);

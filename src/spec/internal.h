@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "autopar/common/status.h"
+#include "autopar/spec/bounds.h"
 #include "autopar/spec/model.h"
 
 namespace autopar::spec_internal {
@@ -23,19 +24,18 @@ std::string Join(const std::vector<std::string>& items, std::string_view separat
 int64_t ParseInt(std::string_view text, const std::string& field);
 double ParseDouble(std::string_view text, const std::string& field);
 
-// The input bounds (docs/models.md §1): sizes beyond them describe no model or cluster anyone
-// trains, and the products the models form from them (tokens × hidden × layers, bytes per GPU)
-// must stay far inside 64-bit integers and finite doubles. Throws InputError naming `field`.
+// Throws InputError naming `field` when `value` is past `bound` (include/autopar/spec/bounds.h).
 void RequireAtMost(int64_t value, int64_t bound, const char* field);
-inline constexpr int64_t kMaxLayers = 100'000;
-inline constexpr int64_t kMaxWidth = 1'000'000;  // hidden, heads, head dims
-inline constexpr int64_t kMaxFfn = 10'000'000;   // an MLP's (or expert's) hidden size
-inline constexpr int64_t kMaxVocabulary = 100'000'000;
-inline constexpr int64_t kMaxSequence = int64_t{1} << 24;  // tokens per sequence, positions
-inline constexpr int64_t kMaxExperts = int64_t{1} << 16;
-inline constexpr int64_t kMaxGpus = int64_t{1} << 24;   // nodes × GPUs per node
-inline constexpr int64_t kMaxBatch = int64_t{1} << 24;  // sequences per step
-inline constexpr int64_t kMaxTokensPerStep = int64_t{1} << 40;
+using bounds::kMaxBatch;
+using bounds::kMaxDocumentBytes;
+using bounds::kMaxExperts;
+using bounds::kMaxFfn;
+using bounds::kMaxGpus;
+using bounds::kMaxLayers;
+using bounds::kMaxSequence;
+using bounds::kMaxTokensPerStep;
+using bounds::kMaxVocabulary;
+using bounds::kMaxWidth;
 
 // The same message under another field name, for errors raised by a callee that names a flag
 // (`--gpu`) where the user wrote a key (`gpu`).

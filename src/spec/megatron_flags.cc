@@ -6,6 +6,7 @@
 //    embeddings, biases, ffn_hidden_size from hidden_size, ...), as Megatron itself would train.
 //  - `base` is a model (a preset): flags override its fields; the rest keep the base's values.
 // Flags we do not model (--lr, --tensor-model-parallel-size, ...) come back in `unused`.
+#include <functional>
 #include <set>
 #include <string>
 #include <utility>
@@ -24,29 +25,31 @@ struct IntFlag {
   const char* flag;
   int64_t ModelSpec::*member;
   bool allow_zero;  // 0 is meaningful ("none") rather than a missing size
+  int64_t max;      // the field's bound (include/autopar/spec/bounds.h), checked as it is read
 };
 
+using namespace bounds;
 constexpr IntFlag kModelIntFlags[] = {
-    {"--num-layers", &ModelSpec::num_layers, false},
-    {"--hidden-size", &ModelSpec::hidden_size, false},
-    {"--ffn-hidden-size", &ModelSpec::ffn_hidden_size, false},
-    {"--num-attention-heads", &ModelSpec::num_attention_heads, false},
-    {"--num-query-groups", &ModelSpec::num_query_groups, false},
-    {"--kv-channels", &ModelSpec::kv_channels, false},
-    {"--max-position-embeddings", &ModelSpec::max_position_embeddings, false},
-    {"--vocab-size", &ModelSpec::vocab_size, false},
-    {"--q-lora-rank", &ModelSpec::q_lora_rank, true},
-    {"--kv-lora-rank", &ModelSpec::kv_lora_rank, false},
-    {"--qk-head-dim", &ModelSpec::qk_head_dim, false},
-    {"--qk-pos-emb-head-dim", &ModelSpec::qk_pos_emb_head_dim, false},
-    {"--v-head-dim", &ModelSpec::v_head_dim, false},
-    {"--num-experts", &ModelSpec::num_experts, false},
-    {"--moe-router-topk", &ModelSpec::moe_router_topk, false},
-    {"--moe-ffn-hidden-size", &ModelSpec::moe_ffn_hidden_size, false},
-    {"--moe-shared-expert-intermediate-size", &ModelSpec::moe_shared_expert_intermediate_size,
-     true},
-    {"--window-attn-skip-freq", &ModelSpec::window_attn_skip_freq, false},
-    {"--mtp-num-layers", &ModelSpec::mtp_num_layers, true},
+    {"--num-layers", &ModelSpec::num_layers, false, kMaxLayers},
+    {"--hidden-size", &ModelSpec::hidden_size, false, kMaxWidth},
+    {"--ffn-hidden-size", &ModelSpec::ffn_hidden_size, false, kMaxFfn},
+    {"--num-attention-heads", &ModelSpec::num_attention_heads, false, kMaxWidth},
+    {"--num-query-groups", &ModelSpec::num_query_groups, false, kMaxWidth},
+    {"--kv-channels", &ModelSpec::kv_channels, false, kMaxWidth},
+    {"--max-position-embeddings", &ModelSpec::max_position_embeddings, false, kMaxSequence},
+    {"--vocab-size", &ModelSpec::vocab_size, false, kMaxVocabulary},
+    {"--q-lora-rank", &ModelSpec::q_lora_rank, true, kMaxWidth},
+    {"--kv-lora-rank", &ModelSpec::kv_lora_rank, false, kMaxWidth},
+    {"--qk-head-dim", &ModelSpec::qk_head_dim, false, kMaxWidth},
+    {"--qk-pos-emb-head-dim", &ModelSpec::qk_pos_emb_head_dim, false, kMaxWidth},
+    {"--v-head-dim", &ModelSpec::v_head_dim, false, kMaxWidth},
+    {"--num-experts", &ModelSpec::num_experts, false, kMaxExperts},
+    {"--moe-router-topk", &ModelSpec::moe_router_topk, false, kMaxExperts},
+    {"--moe-ffn-hidden-size", &ModelSpec::moe_ffn_hidden_size, false, kMaxFfn},
+    {"--moe-shared-expert-intermediate-size", &ModelSpec::moe_shared_expert_intermediate_size, true,
+     kMaxFfn},
+    {"--window-attn-skip-freq", &ModelSpec::window_attn_skip_freq, false, kMaxLayers},
+    {"--mtp-num-layers", &ModelSpec::mtp_num_layers, true, kMaxLayers},
 };
 
 // Megatron-LM's defaults for what a from-scratch command line leaves out (arguments.py).
@@ -65,12 +68,16 @@ bool IsEmpty(const ModelSpec& m) {
   return m.num_layers == 0 && m.hidden_size == 0 && m.num_attention_heads == 0;
 }
 
-int64_t PositiveInt(const std::string& text, const std::string& flag, bool allow_zero) {
+// A count read from a flag: positive (or zero where `allow_zero`) and at most `max`, so that
+// what is derived from it before Validate (4·hidden, the vocabulary's padding) cannot overflow.
+int64_t PositiveInt(const std::string& text, const std::string& flag, bool allow_zero,
+                    int64_t max) {
   const int64_t value = ParseInt(text, flag);
   if (value < 0 || (value == 0 && !allow_zero)) {
     throw InputError(flag, std::string("must be a ") + (allow_zero ? "non-negative" : "positive") +
                                " integer, got " + text);
   }
+  spec_internal::RequireAtMost(value, max, flag.c_str());
   return value;
 }
 
@@ -112,6 +119,10 @@ LayerFreq ParseMoeLayerFreq(const std::string& raw) {
     std::vector<int64_t> items;
     size_t start = pos + 1;
     while (start < close) {
+      if (static_cast<int64_t>(items.size() + pattern.size()) >= kMaxLayers) {
+        throw InputError(flag, "the pattern lists more than " + std::to_string(kMaxLayers) +
+                                   " layers (the bound on num_layers)");
+      }
       size_t comma = text.find(',', start);
       if (comma == std::string::npos || comma > close) comma = close;
       const int64_t item = ParseInt(text.substr(start, comma - start), flag);
@@ -126,8 +137,15 @@ LayerFreq ParseMoeLayerFreq(const std::string& raw) {
     if (pos < text.size() && text[pos] == '*') {
       const size_t end = text.find('+', pos);
       const size_t stop = end == std::string::npos ? text.size() : end;
-      repeat = PositiveInt(text.substr(pos + 1, stop - pos - 1), flag, /*allow_zero=*/true);
+      repeat = ParseInt(text.substr(pos + 1, stop - pos - 1), flag);
+      if (repeat < 0) throw InputError(flag, "a repeat count must be non-negative" + expected);
       pos = stop;
+    }
+    // Bounded before it is expanded: a pattern lists one entry per layer.
+    const int64_t room = kMaxLayers - static_cast<int64_t>(pattern.size());
+    if (!items.empty() && repeat > room / static_cast<int64_t>(items.size())) {
+      throw InputError(flag, "the pattern lists more than " + std::to_string(kMaxLayers) +
+                                 " layers (the bound on num_layers)");
     }
     for (int64_t r = 0; r < repeat; ++r) pattern.insert(pattern.end(), items.begin(), items.end());
     if (pos < text.size()) {
@@ -207,6 +225,109 @@ std::string FlagForField(const std::string& field) {
     if (c == '_') c = '-';
   }
   return flag;
+}
+
+// A Megatron-LM model flag applied to `m`, its value read through `value` (a switch checked
+// through `switch_flag`); false when `flag` is not one.
+bool ApplyModelFlag(const std::string& flag, const std::function<std::string()>& value,
+                    const std::function<void()>& switch_flag, ModelSpec& m, LayerFreq& layer_freq) {
+  const IntFlag* int_flag = nullptr;
+  for (const IntFlag& f : kModelIntFlags) {
+    if (flag == f.flag) int_flag = &f;
+  }
+  if (int_flag != nullptr) {
+    m.*(int_flag->member) = PositiveInt(value(), flag, int_flag->allow_zero, int_flag->max);
+  } else if (flag == "--swiglu") {
+    switch_flag();
+    m.activation = Activation::kSwiGLU;
+  } else if (flag == "--normalization") {
+    m.norm = spec_internal::ParseNorm(value(), flag);
+  } else if (flag == "--position-embedding-type") {
+    m.position_embedding = spec_internal::ParsePositionEmbedding(value(), flag);
+  } else if (flag == "--use-rotary-position-embeddings") {  // older Megatron-LM spelling
+    switch_flag();
+    m.position_embedding = PositionEmbedding::kRope;
+  } else if (flag == "--untie-embeddings-and-output-weights") {
+    switch_flag();
+    m.untie_embeddings = true;
+  } else if (flag == "--disable-bias-linear") {
+    switch_flag();
+    m.add_bias_linear = false;
+  } else if (flag == "--group-query-attention" || flag == "--multi-latent-attention") {
+    switch_flag();
+  } else if (flag == "--window-size") {
+    m.window_size = ParseWindowSize(value());
+  } else if (flag == "--moe-layer-freq") {
+    layer_freq = ParseMoeLayerFreq(value());
+    m.moe_first_dense_layers = layer_freq.first_dense;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// What the flag loop gathered for CompleteModel besides the model.
+struct ReadState {
+  std::string tokenizer;
+  int64_t vocab_divisible_by, script_tp;
+  LayerFreq layer_freq;
+};
+
+// What Megatron-LM derives where its flags were silent (arguments.py, the configs'
+// __post_init__), for a model described from scratch or edited by `given` flags: the MLP width,
+// positions and vocabulary with its padding, the query groups, MLA's and MoE's defaults; and the
+// layer pattern's length checked against the layers.
+void CompleteModel(const std::set<std::string>& given, bool from_scratch, const ModelSpec& base,
+                   const ReadState& st, MegatronArgs& out) {
+  ModelSpec& m = out.model;
+  const std::string& tokenizer = st.tokenizer;
+  const int64_t vocab_divisible_by = st.vocab_divisible_by, script_tp = st.script_tp;
+  const LayerFreq& layer_freq = st.layer_freq;
+  const auto was_given = [&](const char* flag) { return given.count(flag) > 0; };
+  const bool gqa = was_given("--group-query-attention");
+
+  if (from_scratch) {
+    // Megatron keeps a SwiGLU MLP's parameter count near a 4h one, rounded down to 64.
+    if (!was_given("--ffn-hidden-size")) {
+      m.ffn_hidden_size =
+          m.activation == Activation::kSwiGLU ? m.hidden_size / 24 * 64 : 4 * m.hidden_size;
+    }
+    if (!was_given("--max-position-embeddings")) m.max_position_embeddings = out.train.seq_length;
+    if (!was_given("--vocab-size")) m.vocab_size = TokenizerVocabulary(tokenizer, out.notes);
+  }
+  if (from_scratch || was_given("--vocab-size")) {
+    const int64_t multiple = vocab_divisible_by * script_tp;
+    const int64_t padded = (m.vocab_size + multiple - 1) / multiple * multiple;
+    if (padded != m.vocab_size) {
+      out.notes.push_back(
+          "vocabulary " + std::to_string(m.vocab_size) + " padded to " + std::to_string(padded) +
+          " (a multiple of --make-vocab-size-divisible-by " + std::to_string(vocab_divisible_by) +
+          " x tensor-parallel size " + std::to_string(script_tp) + "), as Megatron-LM pads it");
+      m.vocab_size = padded;
+    }
+  }
+  // Without --num-query-groups: Megatron's GQA default is 1 group; without GQA there is one
+  // group per head, also when a base without GQA gets a new head count.
+  const bool base_is_mha = from_scratch || base.num_query_groups == base.num_attention_heads;
+  if (!was_given("--num-query-groups") && base_is_mha) {
+    m.num_query_groups = gqa ? 1 : m.num_attention_heads;
+  }
+  if (was_given("--multi-latent-attention")) {
+    // Megatron-LM's MLA defaults (MLATransformerConfig).
+    if (m.kv_lora_rank == 0) m.kv_lora_rank = 32;
+    if (m.qk_head_dim == 0) m.qk_head_dim = 128;
+    if (m.qk_pos_emb_head_dim == 0) m.qk_pos_emb_head_dim = 64;
+    if (m.v_head_dim == 0) m.v_head_dim = 128;
+  }
+  if (m.num_experts > 0) {
+    if (m.moe_router_topk == 0) m.moe_router_topk = 2;  // Megatron's --moe-router-topk default
+    if (m.moe_ffn_hidden_size == 0) m.moe_ffn_hidden_size = m.ffn_hidden_size;
+  }
+  if (layer_freq.length > 0 && layer_freq.length != m.num_layers) {
+    throw InputError("--moe-layer-freq", "the pattern lists " + std::to_string(layer_freq.length) +
+                                             " layers but the model has " +
+                                             std::to_string(m.num_layers));
+  }
 }
 
 }  // namespace
@@ -315,62 +436,30 @@ MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const Mode
       if (has_inline) throw InputError(flag, "takes no value, got '" + arg.substr(eq + 1) + "'");
     };
 
-    const IntFlag* int_flag = nullptr;
-    for (const IntFlag& f : kModelIntFlags) {
-      if (flag == f.flag) int_flag = &f;
-    }
-    if (int_flag != nullptr) {
-      m.*(int_flag->member) = PositiveInt(value(), flag, int_flag->allow_zero);
-    } else if (flag == "--swiglu") {
-      switch_flag();
-      m.activation = Activation::kSwiGLU;
-    } else if (flag == "--normalization") {
-      m.norm = spec_internal::ParseNorm(value(), flag);
-    } else if (flag == "--position-embedding-type") {
-      m.position_embedding = spec_internal::ParsePositionEmbedding(value(), flag);
-    } else if (flag == "--use-rotary-position-embeddings") {  // older Megatron-LM spelling
-      switch_flag();
-      m.position_embedding = PositionEmbedding::kRope;
-    } else if (flag == "--untie-embeddings-and-output-weights") {
-      switch_flag();
-      m.untie_embeddings = true;
-    } else if (flag == "--disable-bias-linear") {
-      switch_flag();
-      m.add_bias_linear = false;
-    } else if (flag == "--group-query-attention" || flag == "--multi-latent-attention") {
-      switch_flag();
-    } else if (flag == "--window-size") {
-      m.window_size = ParseWindowSize(value());
-    } else if (flag == "--moe-layer-freq") {
-      layer_freq = ParseMoeLayerFreq(value());
-      m.moe_first_dense_layers = layer_freq.first_dense;
-    } else if (flag == "--tokenizer-type") {
-      tokenizer = value();
+    if (ApplyModelFlag(flag, value, switch_flag, m, layer_freq)) {
+      given.insert(flag);
       continue;
+    }
+    if (flag == "--tokenizer-type") {
+      tokenizer = value();
     } else if (flag == "--vocab-file" || flag == "--merge-file") {
       if (tokenizer.empty()) tokenizer = "GPT2BPETokenizer";  // what a vocab and merge file are
       out.unused.push_back(arg);
-      continue;
     } else if (flag == "--make-vocab-size-divisible-by") {
-      vocab_divisible_by = PositiveInt(value(), flag, false);
-      continue;
+      vocab_divisible_by = PositiveInt(value(), flag, false, kMaxVocabulary);
     } else if (flag == "--tensor-model-parallel-size") {
       // Left for the caller's parallel flags; the vocabulary's padding follows it.
       const std::string text = value();
-      script_tp = PositiveInt(text, flag, false);
+      script_tp = PositiveInt(text, flag, false, kMaxGpus);
       out.unused.push_back(flag);
       out.unused.push_back(text);
-      continue;
     } else if (flag == "--global-batch-size") {
-      out.train.global_batch_size = PositiveInt(value(), flag, false);
-      continue;
+      out.train.global_batch_size = PositiveInt(value(), flag, false, kMaxBatch);
     } else if (flag == "--seq-length") {
-      out.train.seq_length = PositiveInt(value(), flag, false);
-      continue;
+      out.train.seq_length = PositiveInt(value(), flag, false, kMaxSequence);
     } else if (flag == "--bf16" || flag == "--fp16") {
       switch_flag();
       out.train.precision = flag == "--bf16" ? Precision::kBF16 : Precision::kFP16;
-      continue;
     } else if (flag == "--fp8-format") {
       const std::string format = value();
       if (format != "e4m3" && format != "hybrid") {
@@ -379,12 +468,9 @@ MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const Mode
       fp8 = true;
       out.train.fp8_format =
           format == "e4m3" ? TrainSpec::Fp8Format::kE4M3 : TrainSpec::Fp8Format::kHybrid;
-      continue;
     } else {
       out.unused.push_back(arg);
-      continue;
     }
-    given.insert(flag);
   }
   // Megatron-LM trains in FP8 with --fp8-format alongside --bf16, whatever their order.
   if (fp8) out.train.precision = Precision::kFP8;
@@ -393,52 +479,8 @@ MegatronArgs ApplyMegatronFlags(const std::vector<std::string>& args, const Mode
     out.model = base;  // train flags only: the model is whatever the caller had
     return out;
   }
-  const auto was_given = [&](const char* flag) { return given.count(flag) > 0; };
-  const bool gqa = was_given("--group-query-attention");
-
-  if (from_scratch) {
-    // Megatron keeps a SwiGLU MLP's parameter count near a 4h one, rounded down to 64.
-    if (!was_given("--ffn-hidden-size")) {
-      m.ffn_hidden_size =
-          m.activation == Activation::kSwiGLU ? m.hidden_size / 24 * 64 : 4 * m.hidden_size;
-    }
-    if (!was_given("--max-position-embeddings")) m.max_position_embeddings = out.train.seq_length;
-    if (!was_given("--vocab-size")) m.vocab_size = TokenizerVocabulary(tokenizer, out.notes);
-  }
-  if (from_scratch || was_given("--vocab-size")) {
-    const int64_t multiple = vocab_divisible_by * script_tp;
-    const int64_t padded = (m.vocab_size + multiple - 1) / multiple * multiple;
-    if (padded != m.vocab_size) {
-      out.notes.push_back(
-          "vocabulary " + std::to_string(m.vocab_size) + " padded to " + std::to_string(padded) +
-          " (a multiple of --make-vocab-size-divisible-by " + std::to_string(vocab_divisible_by) +
-          " x tensor-parallel size " + std::to_string(script_tp) + "), as Megatron-LM pads it");
-      m.vocab_size = padded;
-    }
-  }
-  // Without --num-query-groups: Megatron's GQA default is 1 group; without GQA there is one
-  // group per head, also when a base without GQA gets a new head count.
-  const bool base_is_mha = from_scratch || base.num_query_groups == base.num_attention_heads;
-  if (!was_given("--num-query-groups") && base_is_mha) {
-    m.num_query_groups = gqa ? 1 : m.num_attention_heads;
-  }
-  if (was_given("--multi-latent-attention")) {
-    // Megatron-LM's MLA defaults (MLATransformerConfig).
-    if (m.kv_lora_rank == 0) m.kv_lora_rank = 32;
-    if (m.qk_head_dim == 0) m.qk_head_dim = 128;
-    if (m.qk_pos_emb_head_dim == 0) m.qk_pos_emb_head_dim = 64;
-    if (m.v_head_dim == 0) m.v_head_dim = 128;
-  }
-  if (m.num_experts > 0) {
-    if (m.moe_router_topk == 0) m.moe_router_topk = 2;  // Megatron's --moe-router-topk default
-    if (m.moe_ffn_hidden_size == 0) m.moe_ffn_hidden_size = m.ffn_hidden_size;
-  }
-  if (layer_freq.length > 0 && layer_freq.length != m.num_layers) {
-    throw InputError("--moe-layer-freq", "the pattern lists " + std::to_string(layer_freq.length) +
-                                             " layers but the model has " +
-                                             std::to_string(m.num_layers));
-  }
-
+  CompleteModel(given, from_scratch, base,
+                ReadState{tokenizer, vocab_divisible_by, script_tp, layer_freq}, out);
   try {
     Validate(m);
   } catch (const InputError& e) {

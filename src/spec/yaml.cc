@@ -3,6 +3,7 @@
 // Model keys are ModelSpec field names in Megatron-LM's spelling, so a YAML file and a pasted
 // command line describe a model with the same words. GPU keys are in the units datasheets use
 // (GB/s, TFLOP/s, microseconds) and converted to SI here.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -205,11 +206,12 @@ GpuSpec GpuFromNode(const YAML::Node& root, const std::string& prefix) {
   try {
     Validate(g);
   } catch (const InputError& e) {
+    // Validate's message (in GpuSpec's units) under the key the file spells.
     const std::string key = prefix + GpuKeyForField(e.field());
-    throw InputError(key,
-                     "missing or not positive (give it, or start from `base:` with one "
-                     "of: " +
-                         Join(GpuPresetNames(), ", ") + ")");
+    const std::string what = e.what();
+    const std::string message = what.substr(std::min(what.size(), e.field().size() + 2));
+    throw InputError(key, message + " (give it, or start from `base:` with one of: " +
+                              Join(GpuPresetNames(), ", ") + ")");
   }
   return g;
 }

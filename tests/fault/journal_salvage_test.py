@@ -20,7 +20,7 @@ import struct
 import subprocess
 import sys
 
-FILE_HEADER, FRAME_HEADER = 20, 16
+FILE_HEADER, FRAME_HEADER = 28, 16
 FINISHED = 0x22  # the payload's first byte in a "trial finished" record (field 4 << 3 | 2)
 FAILURES = []
 

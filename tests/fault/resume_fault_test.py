@@ -27,9 +27,9 @@ import sys
 SESSION, PROBE, STARTED, FINISHED, STUDY_FINISHED = 0x0A, 0x12, 0x1A, 0x22, 0x2A
 
 
-# Journal format 2 (docs/journal.md §3): a 20-byte file header, then frames of
+# Journal format 3 (docs/journal.md §3): a 28-byte file header, then frames of
 # u32 length | u32 sequence | u32 payload CRC | u32 header CRC | payload.
-FILE_HEADER, FRAME_HEADER = 20, 16
+FILE_HEADER, FRAME_HEADER = 28, 16
 
 
 def frames(path):

@@ -242,7 +242,7 @@ TEST(Journal, BadFrameInTheMiddleIsRefusedWithItsOffsetAndRecordAndTheFileUnchan
   std::vector<pb::JournalRecord> records;
   int64_t bad = -1;
   EXPECT_THROW(ParseFrames(bytes, &records, &bad), JournalCorrupt);
-  EXPECT_THROW(ReadJournal(dir), JournalCorrupt);
+  EXPECT_THROW(ReadJournal(dir, pb::StudyDescription()), JournalCorrupt);
   EXPECT_EQ(ReadFile(path), bytes);
 }
 
@@ -476,20 +476,82 @@ TEST(Journal, APayloadThatPassesItsChecksumsButDoesNotParseIsRefused) {
 
 TEST(Journal, ANewerFormatIsRefusedByName) {
   const std::string path = FreshDir("newer") + "/journal";
-  std::string header = "APTJ" + U32(3) + U32(0xffffffff) + U32(0xffffffff);
-  header += U32(Crc32c(header.data(), header.size()));
-  WriteBytes(path, header);
-  try {
-    FileJournal::Open(path);
-    FAIL() << "no error";
-  } catch (const StudyError& e) {
-    EXPECT_NE(std::string(e.what()).find("format 3"), std::string::npos) << e.what();
+  // In this format's header layout and in format 2's.
+  for (const std::string& fingerprint : {U32(7) + U32(0), std::string()}) {
+    std::string header = "APTJ" + U32(4) + U32(0xffffffff) + U32(0xffffffff) + fingerprint;
+    header += U32(Crc32c(header.data(), header.size()));
+    WriteBytes(path, header);
+    try {
+      FileJournal::Open(path);
+      FAIL() << "no error";
+    } catch (const StudyError& e) {
+      EXPECT_NE(std::string(e.what()).find("format 4"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(ReadFile(path), header);
   }
-  EXPECT_EQ(ReadFile(path), header);
+}
+
+// Issue 17: a journal carries its study's fingerprint, and opening or reading it for another
+// study is refused (exit 4 at the CLI) with the file unchanged, even with --salvage; 0 on either
+// side is "not recorded". The fingerprint is covered by the header's checksum.
+TEST(Journal, AJournalOfAnotherStudyIsRefusedAndLeftAsItIs) {
+  const std::string path = FreshDir("foreign") + "/journal";
+  std::remove(path.c_str());
+  const std::vector<pb::JournalRecord> records = StudyRecords();
+  {
+    FileJournal::Opened j = FileJournal::Open(path, JournalRecovery::kRefuseCorrupt, 0xabc);
+    for (const pb::JournalRecord& r : records) j.journal->Append(r);
+  }
+  const std::string bytes = ReadFile(path);
+  EXPECT_EQ(bytes.substr(0, kJournalHeaderBytes), JournalHeader(kEveryRecordChecked, 0xabc));
+  EXPECT_EQ(ScanJournal(bytes).fingerprint, 0xabcu);
+  for (const JournalRecovery recovery :
+       {JournalRecovery::kRefuseCorrupt, JournalRecovery::kSalvage}) {
+    try {
+      FileJournal::Open(path, recovery, 0xdef);
+      FAIL() << "another study's journal was opened";
+    } catch (const JournalForeign& e) {
+      EXPECT_NE(std::string(e.what()).find("belongs to another study"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(ReadFile(path), bytes);
+  }
+  std::vector<pb::JournalRecord> read;
+  int64_t unused = -1;
+  EXPECT_THROW(ParseFrames(bytes, &read, &unused, path, 0xdef), JournalForeign);
+  EXPECT_EQ(ParseFrames(bytes, &read, &unused, path, 0xabc), bytes.size());
+  EXPECT_EQ(read.size(), records.size());
+  EXPECT_EQ(FileJournal::Open(path, JournalRecovery::kRefuseCorrupt, 0xabc).records.size(),
+            records.size());
+  EXPECT_EQ(FileJournal::Open(path).records.size(), records.size());  // 0: not checked
+}
+
+// A format-2 journal (no fingerprint) is read as it is and rewritten in format 3 with the
+// fingerprint of the study that opens it.
+TEST(Journal, Format2JournalsAreReadAndUpgradedWithTheFingerprint) {
+  const std::string path = FreshDir("format2") + "/journal";
+  const std::vector<pb::JournalRecord> records = StudyRecords();
+  std::string old = "APTJ" + U32(2) + U32(0xffffffff) + U32(0xffffffff);
+  old += U32(Crc32c(old.data(), old.size()));
+  for (size_t i = 0; i < records.size(); ++i) {
+    old += RawFrame(records[i].SerializeAsString(), static_cast<uint32_t>(i));
+  }
+  const JournalScan scan = ScanJournal(old);
+  EXPECT_EQ(scan.format, 2u);
+  EXPECT_FALSE(scan.corrupt());
+  EXPECT_EQ(scan.records.size(), records.size());
+  WriteBytes(path, old);
+  FileJournal::Opened j = FileJournal::Open(path, JournalRecovery::kRefuseCorrupt, 0x5eed);
+  EXPECT_TRUE(j.upgraded);
+  ASSERT_EQ(j.records.size(), records.size());
+  j.journal.reset();
+  const std::string now = ReadFile(path);
+  EXPECT_EQ(now.substr(0, kJournalHeaderBytes), JournalHeader(kEveryRecordChecked, 0x5eed));
+  EXPECT_THROW(FileJournal::Open(path, JournalRecovery::kRefuseCorrupt, 0x1), JournalForeign);
 }
 
 // Journals written before sequence numbers (format 1) are read with the same rules, and rewritten
-// in format 2 when opened for appending.
+// in format 3 when opened for appending.
 TEST(Journal, Format1JournalsAreReadAndUpgraded) {
   const std::string path = FreshDir("legacy") + "/journal";
   const std::vector<pb::JournalRecord> records = StudyRecords();

@@ -78,6 +78,26 @@ TEST(ReplayTable, BadInputNamesLineColumnAndAllowedValues) {
   ExpectBad(kHeader, "no rows");
 }
 
+// Issue 17: a header naming a column twice read cells past the end of a shorter row; absurd or
+// non-finite measurements reached the posterior (1e308 s overflowed it).
+TEST(ReplayTable, RefusesARepeatedColumnAndMeasurementsPastTheBounds) {
+  std::string wide;
+  for (int i = 0; i < 2000; ++i) wide += "tp,";
+  ExpectBad(wide + kHeader + "1,1,8,1,1,1,1,1,on,none,off,1,1,ok\n", "names 'tp' twice");
+  ExpectBad(std::string("x,") + kHeader + "1,1,8,1,1,1,1,1,on,none,off,1,1,ok\n",
+            "t.csv:2: column *: expected 15 cells, got 14");
+  const std::string row = "1,1,8,1,1,1,1,1,on,none,off,";
+  for (const char* bad : {"1e308", "inf", "-inf", "nan", "NaN", "1e-300", "2e6", "0x"}) {
+    ExpectBad(std::string(kHeader) + row + bad + ",1,ok\n", "t.csv:2: column step_time_s");
+    ExpectBad(std::string(kHeader) + row + "1," + bad + ",ok\n", "t.csv:2: column peak_memory_gib");
+  }
+  // Within the bounds, and empty where not measured, still reads.
+  const ReplayTable t = ReplayTable::Parse(
+      std::string(kHeader) + row + "1e6,1e6,ok\n" + "1,1,8,1,1,1,1,2,on,none,off,,,oom\n", "t.csv");
+  EXPECT_EQ(t.rows()[0].step_time_s, kMaxStepTimeS);
+  EXPECT_TRUE(std::isnan(t.rows()[1].peak_memory_gib));
+}
+
 TEST(ReplayTable, RowsMustBeValidForTheModelAndCluster) {
   Llama7bCase c(1);
   SpaceOptions open;

@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio.hpp>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "autopar/coord/status_server.h"
 
@@ -73,6 +76,42 @@ TEST_F(StatusServerTest, BadRequestsGetErrorsAndTheServerKeepsServing) {
   EXPECT_EQ(Exchange(server.port(), binary).rfind("HTTP/1.1 400", 0), 0u);
   EXPECT_EQ(Exchange(server.port(), "GET /status HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
   EXPECT_GE(server.requests_served(), 7);
+}
+
+// Issue 17: a flood of idle connections holds at most kMaxConnections of the server's
+// descriptors (the rest are closed as soon as they are accepted), and once they go the server
+// serves again.
+TEST_F(StatusServerTest, IdleConnectionsBeyondTheCapAreClosedAtOnce) {
+  asio::io_context io;
+  std::vector<tcp::socket> idle;
+  for (int i = 0; i < 200; ++i) {
+    idle.emplace_back(io);
+    idle.back().connect({asio::ip::make_address("127.0.0.1"), server.port()});
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(4);
+  while (server.connections_refused() < 200 - StatusServer::kMaxConnections &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(server.open_connections(), StatusServer::kMaxConnections);
+  EXPECT_EQ(server.connections_refused(), 200 - StatusServer::kMaxConnections);
+  // A refused connection reads end-of-file at once, without a response.
+  size_t closed = 0;
+  for (tcp::socket& s : idle) {
+    s.non_blocking(true);
+    std::array<char, 16> buf;
+    boost::system::error_code ec;
+    s.read_some(asio::buffer(buf), ec);
+    closed += ec == asio::error::eof;
+  }
+  EXPECT_EQ(closed, static_cast<size_t>(200 - StatusServer::kMaxConnections));
+  for (tcp::socket& s : idle) s.close();
+  while (server.open_connections() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(server.open_connections(), 0);  // closed by the clients: freed at once, not at 5 s
+  EXPECT_EQ(Exchange(server.port(), "GET /status HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_EQ(server.accept_failures(), 0);
 }
 
 TEST(StatusServer, RefusesAnAddressThatIsNotOne) {

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 
@@ -240,6 +241,8 @@ TEST(Tuner, TheTrialInFlightIsRetriedTwiceThenWorkerLost) {
 
 class NanBackend : public TrialBackend {
  public:
+  explicit NanBackend(double step_time_s = std::nan(""), double peak_memory_gib = 0)
+      : step_time_s_(step_time_s), peak_memory_gib_(peak_memory_gib) {}
   std::string name() const override { return "nan"; }
   pb::ProbeRecorded Probe() override {
     pb::ProbeRecorded p;
@@ -251,9 +254,13 @@ class NanBackend : public TrialBackend {
   pb::TrialResult Run(const pb::TrialRequest&) override {
     pb::TrialResult r;
     r.set_status(pb::OK);
-    r.set_step_time_s(std::nan(""));
+    r.set_step_time_s(step_time_s_);
+    r.set_peak_memory_gib(peak_memory_gib_);
     return r;
   }
+
+ private:
+  double step_time_s_, peak_memory_gib_;
 };
 
 TEST(Tuner, NonFiniteResultsBecomeNonfiniteTrialsAndProbeTightensThePrior) {
@@ -267,6 +274,29 @@ TEST(Tuner, NonFiniteResultsBecomeNonfiniteTrialsAndProbeTightensThePrior) {
   for (const TrialRecord& r : t.trials()) EXPECT_EQ(r.result.status(), pb::NONFINITE);
   EXPECT_GT(t.state().time().mean()[kTpComm], 1.2);
   EXPECT_EQ(t.state().measured_count(), 0);
+}
+
+// Issue 17: a trial that reports an absurd measurement (1e308 s overflowed the posterior's sums
+// and aborted the tuner) is a nonfinite trial, and its peak is no peak: neither reaches the
+// posterior, and the search goes on to its stop rule.
+TEST(Tuner, AbsurdMeasurementsAreNonfiniteAndNeverReachThePosterior) {
+  for (const double bad : {1e308, HUGE_VAL, -HUGE_VAL, std::nan(""), -1.0, 0.0, 1e-300, 2e6}) {
+    Fixture f;
+    MemoryJournal journal;
+    NanBackend backend(bad, bad);
+    TunerOptions few = f.options;
+    few.stop.max_trials = 3;
+    Tuner t(*f.c.candidates, f.searcher, f.Settings(), few, journal, backend);
+    EXPECT_NO_THROW(t.Run()) << bad;
+    ASSERT_EQ(t.trials().size(), 3u) << bad;
+    for (const TrialRecord& r : t.trials()) {
+      EXPECT_EQ(r.result.status(), pb::NONFINITE) << bad;
+      EXPECT_EQ(r.result.peak_memory_gib(), 0) << bad;
+      EXPECT_EQ(r.result.message().find("nan"), std::string::npos) << r.result.message();
+      EXPECT_EQ(r.result.message().find("inf"), std::string::npos) << r.result.message();
+    }
+    EXPECT_EQ(t.state().measured_count(), 0) << bad;
+  }
 }
 
 // The probe's measured non-tensor memory moves the memory prior's offset by what the analytic

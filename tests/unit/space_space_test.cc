@@ -88,6 +88,13 @@ TEST(Spec, BadTextNamesTheFlagAndTheAllowedValues) {
   }
   EXPECT_THROW(Complete(ParseSpec("tp=2,dp=3"), 16), InputError);
   EXPECT_THROW(Complete(ParseSpec("tp=3"), 16), InputError);
+  // Issue 17: sizes whose product passes 2^64 wrapped to 0 (a division by zero) or to a product
+  // that matched the world size; they saturate and are refused.
+  EXPECT_THROW(Complete(ParseSpec("tp=65536,pp=65536,cp=65536,up=65536"), 8), InputError);
+  EXPECT_THROW(Complete(ParseSpec("tp=65536,pp=65536,cp=65536,up=65536,dp=1"), 8), InputError);
+  EXPECT_EQ(ParseSpec("tp=65536,pp=65536,cp=65536,up=65536").model_parallel_size(), INT64_MAX);
+  EXPECT_EQ(ParseSpec("tp=2147483647,pp=2147483647,cp=4,dp=2147483647").world_size(), INT64_MAX);
+  EXPECT_THROW(ParseSpec("tp=4294967296"), InputError);  // past int32: refused, not truncated
 }
 
 TEST(Stages, UnevenSplitPrintsParsesAndFollowsMegatronsLayerOffsets) {

@@ -1,9 +1,12 @@
 // Validate(), ToString() and GpuSpec::PeakFlops: errors name the field at fault.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <functional>
+#include <regex>
 #include <string>
+#include <vector>
 
 #include "autopar/common/status.h"
 #include "autopar/spec/cluster.h"
@@ -219,6 +222,63 @@ TEST(SpecValidateCluster, NvlinkDomainIsWholeNodesAndDefaultsToTheNode) {
   ClusterSpec negative = hgx;
   negative.gpu.nvlink_domain_gpus = -72;
   EXPECT_EQ(ErrorField([&] { Validate(negative); }), "nvlink_domain_gpus");
+}
+
+// Issue 17: values read from flags and documents are bounded where they are read, before what
+// is derived from them (4·hidden, the vocabulary's padding, a layer pattern) can overflow or
+// expand without bound.
+TEST(SpecValidate, ReadersRefuseOverflowingAndUnboundedInputBeforeTheWork) {
+  const ModelSpec none;
+  const TrainSpec train;
+  auto flags = [&](std::vector<std::string> args, std::string* message = nullptr) {
+    return ErrorField([&] { ApplyMegatronFlags(args, none, train); }, message);
+  };
+  std::string message;
+  EXPECT_EQ(flags({"--num-layers", "2147483648"}, &message), "--num-layers");
+  EXPECT_NE(message.find("at most 100000"), std::string::npos) << message;
+  EXPECT_EQ(flags({"--num-layers", "2", "--hidden-size", "4611686018427387904",
+                   "--num-attention-heads", "2", "--vocab-size", "128"}),
+            "--hidden-size");
+  EXPECT_EQ(flags({"--q-lora-rank", "9223372036854775807"}), "--q-lora-rank");
+  EXPECT_EQ(flags({"--q-lora-rank", "9223372036854775808"}, &message), "--q-lora-rank");
+  EXPECT_NE(message.find("out of range"), std::string::npos) << message;
+  EXPECT_EQ(flags({"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "2",
+                   "--vocab-size", "100", "--make-vocab-size-divisible-by", "4611686018427387904",
+                   "--tensor-model-parallel-size", "4611686018427387904"}),
+            "--make-vocab-size-divisible-by");
+  // A layer pattern is bounded before it is expanded (it was a 10^9-entry vector).
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(flags({"--moe-layer-freq", "[0]*1000000000"}, &message), "--moe-layer-freq");
+  EXPECT_NE(message.find("more than 100000 layers"), std::string::npos) << message;
+  EXPECT_EQ(flags({"--moe-layer-freq", "[0]*4611686018427387904+[1]*4611686018427387904"}),
+            "--moe-layer-freq");
+  EXPECT_EQ(flags({"--moe-layer-freq", "[0]*-3+[1]*2"}), "--moe-layer-freq");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  // A MoE family with no experts would import a dense model under its name.
+  const std::string mixtral = ReadFixture("mixtral-8x7b-v0.1.config.json");
+  const std::string zero = std::regex_replace(mixtral, std::regex("\"num_local_experts\": 8"),
+                                              "\"num_local_experts\": 0");
+  ASSERT_NE(zero, mixtral);
+  EXPECT_EQ(ErrorField([&] { ModelFromHfConfig(zero); }, &message), "num_local_experts");
+  EXPECT_NE(message.find("1 to 65536"), std::string::npos) << message;
+  // A device figure no device has (1e-300 FLOP/s made 1e302-second steps).
+  EXPECT_EQ(
+      ErrorField([&] { GpuFromYaml("base: a100-80gb\npeak_tflops_bf16: 1e-300\n"); }, &message),
+      "peak_tflops_bf16");
+  EXPECT_NE(message.find("from 1e+06 to 1e+19 FLOP/s"), std::string::npos) << message;
+  EXPECT_EQ(ErrorField([&] { GpuFromYaml("base: a100-80gb\nmemory_gib: 1e308\n"); }), "memory_gib");
+  EXPECT_EQ(ErrorField([&] { GpuFromYaml("base: a100-80gb\nhbm_bandwidth_gbps: 1e-300\n"); }),
+            "hbm_bandwidth_gbps");
+  EXPECT_EQ(ErrorField([&] { GpuFromYaml("base: a100-80gb\ninter_node_latency_us: 1e300\n"); }),
+            "inter_node_latency_us");
+  for (const std::string& name : GpuPresetNames()) {
+    EXPECT_EQ(ErrorField([&] { Validate(GpuPreset(name)); }), "") << name;
+  }
+  // A document past 1 MiB is refused before it is parsed.
+  std::string big = "name: x\n";
+  while (big.size() <= (size_t{1} << 20)) big += "k" + std::to_string(big.size()) + ": 1\n";
+  EXPECT_EQ(ErrorField([&] { ModelFromYaml(big); }, &message), "model YAML");
+  EXPECT_NE(message.find("at most 1 MiB"), std::string::npos) << message;
 }
 
 TEST(SpecValidateTrain, NamesTheFieldAtFault) {

@@ -12,11 +12,14 @@
 #include "autopar/perf/constants.h"
 #include "autopar/space/config.h"
 #include "autopar/space/space.h"
+#include "autopar/spec/bounds.h"
 #include "autopar/spec/cluster.h"
 #include "autopar/spec/model.h"
 #include "autopar/spec/train.h"
 
 namespace autopar::cli {
+
+inline constexpr int64_t kMaxIntFlag = 2147483647;
 
 enum class Format { kTable, kJson, kCsv, kMegatron, kYaml, kBridge };
 
@@ -28,7 +31,10 @@ class Args {
 
   std::optional<std::string> Value(const std::string& flag);  // consumes it
   bool Switch(const std::string& flag);                       // consumes it
-  int64_t Int(const std::string& flag, int64_t fallback, int64_t min_value = 1);
+  // An integer flag in [min_value, max_value], else InputError naming the flag and the range.
+  // The default bound is int's: the counts flags set are ints, and a larger value would wrap.
+  int64_t Int(const std::string& flag, int64_t fallback, int64_t min_value = 1,
+              int64_t max_value = kMaxIntFlag);
   double Double(const std::string& flag, double fallback);
   // Leftover flags, in order, as argv items (for the Megatron flag parser).
   std::vector<std::string> Remaining() const;
@@ -106,7 +112,9 @@ backend::P2PSemantics ReadP2PSemantics(Args& args, const std::string& backend);
 // rank computes and streams memory at host_cores / ranks of that (never more than one core).
 void ShareHostCores(int64_t host_cores, ClusterSpec& cluster);
 
-// Whole-file read with a checked error (InputError naming `flag`).
-std::string ReadTextFile(const std::string& flag, const std::string& path);
+// Whole-file read with a checked error (InputError naming `flag`). A file larger than
+// `max_bytes` is refused before it is read, naming the bound.
+std::string ReadTextFile(const std::string& flag, const std::string& path,
+                         int64_t max_bytes = bounds::kMaxDocumentBytes);
 
 }  // namespace autopar::cli

@@ -11,6 +11,15 @@
 
 namespace autopar::coord {
 
+// The measurements the search takes (docs/search.md §2): a step time and a peak memory within
+// these bounds. Past them the posterior's log-domain sums overflow or describe no training run:
+// the tuner records a trial that reports one as `nonfinite` (never fed to the posterior), and a
+// replay table that holds one is refused naming its line and column.
+inline constexpr double kMinStepTimeS = 1e-9;
+inline constexpr double kMaxStepTimeS = 1e6;  // 11.6 days per step
+inline constexpr double kMinPeakMemoryGib = 1e-9;
+inline constexpr double kMaxPeakMemoryGib = 1e6;  // 1 PiB per GPU
+
 class TrialBackend {
  public:
   virtual ~TrialBackend() = default;

@@ -1,8 +1,9 @@
 // The study journal (docs/journal.md §3–§5, §9): an append-only file of pb::JournalRecord.
 //
-// Format 2 (this build writes it): a file header, then one frame per record,
+// Format 3 (this build writes it): a file header, then one frame per record,
 //
-//   header: "APTJ" | u32 format (2) | u64 checked_records | u32 CRC-32C of the 16 bytes before
+//   header: "APTJ" | u32 format (3) | u64 checked_records | u64 study fingerprint |
+//           u32 CRC-32C of the 24 bytes before
 //   frame:  u32 length | u32 sequence | u32 CRC-32C of the payload | u32 CRC-32C of the 12 bytes
 //           before | payload = pb::JournalRecord
 //
@@ -20,8 +21,14 @@
 // valid record (RepairRecords). A frame whose checksums hold but whose payload does not parse is
 // neither: another version wrote it, or the file was edited, and opening refuses it (StudyError).
 //
-// Format 1 (before sequence numbers; no header, frames `u32 length | u32 CRC-32C | payload`) is
-// read with the same rules, and rewritten in format 2 when opened for appending.
+// The study fingerprint (JournalFingerprint, study.h) names the study the journal belongs to:
+// opening or reading it for another study is refused (JournalForeign), so no study replays
+// another's trials. 0 is "none recorded" (never checked).
+//
+// Format 2 (the header without the fingerprint, 20 bytes, CRC of the 16 before) and format 1
+// (before sequence numbers; no header, frames `u32 length | u32 CRC-32C | payload`) are read with
+// the same rules, and rewritten in format 3 with the study's fingerprint when opened for
+// appending.
 //
 // Test hook: with AUTOPAR_TEST_CRASH_AT_APPEND=N:BYTES in the environment, the append of record N
 // (0-based, counted over the whole journal) writes the first BYTES bytes of its frame and then
@@ -41,8 +48,9 @@
 
 namespace autopar::coord {
 
-constexpr uint32_t kJournalFormat = 2;
-constexpr size_t kJournalHeaderBytes = 20;
+constexpr uint32_t kJournalFormat = 3;
+constexpr size_t kJournalHeaderBytes = 28;
+constexpr size_t kJournalHeaderBytesV2 = 20;
 constexpr size_t kFrameHeaderBytes = 16;
 // The header's checked_records when every record replays with all of Tuner::Replay's checks.
 constexpr uint64_t kEveryRecordChecked = std::numeric_limits<uint64_t>::max();
@@ -70,7 +78,9 @@ class MemoryJournal : public JournalSink {
 struct JournalScan {
   uint32_t format = kJournalFormat;  // 1: written before sequence numbers (no header)
   uint32_t unknown_format = 0;       // a header that checks names a format this build lacks
+  bool header_damaged = false;       // a header was there, but fails its checksum
   uint64_t checked_records = kEveryRecordChecked;
+  uint64_t fingerprint = 0;                // the header's study fingerprint (format 3; 0: none)
   std::vector<pb::JournalRecord> records;  // every valid record, in file order
   size_t valid_bytes = 0;  // the end of the last valid frame (of the header when none)
   size_t file_bytes = 0;
@@ -102,6 +112,12 @@ class JournalCorrupt : public StudyError {
   int64_t record_, offset_, valid_after_;
 };
 
+// A journal whose header names another study than the one opening or reading it. Exit code 4.
+class JournalForeign : public StudyError {
+ public:
+  JournalForeign(const std::string& path, uint64_t found, uint64_t expected);
+};
+
 // The records a salvage keeps, made into a journal that Tuner::Replay accepts: a trial whose
 // result was lost is dropped from where it was and started again at the end (so Run() runs it
 // again); a result whose start was lost gets its start back; a second probe record is dropped;
@@ -124,15 +140,18 @@ class FileJournal : public JournalSink {
     int64_t cut_bytes = 0;                   // bytes of torn tail removed
     // Pass to Tuner::Replay: records before this index replay with every check.
     size_t checked_records = std::numeric_limits<size_t>::max();
-    bool upgraded = false;       // a format-1 journal, rewritten in format 2
+    bool upgraded = false;       // a format-1 or -2 journal, rewritten in format 3
     std::string salvaged_copy;   // a salvage: where the damaged file was copied; else empty
     std::string salvage_report;  // a salvage: what was damaged and what was kept
   };
-  // Opens (creating if needed) the journal at `path`. Throws IoError, JournalCorrupt (unless
-  // `recovery` is kSalvage), or StudyError on a frame that passes its checksums but does not
-  // parse or on a format this build does not read.
+  // Opens (creating if needed, with `fingerprint` in its header) the journal at `path`. Throws
+  // IoError, JournalForeign when the header names another study (both fingerprints non-zero and
+  // different; the file unchanged), JournalCorrupt (unless `recovery` is kSalvage), or
+  // StudyError on a frame that passes its checksums but does not parse or on a format this build
+  // does not read. A format-1 or -2 journal is rewritten in format 3 with `fingerprint`.
   static Opened Open(const std::string& path,
-                     JournalRecovery recovery = JournalRecovery::kRefuseCorrupt);
+                     JournalRecovery recovery = JournalRecovery::kRefuseCorrupt,
+                     uint64_t fingerprint = 0);
   ~FileJournal() override;
 
   void Append(const pb::JournalRecord& record) override;
@@ -150,13 +169,15 @@ class FileJournal : public JournalSink {
 };
 
 // The file header, and the frame of one record with its sequence number.
-std::string JournalHeader(uint64_t checked_records);
+std::string JournalHeader(uint64_t checked_records, uint64_t fingerprint = 0);
 std::string FrameRecord(const pb::JournalRecord& record, uint32_t sequence);
 // For readers of a whole journal file (`report`): appends its valid records to `records` and
-// returns JournalScan::valid_bytes. Throws JournalCorrupt on corruption, and StudyError on a
+// returns JournalScan::valid_bytes. Throws JournalForeign when the header's fingerprint and
+// `fingerprint` are both non-zero and differ, JournalCorrupt on corruption, and StudyError on a
 // format this build does not read or on a checksummed frame that does not parse (then
 // `bad_payload_at` gets its offset first).
 size_t ParseFrames(std::string_view bytes, std::vector<pb::JournalRecord>* records,
-                   int64_t* bad_payload_at, const std::string& path = "journal");
+                   int64_t* bad_payload_at, const std::string& path = "journal",
+                   uint64_t fingerprint = 0);
 
 }  // namespace autopar::coord

@@ -4,7 +4,10 @@
 // It never touches the search: handlers read a StatusBoard snapshot under its mutex. Requests are
 // parsed defensively: a request line or header block that is malformed gets 400, one larger than
 // 8 KiB gets 413, methods other than GET/HEAD get 405, unknown paths 404; every connection is
-// closed after one response or after 5 s of silence, so no client can hold the server.
+// closed after one response or after 5 s of silence, so no client can hold the server. At most
+// kMaxConnections are open at once: one beyond is closed as soon as it is accepted, so a flood
+// of connections holds at most that many descriptors; when accept itself fails (descriptors run
+// out: EMFILE, ENFILE) the next waits 10 ms, doubling to 1 s, instead of spinning.
 #pragma once
 
 #include <cstdint>
@@ -58,8 +61,13 @@ class StatusServer {
   StatusServer(const StatusServer&) = delete;
   StatusServer& operator=(const StatusServer&) = delete;
 
+  static constexpr int64_t kMaxConnections = 64;
+
   uint16_t port() const;
   int64_t requests_served() const;
+  int64_t open_connections() const;     // accepted and not yet closed
+  int64_t connections_refused() const;  // closed at once: kMaxConnections were open
+  int64_t accept_failures() const;      // accepts that failed (each followed by a backoff)
 
  private:
   struct Impl;

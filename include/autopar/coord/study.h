@@ -40,6 +40,12 @@ void CheckSameStudy(const pb::StudyDescription& stored, const pb::StudyDescripti
 // it in the protocol's Hello.
 uint64_t Fingerprint(const pb::StudyDescription& d);
 
+// The study a journal belongs to (its header's fingerprint, journal.h): Fingerprint's parts and
+// the search's identity (searcher, seed, backend, max P(OOM), failure limit), what CheckSameStudy
+// compares; not the stop-rule knobs, the replay table's path or created_by, which a resume may
+// change. Never 0 (0 is "none recorded").
+uint64_t JournalFingerprint(const pb::StudyDescription& d);
+
 class StudyDir {
  public:
   // Creates `dir` if needed and takes its lock. Throws IoError or StudyError (locked).

@@ -42,8 +42,10 @@ struct JournalSummary {
   size_t valid_bytes = 0, file_bytes = 0;  // a torn tail shows as valid < file
 };
 
-// Reads `dir`/study.pb and `dir`/journal. Throws IoError / StudyError naming the path.
+// Reads `dir`/study.pb and `dir`/journal. Throws IoError / StudyError naming the path: the
+// journal's JournalCorrupt ("corrupt at record N"), or JournalForeign when its header names
+// another study than `description` (docs/journal.md §5).
 pb::StudyDescription ReadStudyDescription(const std::string& dir);
-JournalSummary ReadJournal(const std::string& dir);
+JournalSummary ReadJournal(const std::string& dir, const pb::StudyDescription& description);
 
 }  // namespace autopar::coord

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 namespace autopar {
@@ -66,11 +67,24 @@ struct ParallelConfig {
 
   int32_t expert_tp() const { return etp > 0 ? etp : tp; }
   // The ranks holding the same experts (Megatron's expert data parallel size, world / (etp·ep·pp)).
-  int64_t expert_dp() const { return int64_t{tp} * up * cp * dp / (int64_t{expert_tp()} * ep); }
+  int64_t expert_dp() const {
+    return SizeProduct({tp, up, cp, dp}) / SizeProduct({expert_tp(), ep});
+  }
 
   // GPUs one model replica's activations are split over (the tp·cp·up·pp block).
-  int64_t model_parallel_size() const { return int64_t{tp} * cp * up * pp; }
-  int64_t world_size() const { return model_parallel_size() * dp; }
+  int64_t model_parallel_size() const { return SizeProduct({tp, cp, up, pp}); }
+  int64_t world_size() const { return SizeProduct({tp, cp, up, pp, dp}); }
+
+  // A product of sizes that saturates at INT64_MAX rather than wrap: five int32 sizes read from
+  // input can pass 64 bits, and a saturated product matches no cluster, so it is refused where it
+  // is compared with one (Complete, the space's checks).
+  static int64_t SizeProduct(std::initializer_list<int64_t> sizes) {
+    int64_t product = 1;
+    for (const int64_t s : sizes) {
+      if (__builtin_mul_overflow(product, s, &product)) return INT64_MAX;
+    }
+    return product;
+  }
 
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };
