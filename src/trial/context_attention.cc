@@ -15,110 +15,155 @@ using backend::P2POp;
 
 constexpr int kKvTag = 101, kDkvTag = 102;  // ring messages on the cp group
 
+// Index lists of the row gathers (rows.h), in units of head_dim-wide blocks.
+
+// The first of the kv heads Ulysses rank u reads.
+int64_t FirstKvHead(const Shapes& s, int64_t u) {
+  const int64_t group = s.heads / s.kv_heads;
+  return s.kv_heads >= s.up ? u * s.ul_kv_heads : u * s.ul_heads / group;
+}
+
+// Forward all-to-all: block u of the send buffer is [T rows, the columns of up rank u].
+std::vector<int32_t> UlyssesPackQkv(const Shapes& s) {
+  const int64_t Hq = s.heads, Hkv = s.kv_heads, Hu = s.ul_heads, kvu = s.ul_kv_heads;
+  const int64_t ul_blocks = s.ul_cols / s.head_dim, qkv_blocks = s.qkv_cols / s.head_dim;
+  std::vector<int32_t> pack;
+  for (int64_t u = 0; u < s.up; ++u) {
+    for (int64_t r = 0; r < s.tokens; ++r) {
+      for (int64_t b = 0; b < ul_blocks; ++b) {
+        const int64_t col = b < Hu         ? u * Hu + b
+                            : b < Hu + kvu ? Hq + FirstKvHead(s, u) + b - Hu
+                                           : Hq + Hkv + FirstKvHead(s, u) + b - Hu - kvu;
+        pack.push_back(static_cast<int32_t>(r * qkv_blocks + col));
+      }
+    }
+  }
+  return pack;
+}
+
+// The output comes back as [source u][T rows][u's heads]: o's head block u·Hu + i.
+std::vector<int32_t> UlyssesUnpackO(const Shapes& s) {
+  const int64_t T = s.tokens, Hu = s.ul_heads;
+  std::vector<int32_t> unpack_o;
+  for (int64_t r = 0; r < T; ++r) {
+    for (int64_t b = 0; b < s.heads; ++b) {
+      unpack_o.push_back(static_cast<int32_t>(((b / Hu) * T + r) * Hu + b % Hu));
+    }
+  }
+  return unpack_o;
+}
+
+// The output's gradient sent back the same way: [up rank u][T rows][u's heads].
+std::vector<int32_t> UlyssesPackDo(const Shapes& s) {
+  const int64_t Hu = s.ul_heads;
+  std::vector<int32_t> pack_do;
+  for (int64_t u = 0; u < s.up; ++u) {
+    for (int64_t r = 0; r < s.tokens; ++r) {
+      for (int64_t i = 0; i < Hu; ++i) {
+        pack_do.push_back(static_cast<int32_t>(r * s.heads + u * Hu + i));
+      }
+    }
+  }
+  return pack_do;
+}
+
+// Backward all-to-all: [source u][T rows][ul columns] back into [T, q | k | v]. A kv head that
+// several up ranks read gets one gradient from each: one list per replica `rep`, summed.
+std::vector<int32_t> UlyssesUnpackDqkv(const Shapes& s, int64_t rep) {
+  const int64_t T = s.tokens, U = s.up;
+  const int64_t Hq = s.heads, Hkv = s.kv_heads, Hu = s.ul_heads, kvu = s.ul_kv_heads;
+  const int64_t ul_blocks = s.ul_cols / s.head_dim, qkv_blocks = s.qkv_cols / s.head_dim;
+  const int64_t none = U * T * ul_blocks;
+  std::vector<int32_t> ids;
+  for (int64_t r = 0; r < T; ++r) {
+    for (int64_t b = 0; b < qkv_blocks; ++b) {
+      if (b < Hq) {
+        ids.push_back(
+            static_cast<int32_t>(rep == 0 ? ((b / Hu) * T + r) * ul_blocks + b % Hu : none));
+        continue;
+      }
+      const bool is_v = b >= Hq + Hkv;
+      const int64_t head = b - Hq - (is_v ? Hkv : 0);
+      int64_t seen = 0, src = 0;
+      for (int64_t u = 0; u < U; ++u) {
+        if (FirstKvHead(s, u) <= head && head < FirstKvHead(s, u) + kvu && seen++ == rep) src = u;
+      }
+      ids.push_back(static_cast<int32_t>((src * T + r) * ul_blocks + Hu + (is_v ? kvu : 0) + head -
+                                         FirstKvHead(s, src)));
+    }
+  }
+  return ids;
+}
+
+// K and V of the rank's rows packed for the ring.
+std::vector<int32_t> RingKvPack(const Shapes& s) {
+  const int64_t ul_blocks = s.ul_cols / s.head_dim;
+  std::vector<int32_t> kv_pack;
+  for (int64_t r = 0; r < s.tokens * s.up; ++r) {
+    for (int64_t i = 0; i < 2 * s.ul_kv_heads; ++i) {
+      kv_pack.push_back(static_cast<int32_t>(r * ul_blocks + s.ul_heads + i));
+    }
+  }
+  return kv_pack;
+}
+
+// The ring's dK/dV placed back beside dq (the q blocks take an id past the end: a zero row).
+std::vector<int32_t> RingDkvAssemble(const Shapes& s) {
+  const int64_t Tcp = s.tokens * s.up, Hu = s.ul_heads, kvu = s.ul_kv_heads;
+  const int64_t ul_blocks = s.ul_cols / s.head_dim;
+  std::vector<int32_t> assemble;
+  for (int64_t r = 0; r < Tcp; ++r) {
+    for (int64_t b = 0; b < ul_blocks; ++b) {
+      assemble.push_back(static_cast<int32_t>(b < Hu ? Tcp * 2 * kvu : r * 2 * kvu + b - Hu));
+    }
+  }
+  return assemble;
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<ContextAttention>> ContextAttention::Create(Device& device,
                                                                      const Shapes& s,
                                                                      ProcessGroups& g) {
   std::unique_ptr<ContextAttention> a(new ContextAttention(device, s, g));
-  const int64_t T = s.tokens, U = s.up, Tcp = T * U, d = s.head_dim;
-  const int64_t Hq = s.heads, Hkv = s.kv_heads, Hu = s.ul_heads, kvu = s.ul_kv_heads;
-  const int64_t ul_blocks = s.ul_cols / d, qkv_blocks = s.qkv_cols / d;
-  const int64_t kv_cols = 2 * kvu * d, chunk_rows = s.chunk * s.mbs;
-
   // Workspaces: measured, then allocated and carved.
-  auto carve = [&](Carver cc, Carver cs) {
-    a->pack_ = cc.Take(Tcp * s.ul_cols);
-    if (U > 1) {
-      a->recv_ = cc.Take(Tcp * s.ul_cols);
-      a->do_ul_ = cc.Take(Tcp * Hu * d);
-      a->dqkv_ul_ = cc.Take(Tcp * s.ul_cols);
-    }
-    if (s.cp > 1) {
-      for (Tensor& t : a->kv_) t = cc.Take(Tcp * kv_cols);
-      for (Tensor& t : a->dkv_) t = cc.Take(Tcp * kv_cols);
-      a->part_out_ = cc.Take(chunk_rows * Hu * d);
-      a->part_lse_ = cs.Take(chunk_rows * Hu);
-    }
-    return std::pair{cc.used(), cs.used()};
-  };
-  const auto [compute, stats] = carve(Carver(), Carver());
+  const auto [compute, stats] = a->CarveWorkspaces(Carver(), Carver());
   AUTOPAR_ASSIGN_OR_RETURN(a->compute_, device.Allocate(compute, device.compute_dtype()));
   AUTOPAR_ASSIGN_OR_RETURN(a->stats_, device.Allocate(std::max<int64_t>(stats, 1), DType::kF32));
-  carve(Carver(a->compute_.tensor()), Carver(a->stats_.tensor()));
-
-  // Index lists of the row gathers, in units of head_dim-wide blocks.
-  const int64_t group = Hq / Hkv;
-  auto kv_head = [&](int64_t u) { return Hkv >= U ? u * kvu : u * Hu / group; };  // first of u's
-  if (U > 1) {
-    // Forward all-to-all: block u of the send buffer is [T rows, the columns of up rank u].
-    std::vector<int32_t> pack;
-    for (int64_t u = 0; u < U; ++u) {
-      for (int64_t r = 0; r < T; ++r) {
-        for (int64_t b = 0; b < ul_blocks; ++b) {
-          const int64_t col = b < Hu         ? u * Hu + b
-                              : b < Hu + kvu ? Hq + kv_head(u) + b - Hu
-                                             : Hq + Hkv + kv_head(u) + b - Hu - kvu;
-          pack.push_back(static_cast<int32_t>(r * qkv_blocks + col));
-        }
-      }
-    }
-    a->pack_qkv_ = a->ids_.Add(std::move(pack));
-    // The output comes back as [source u][T rows][u's heads]: o's head block u·Hu + i.
-    std::vector<int32_t> unpack_o, pack_do;
-    for (int64_t r = 0; r < T; ++r) {
-      for (int64_t b = 0; b < Hq; ++b) {
-        unpack_o.push_back(static_cast<int32_t>(((b / Hu) * T + r) * Hu + b % Hu));
-      }
-    }
-    for (int64_t u = 0; u < U; ++u) {
-      for (int64_t r = 0; r < T; ++r) {
-        for (int64_t i = 0; i < Hu; ++i)
-          pack_do.push_back(static_cast<int32_t>(r * Hq + u * Hu + i));
-      }
-    }
-    a->unpack_o_ = a->ids_.Add(std::move(unpack_o));
-    a->pack_do_ = a->ids_.Add(std::move(pack_do));
-    // Backward all-to-all: [source u][T rows][ul columns] back into [T, q | k | v]. A kv head
-    // that several up ranks read gets one gradient from each: one list per replica, summed.
-    const int64_t replicas = U * kvu / Hkv, none = U * T * ul_blocks;
+  a->CarveWorkspaces(Carver(a->compute_.tensor()), Carver(a->stats_.tensor()));
+  if (s.up > 1) {
+    a->pack_qkv_ = a->ids_.Add(UlyssesPackQkv(s));
+    a->unpack_o_ = a->ids_.Add(UlyssesUnpackO(s));
+    a->pack_do_ = a->ids_.Add(UlyssesPackDo(s));
+    const int64_t replicas = s.up * s.ul_kv_heads / s.kv_heads;
     for (int64_t rep = 0; rep < replicas; ++rep) {
-      std::vector<int32_t> ids;
-      for (int64_t r = 0; r < T; ++r) {
-        for (int64_t b = 0; b < qkv_blocks; ++b) {
-          if (b < Hq) {
-            ids.push_back(
-                static_cast<int32_t>(rep == 0 ? ((b / Hu) * T + r) * ul_blocks + b % Hu : none));
-            continue;
-          }
-          const bool is_v = b >= Hq + Hkv;
-          const int64_t head = b - Hq - (is_v ? Hkv : 0);
-          int64_t seen = 0, src = 0;
-          for (int64_t u = 0; u < U; ++u) {
-            if (kv_head(u) <= head && head < kv_head(u) + kvu && seen++ == rep) src = u;
-          }
-          ids.push_back(static_cast<int32_t>((src * T + r) * ul_blocks + Hu + (is_v ? kvu : 0) +
-                                             head - kv_head(src)));
-        }
-      }
-      a->unpack_dqkv_.push_back(a->ids_.Add(std::move(ids)));
+      a->unpack_dqkv_.push_back(a->ids_.Add(UlyssesUnpackDqkv(s, rep)));
     }
   }
   if (s.cp > 1) {
-    // K and V of the rank's rows packed for the ring; their gradient placed back beside dq.
-    std::vector<int32_t> kv_pack, assemble;
-    for (int64_t r = 0; r < Tcp; ++r) {
-      for (int64_t i = 0; i < 2 * kvu; ++i)
-        kv_pack.push_back(static_cast<int32_t>(r * ul_blocks + Hu + i));
-      for (int64_t b = 0; b < ul_blocks; ++b) {
-        assemble.push_back(static_cast<int32_t>(b < Hu ? Tcp * 2 * kvu : r * 2 * kvu + b - Hu));
-      }
-    }
-    a->kv_pack_ = a->ids_.Add(std::move(kv_pack));
-    a->dkv_assemble_ = a->ids_.Add(std::move(assemble));
+    a->kv_pack_ = a->ids_.Add(RingKvPack(s));
+    a->dkv_assemble_ = a->ids_.Add(RingDkvAssemble(s));
   }
   AUTOPAR_RETURN_IF_ERROR(a->ids_.Upload(device));
   return a;
+}
+
+std::pair<int64_t, int64_t> ContextAttention::CarveWorkspaces(Carver cc, Carver cs) {
+  const int64_t Tcp = s_.tokens * s_.up, d = s_.head_dim, Hu = s_.ul_heads;
+  const int64_t kv_cols = 2 * s_.ul_kv_heads * d, chunk_rows = s_.chunk * s_.mbs;
+  pack_ = cc.Take(Tcp * s_.ul_cols);
+  if (s_.up > 1) {
+    recv_ = cc.Take(Tcp * s_.ul_cols);
+    do_ul_ = cc.Take(Tcp * Hu * d);
+    dqkv_ul_ = cc.Take(Tcp * s_.ul_cols);
+  }
+  if (s_.cp > 1) {
+    for (Tensor& t : kv_) t = cc.Take(Tcp * kv_cols);
+    for (Tensor& t : dkv_) t = cc.Take(Tcp * kv_cols);
+    part_out_ = cc.Take(chunk_rows * Hu * d);
+    part_lse_ = cs.Take(chunk_rows * Hu);
+  }
+  return std::pair{cc.used(), cs.used()};
 }
 
 int64_t ContextAttention::ChunkStart(int cp_rank, int c) const {

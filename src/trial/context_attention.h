@@ -20,8 +20,10 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "src/trial/carver.h"
 #include "src/trial/rows.h"
 #include "src/trial/shard.h"
 
@@ -44,6 +46,9 @@ class ContextAttention {
 
  private:
   ContextAttention(Device& d, const Shapes& s, ProcessGroups& g) : dev_(d), s_(s), g_(g) {}
+  // Carves the workspaces from `cc` (compute dtype) and `cs` (f32); returns the elements taken
+  // of each (default Carvers only measure).
+  std::pair<int64_t, int64_t> CarveWorkspaces(Carver cc, Carver cs);
   Status Rope(Tensor ul, bool backward);
   Status RingForward(Tensor qkv_ul, Tensor o_ul, Tensor lse);
   Status RingBackward(Tensor qkv_ul, Tensor o_ul, Tensor lse, Tensor do_ul, Tensor dqkv_ul);

@@ -24,134 +24,21 @@ StatusOr<std::unique_ptr<StageProgram>> StageProgram::Create(Device& device, con
                                                              ProcessGroups& g, ModelShard& w,
                                                              const DataSpec& data, int slots) {
   std::unique_ptr<StageProgram> p(new StageProgram(device, s, c, g, w, data));
-  const DType compute = device.compute_dtype();
-  const int64_t T = s.tokens, Tl = s.local_tokens, h = s.hidden;
-  const bool layernorm = !s.rmsnorm;
-  const bool keep_lse = c.recompute != Recompute::kSelective;
-  const bool last_rank = g.at.pp == s.pp - 1;
-
-  const bool ulysses = s.up > 1;
-  // The dense MLP part's width of each of this rank's layers (MLP, or a MoE layer's shared
-  // experts), and the widest, which the shared work areas must hold.
-  auto is_moe = [&](int chunk, int64_t j) { return s.IsMoe(s.GlobalLayer(chunk, j)); };
-  int64_t widest_ffn = 0;
-  for (int chunk = 0; chunk < s.vpp; ++chunk) {
-    for (int64_t j = 0; j < s.layers_per_chunk; ++j) {
-      widest_ffn = std::max(widest_ffn, s.MlpFfn(is_moe(chunk, j)));
-    }
-  }
-  const int64_t widest_fc1 = (s.swiglu ? 2 : 1) * widest_ffn;
-  const int64_t qkv_numel = ulysses ? T * s.up * s.ul_cols : T * s.qkv_cols;
-
-  // One layer's activations, in elements of the compute dtype and of f32.
-  auto carve_layer = [&](Carver& cc, Carver& cs, bool full, LayerActs& a, int64_t ffn) {
-    a.x = cc.Take(Tl * h);
-    if (!full) return;
-    a.y1 = cc.Take(Tl * h);
-    a.qkv = cc.Take(qkv_numel);
-    a.o = cc.Take(T * s.q_cols);
-    a.x1 = cc.Take(Tl * h);
-    a.y2 = cc.Take(Tl * h);
-    a.h1 = cc.Take(T * (s.swiglu ? 2 : 1) * ffn);
-    a.a1 = cc.Take(T * ffn);
-    a.rstd1 = cs.Take(Tl);
-    a.rstd2 = cs.Take(Tl);
-    if (layernorm) {
-      a.mean1 = cs.Take(Tl);
-      a.mean2 = cs.Take(Tl);
-    }
-    if (keep_lse) {
-      a.lse = cs.Take(T * s.heads);
-      if (ulysses) a.o_ul = cc.Take(T * s.q_cols);
-    }
-  };
-  // Measure a slot, then allocate and carve for real. The slots of the model chunks differ only
-  // in which layers are MoE layers, so a slot is carved for the widest chunk's layers.
+  // The dense MLP part's width of each layer of a slot (MLP, or a MoE layer's shared experts):
+  // the slots of the model chunks differ only in which layers are MoE layers, so a slot is carved
+  // for the widest chunk's layers. The shared work areas hold the widest of all.
   std::vector<int64_t> ffn_of(s.layers_per_chunk, 0);
   for (int chunk = 0; chunk < s.vpp; ++chunk) {
     for (int64_t j = 0; j < s.layers_per_chunk; ++j) {
-      ffn_of[j] = std::max(ffn_of[j], s.MlpFfn(is_moe(chunk, j)));
+      ffn_of[j] = std::max(ffn_of[j], s.MlpFfn(s.IsMoe(s.GlobalLayer(chunk, j))));
     }
   }
-  auto carve_slot = [&](Carver cc, Carver cs, Slot& slot) {
-    slot.layers.resize(s.layers_per_chunk);
-    slot.moe.resize(s.layers_per_chunk);
-    for (int64_t j = 0; j < s.layers_per_chunk; ++j) {
-      carve_layer(cc, cs, !p->Recomputed(static_cast<int>(j)), slot.layers[j], ffn_of[j]);
-    }
-    if (last_rank) slot.dlast = cc.Take(Tl * h);
-    return std::pair{cc.used(), cs.used()};
-  };
-  Slot probe;
-  const auto [slot_compute, slot_stats] = carve_slot(Carver(), Carver(), probe);
-  p->slots_.resize(slots);
-  for (int i = 0; i < slots; ++i) {
-    Slot& slot = p->slots_[i];
-    AUTOPAR_ASSIGN_OR_RETURN(slot.compute, device.Allocate(slot_compute, compute));
-    AUTOPAR_ASSIGN_OR_RETURN(slot.stats,
-                             device.Allocate(std::max<int64_t>(slot_stats, 1), DType::kF32));
-    carve_slot(Carver(slot.compute.tensor()), Carver(slot.stats.tensor()), slot);
-    p->free_slots_.push_back(slots - 1 - i);
-  }
+  int64_t widest_ffn = 0;
+  for (const int64_t ffn : ffn_of) widest_ffn = std::max(widest_ffn, ffn);
 
-  // The one-layer work area: the activations a fully recomputed layer rebuilds, or the attention
-  // output and statistics selective recompute runs again.
-  if (c.recompute == Recompute::kFull) {
-    Carver cc, cs;
-    LayerActs tmp;
-    carve_layer(cc, cs, true, tmp, widest_ffn);
-    AUTOPAR_ASSIGN_OR_RETURN(p->work_compute_, device.Allocate(cc.used(), compute));
-    AUTOPAR_ASSIGN_OR_RETURN(p->work_stats_, device.Allocate(cs.used(), DType::kF32));
-    Carver wc(p->work_compute_.tensor()), ws(p->work_stats_.tensor());
-    carve_layer(wc, ws, true, p->work_, widest_ffn);
-  } else if (c.recompute == Recompute::kSelective) {
-    AUTOPAR_ASSIGN_OR_RETURN(p->work_compute_,
-                             device.Allocate((ulysses ? 2 : 1) * T * s.q_cols, compute));
-    AUTOPAR_ASSIGN_OR_RETURN(p->work_stats_, device.Allocate(T * s.heads, DType::kF32));
-    p->work_.o = p->work_compute_.tensor().Slice(0, T * s.q_cols);
-    if (ulysses) p->work_.o_ul = p->work_compute_.tensor().Slice(T * s.q_cols, T * s.q_cols);
-    p->work_.lse = p->work_stats_.tensor();
-  }
-
-  // Workspaces of the backward pass and the loss.
-  const int64_t compute_ws = 2 * T * h + Tl * h + T * s.qkv_cols + T * s.q_cols + T * widest_fc1 +
-                             T * widest_ffn + 5 * Tl * h + kSendBuffers * Tl * h +
-                             (last_rank ? T * s.vocab_shard + Tl * h : 0);
-  AUTOPAR_ASSIGN_OR_RETURN(p->ws_compute_, device.Allocate(compute_ws, compute));
-  AUTOPAR_ASSIGN_OR_RETURN(p->ws_stats_, device.Allocate(2 * Tl + 5 * T, DType::kF32));
-  AUTOPAR_ASSIGN_OR_RETURN(p->ws_ids_, device.Allocate(2 * T + Tl, DType::kI32));
-  Carver cc(p->ws_compute_.tensor()), cs(p->ws_stats_.tensor()), ci(p->ws_ids_.tensor());
-  p->gathered_ = cc.Take(T * h);
-  p->partial_ = cc.Take(T * h);
-  p->reduced_ = cc.Take(Tl * h);
-  p->dqkv_ = cc.Take(T * s.qkv_cols);
-  p->do_ = cc.Take(T * s.q_cols);
-  p->dh1_ = cc.Take(T * widest_fc1);
-  p->da1_ = cc.Take(T * widest_ffn);
-  p->dx1_ = cc.Take(Tl * h);
-  p->dtmp_ = cc.Take(Tl * h);
-  p->grad_a_ = cc.Take(Tl * h);
-  p->grad_b_ = cc.Take(Tl * h);
-  // Never needed together: the output a recomputed layer rebuilds in backward, the position
-  // embedding in the first stage's forward, the last stage's output in its forward.
-  p->last_out_ = cc.Take(Tl * h);
-  p->scratch_ = p->last_out_;
-  p->forward_out_ = cc.Take(Tl * h);
-  p->backward_out_ = cc.Take(Tl * h);
-  if (last_rank) {
-    p->logits_ = cc.Take(T * s.vocab_shard);
-    p->yf_ = cc.Take(Tl * h);
-  }
-  p->rstdf_ = cs.Take(Tl);
-  p->meanf_ = cs.Take(Tl);
-  p->row_max_ = cs.Take(T);
-  p->ce_partials_ = cs.Take(2 * T);
-  p->loss_ = cs.Take(T);
-  p->dloss_ = cs.Take(T);
-  p->ids_ = ci.Take(T);
-  p->targets_ = ci.Take(T);
-  p->positions_ = ci.Take(Tl);
-  AUTOPAR_RETURN_IF_ERROR(device.Fill(p->dloss_, static_cast<float>(1.0 / data.tokens_per_step)));
+  AUTOPAR_RETURN_IF_ERROR(p->AllocateSlots(slots, ffn_of));
+  AUTOPAR_RETURN_IF_ERROR(p->AllocateWorkArea(widest_ffn));
+  AUTOPAR_RETURN_IF_ERROR(p->AllocateWorkspaces(widest_ffn));
   p->slot_of_.assign(data.samples_per_replica / s.mbs, std::vector<int>(s.vpp, -1));
   if (s.cp > 1 || s.up > 1) {
     AUTOPAR_ASSIGN_OR_RETURN(p->context_, ContextAttention::Create(device, s, g));
@@ -160,6 +47,129 @@ StatusOr<std::unique_ptr<StageProgram>> StageProgram::Create(Device& device, con
     AUTOPAR_ASSIGN_OR_RETURN(p->moe_, MoeLayer::Create(device, s, g, data.tokens_per_step / s.seq));
   }
   return p;
+}
+
+void StageProgram::CarveLayer(Carver& cc, Carver& cs, bool full, LayerActs& a, int64_t ffn) const {
+  const Shapes& s = s_;
+  const int64_t T = s.tokens, Tl = s.local_tokens, h = s.hidden;
+  const bool ulysses = s.up > 1;
+  a.x = cc.Take(Tl * h);
+  if (!full) return;
+  a.y1 = cc.Take(Tl * h);
+  a.qkv = cc.Take(ulysses ? T * s.up * s.ul_cols : T * s.qkv_cols);
+  a.o = cc.Take(T * s.q_cols);
+  a.x1 = cc.Take(Tl * h);
+  a.y2 = cc.Take(Tl * h);
+  a.h1 = cc.Take(T * (s.swiglu ? 2 : 1) * ffn);
+  a.a1 = cc.Take(T * ffn);
+  a.rstd1 = cs.Take(Tl);
+  a.rstd2 = cs.Take(Tl);
+  if (!s.rmsnorm) {
+    a.mean1 = cs.Take(Tl);
+    a.mean2 = cs.Take(Tl);
+  }
+  if (c_.recompute != Recompute::kSelective) {  // the attention statistics are kept
+    a.lse = cs.Take(T * s.heads);
+    if (ulysses) a.o_ul = cc.Take(T * s.q_cols);
+  }
+}
+
+std::pair<int64_t, int64_t> StageProgram::CarveSlot(Carver cc, Carver cs, Slot& slot,
+                                                    const std::vector<int64_t>& ffn_of) const {
+  slot.layers.resize(s_.layers_per_chunk);
+  slot.moe.resize(s_.layers_per_chunk);
+  for (int64_t j = 0; j < s_.layers_per_chunk; ++j) {
+    CarveLayer(cc, cs, !Recomputed(static_cast<int>(j)), slot.layers[j], ffn_of[j]);
+  }
+  if (g_.at.pp == s_.pp - 1) slot.dlast = cc.Take(s_.local_tokens * s_.hidden);
+  return std::pair{cc.used(), cs.used()};
+}
+
+// Measure a slot, then allocate and carve each for real.
+Status StageProgram::AllocateSlots(int slots, const std::vector<int64_t>& ffn_of) {
+  Slot probe;
+  const auto [slot_compute, slot_stats] = CarveSlot(Carver(), Carver(), probe, ffn_of);
+  slots_.resize(slots);
+  for (int i = 0; i < slots; ++i) {
+    Slot& slot = slots_[i];
+    AUTOPAR_ASSIGN_OR_RETURN(slot.compute, dev_.Allocate(slot_compute, dev_.compute_dtype()));
+    AUTOPAR_ASSIGN_OR_RETURN(slot.stats,
+                             dev_.Allocate(std::max<int64_t>(slot_stats, 1), DType::kF32));
+    CarveSlot(Carver(slot.compute.tensor()), Carver(slot.stats.tensor()), slot, ffn_of);
+    free_slots_.push_back(slots - 1 - i);
+  }
+  return OkStatus();
+}
+
+// The one-layer work area: the activations a fully recomputed layer rebuilds, or the attention
+// output and statistics selective recompute runs again.
+Status StageProgram::AllocateWorkArea(int64_t widest_ffn) {
+  const DType compute = dev_.compute_dtype();
+  const int64_t T = s_.tokens;
+  const bool ulysses = s_.up > 1;
+  if (c_.recompute == Recompute::kFull) {
+    Carver cc, cs;
+    LayerActs tmp;
+    CarveLayer(cc, cs, true, tmp, widest_ffn);
+    AUTOPAR_ASSIGN_OR_RETURN(work_compute_, dev_.Allocate(cc.used(), compute));
+    AUTOPAR_ASSIGN_OR_RETURN(work_stats_, dev_.Allocate(cs.used(), DType::kF32));
+    Carver wc(work_compute_.tensor()), ws(work_stats_.tensor());
+    CarveLayer(wc, ws, true, work_, widest_ffn);
+  } else if (c_.recompute == Recompute::kSelective) {
+    AUTOPAR_ASSIGN_OR_RETURN(work_compute_,
+                             dev_.Allocate((ulysses ? 2 : 1) * T * s_.q_cols, compute));
+    AUTOPAR_ASSIGN_OR_RETURN(work_stats_, dev_.Allocate(T * s_.heads, DType::kF32));
+    work_.o = work_compute_.tensor().Slice(0, T * s_.q_cols);
+    if (ulysses) work_.o_ul = work_compute_.tensor().Slice(T * s_.q_cols, T * s_.q_cols);
+    work_.lse = work_stats_.tensor();
+  }
+  return OkStatus();
+}
+
+// Workspaces of the backward pass and the loss.
+Status StageProgram::AllocateWorkspaces(int64_t widest_ffn) {
+  const Shapes& s = s_;
+  const int64_t T = s.tokens, Tl = s.local_tokens, h = s.hidden;
+  const int64_t widest_fc1 = (s.swiglu ? 2 : 1) * widest_ffn;
+  const bool last_rank = g_.at.pp == s.pp - 1;
+  const int64_t compute_ws = 2 * T * h + Tl * h + T * s.qkv_cols + T * s.q_cols + T * widest_fc1 +
+                             T * widest_ffn + 5 * Tl * h + kSendBuffers * Tl * h +
+                             (last_rank ? T * s.vocab_shard + Tl * h : 0);
+  AUTOPAR_ASSIGN_OR_RETURN(ws_compute_, dev_.Allocate(compute_ws, dev_.compute_dtype()));
+  AUTOPAR_ASSIGN_OR_RETURN(ws_stats_, dev_.Allocate(2 * Tl + 5 * T, DType::kF32));
+  AUTOPAR_ASSIGN_OR_RETURN(ws_ids_, dev_.Allocate(2 * T + Tl, DType::kI32));
+  Carver cc(ws_compute_.tensor()), cs(ws_stats_.tensor()), ci(ws_ids_.tensor());
+  gathered_ = cc.Take(T * h);
+  partial_ = cc.Take(T * h);
+  reduced_ = cc.Take(Tl * h);
+  dqkv_ = cc.Take(T * s.qkv_cols);
+  do_ = cc.Take(T * s.q_cols);
+  dh1_ = cc.Take(T * widest_fc1);
+  da1_ = cc.Take(T * widest_ffn);
+  dx1_ = cc.Take(Tl * h);
+  dtmp_ = cc.Take(Tl * h);
+  grad_a_ = cc.Take(Tl * h);
+  grad_b_ = cc.Take(Tl * h);
+  // Never needed together: the output a recomputed layer rebuilds in backward, the position
+  // embedding in the first stage's forward, the last stage's output in its forward.
+  last_out_ = cc.Take(Tl * h);
+  scratch_ = last_out_;
+  forward_out_ = cc.Take(Tl * h);
+  backward_out_ = cc.Take(Tl * h);
+  if (last_rank) {
+    logits_ = cc.Take(T * s.vocab_shard);
+    yf_ = cc.Take(Tl * h);
+  }
+  rstdf_ = cs.Take(Tl);
+  meanf_ = cs.Take(Tl);
+  row_max_ = cs.Take(T);
+  ce_partials_ = cs.Take(2 * T);
+  loss_ = cs.Take(T);
+  dloss_ = cs.Take(T);
+  ids_ = ci.Take(T);
+  targets_ = ci.Take(T);
+  positions_ = ci.Take(Tl);
+  return dev_.Fill(dloss_, static_cast<float>(1.0 / data_.tokens_per_step));
 }
 
 bool StageProgram::Recomputed(int layer_in_chunk) const {

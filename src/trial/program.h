@@ -6,9 +6,11 @@
 
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "autopar/trial/schedule.h"
+#include "src/trial/carver.h"
 #include "src/trial/context_attention.h"
 #include "src/trial/moe.h"
 #include "src/trial/shard.h"
@@ -58,6 +60,20 @@ class StageProgram {
   StageProgram(Device& d, const Shapes& s, const ParallelConfig& c, ProcessGroups& g, ModelShard& w,
                const DataSpec& data)
       : dev_(d), s_(s), c_(c), g_(g), w_(w), data_(data) {}
+
+  struct Slot;
+  // Set-up (Create): the activation slots, each laid out for layers whose dense MLP parts are
+  // `ffn_of` wide; the one-layer work area of recompute; the backward pass's and the loss's
+  // workspaces. `widest_ffn`: the widest of this rank's layers.
+  Status AllocateSlots(int slots, const std::vector<int64_t>& ffn_of);
+  Status AllocateWorkArea(int64_t widest_ffn);
+  Status AllocateWorkspaces(int64_t widest_ffn);
+  // Carves one layer's activations (all of them when `full`, else the input alone) from `cc`
+  // (compute dtype) and `cs` (f32); a slot's layers likewise, returning the elements it took of
+  // each (default Carvers only measure).
+  void CarveLayer(Carver& cc, Carver& cs, bool full, LayerActs& a, int64_t ffn) const;
+  std::pair<int64_t, int64_t> CarveSlot(Carver cc, Carver cs, Slot& slot,
+                                        const std::vector<int64_t>& ffn_of) const;
 
   bool Recomputed(int layer_in_chunk) const;
   // `moe` holds a MoE layer's routing and expert activations; count_aux is false on a full

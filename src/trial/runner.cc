@@ -85,6 +85,238 @@ std::string Validate(const backend::Group& world, const Device& dev, const Model
   return Unsupported(m, t, c);
 }
 
+Deadline After(Deadline from, double seconds) {
+  return from + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                    std::chrono::duration<double>(seconds));
+}
+
+// What one rank measured, before the ranks agree.
+struct RankSamples {
+  std::vector<double> pipeline_s, tail_s, loss_sums, aux_sums;  // per iteration
+  std::pair<double, double> fingerprint{0, 0};
+  std::pair<int, int> overlapped{0, 0};  // the data-parallel overlap's buckets, last iteration
+};
+
+// What a rank's iterations run on, once it is set up.
+struct RankRun {
+  Device& dev;
+  const backend::Group& world;
+  ProcessGroups& groups;
+  ModelShard& shard;
+  StageProgram& program;
+  const std::vector<PipelineOp>& ops;
+  const std::vector<std::vector<PipelineTransfer>>& exchanges;
+  const TrialOptions& options;
+  int microbatches;
+  Deadline deadline;
+};
+
+// Agree that every rank could allocate its footprint (`mine`: this rank's set-up) before anyone
+// starts communicating.
+Status AgreeOnSetUp(const Status& mine, const backend::Group& world, Deadline deadline) {
+  std::vector<double> setup = {
+      static_cast<double>(Severity(mine.ok() ? Outcome::kOk : mine.outcome()))};
+  AUTOPAR_RETURN_IF_ERROR(HostAllReduce(setup, MPI_MAX, world.comm(), deadline));
+  if (!mine.ok()) return mine;
+  if (setup[0] > 0) {
+    return Status(FromSeverity(static_cast<int>(setup[0])), "another rank failed its set-up");
+  }
+  return OkStatus();
+}
+
+// One iteration, the `step`-th: the schedule's ops and the flush timed as the pipeline part,
+// then the gradient reductions and Adam as the tail.
+Status RunIteration(const RankRun& run, int step, RankSamples& samples) {
+  if (run.options.stall_rank == run.world.rank()) {
+    // Test hook: a worker that stops making progress (a hung kernel, a lost peer).
+    while (std::chrono::steady_clock::now() < run.deadline) std::this_thread::yield();
+    return Status(Outcome::kTimeout, "stalled by the test hook");
+  }
+  AUTOPAR_RETURN_IF_ERROR(run.shard.BeginStep(run.dev, run.microbatches));
+  AUTOPAR_RETURN_IF_ERROR(run.dev.Synchronize());
+  // Every rank starts the iteration together, so no rank's time includes waiting for a late
+  // peer's previous iteration (the max over ranks is the step).
+  std::vector<double> barrier = {0};
+  AUTOPAR_RETURN_IF_ERROR(HostAllReduce(barrier, MPI_MAX, run.world.comm(), run.deadline));
+  backend::WallTimer timer;
+  for (size_t k = 0; k < run.ops.size(); ++k) {
+    const PipelineOp& op = run.ops[k];
+    AUTOPAR_RETURN_IF_ERROR(run.program.Exchange(run.exchanges[k]));
+    AUTOPAR_RETURN_IF_ERROR(op.kind == PipelineOp::kForward
+                                ? run.program.Forward(op.microbatch, op.chunk)
+                                : run.program.Backward(op.microbatch, op.chunk));
+  }
+  AUTOPAR_RETURN_IF_ERROR(run.program.Exchange(run.exchanges.back()));
+  AUTOPAR_RETURN_IF_ERROR(run.dev.Synchronize());
+  const double pipeline = timer.Seconds();
+  AUTOPAR_RETURN_IF_ERROR(
+      run.shard.Step(run.dev, run.groups, run.options.learning_rate, run.options.adam_eps, step));
+  AUTOPAR_RETURN_IF_ERROR(run.dev.Synchronize());
+  const double loss = run.program.TakeLossSum();
+  if (!std::isfinite(loss)) return Status(Outcome::kNonfinite, "the loss is not finite");
+  samples.pipeline_s.push_back(pipeline);
+  samples.tail_s.push_back(timer.Seconds() - pipeline);
+  samples.loss_sums.push_back(run.groups.at.tp == 0 ? loss : 0.0);
+  samples.aux_sums.push_back(run.program.TakeAuxLoss());  // counted on one rank per sample already
+  return OkStatus();
+}
+
+// How many more iterations make the timed ones last min_timed_s (the ranks agree on the max of
+// their timed totals), within kMaxTimedIterations.
+StatusOr<int> IterationsForMinTime(const RankRun& run, const RankSamples& samples) {
+  const TrialOptions& options = run.options;
+  std::vector<double> timed = {0};
+  for (size_t i = options.warmup_iterations; i < samples.pipeline_s.size(); ++i) {
+    timed[0] += samples.pipeline_s[i] + samples.tail_s[i];
+  }
+  AUTOPAR_RETURN_IF_ERROR(HostAllReduce(timed, MPI_MAX, run.world.comm(), run.deadline));
+  if (timed[0] < options.min_timed_s && timed[0] > 0) {
+    const double per_iteration = timed[0] / options.timed_iterations;
+    const int more = static_cast<int>(std::ceil((options.min_timed_s - timed[0]) / per_iteration));
+    return std::max(0, std::min(more, kMaxTimedIterations - options.timed_iterations));
+  }
+  return 0;
+}
+
+// The warm-up and timed iterations, extended once if min_timed_s asks for more.
+Status RunIterations(const RankRun& run, RankSamples& samples) {
+  const TrialOptions& options = run.options;
+  int iterations = options.warmup_iterations + options.timed_iterations;
+  bool extended = false;
+  for (int it = 0; it < iterations; ++it) {
+    AUTOPAR_RETURN_IF_ERROR(RunIteration(run, it + 1, samples));
+    if (it + 1 == iterations && !extended && options.min_timed_s > 0) {
+      extended = true;
+      AUTOPAR_ASSIGN_OR_RETURN(const int more, IterationsForMinTime(run, samples));
+      iterations += more;
+    }
+  }
+  return OkStatus();
+}
+
+// This rank's part of the trial: its groups, shard and program, then the iterations. Everything
+// that allocates lives in here, so it is all freed before the agreement.
+Status RunOnRank(backend::Backend& backend, const backend::Group& world, const ModelSpec& model,
+                 const TrainSpec& train, const ParallelConfig& c, const TrialOptions& options,
+                 int run_microbatches, Deadline deadline, RankSamples& samples) {
+  Device& dev = backend.device();
+  AUTOPAR_ASSIGN_OR_RETURN(
+      ProcessGroups groups,
+      ProcessGroups::Create(backend, world, c, deadline,
+                            UsedGroups(c, model.is_moe(), !model.untie_embeddings)));
+  const Shapes shapes = Shapes::Of(model, train, c, groups.at);
+  const std::vector<PipelineOp> ops = PipelineSchedule(c.pp, c.vpp, groups.at.pp, run_microbatches);
+  const std::vector<std::vector<PipelineTransfer>> exchanges =
+      PipelineExchanges(c.pp, c.vpp, groups.at.pp, ops);
+  AUTOPAR_ASSIGN_OR_RETURN(
+      ModelShard shard,
+      ModelShard::Create(dev, model, shapes, c, groups.at, options.seed, options.ddp_bucket_size));
+  DataSpec data;
+  data.seed = options.seed ^ 0xDA7Aull;
+  data.samples_per_replica = train.global_batch_size / c.dp;
+  data.tokens_per_step = static_cast<double>(run_microbatches) * c.mbs * train.seq_length * c.dp;
+  auto program_or = StageProgram::Create(dev, shapes, c, groups, shard, data, MaxInFlight(ops));
+  AUTOPAR_RETURN_IF_ERROR(AgreeOnSetUp(program_or.status(), world, deadline));
+  const RankRun run{dev,       world,   groups,           shard,   **program_or, ops,
+                    exchanges, options, run_microbatches, deadline};
+  AUTOPAR_RETURN_IF_ERROR(RunIterations(run, samples));
+  samples.overlapped = {shard.grad_buckets_overlapped(), shard.param_buckets_overlapped()};
+  if (options.fingerprint) {
+    AUTOPAR_ASSIGN_OR_RETURN(samples.fingerprint, shard.Fingerprint(dev, groups, options.seed));
+  }
+  return OkStatus();
+}
+
+// Every rank agrees on the outcome: the most severe wins. False, with `out` filled, unless ok.
+bool AgreeOnOutcome(const Status& status, const backend::Group& world, Deadline grace,
+                    TrialMeasurement& out) {
+  std::vector<double> verdict = {static_cast<double>(Severity(status.outcome()))};
+  if (Status s = HostAllReduce(verdict, MPI_MAX, world.comm(), grace); !s.ok()) {
+    out.outcome = s.outcome();
+    out.message = s.ToString();
+    return false;
+  }
+  out.outcome = FromSeverity(static_cast<int>(verdict[0]));
+  if (out.outcome != Outcome::kOk) {
+    out.message = status.ok() ? std::string("another rank failed: ") + OutcomeName(out.outcome)
+                              : status.ToString();
+    return false;
+  }
+  return true;
+}
+
+// This rank's peak memory in GiB above `baseline`. Training sees the device's whole use: the
+// trial's tensors plus what the runtime holds besides them (CUDA context, library workspaces,
+// NCCL buffers; 0 on the CPU backend). Every rank goes on to the agreement whatever happens
+// here, so a failed reading is noted in `notes` (after the attention engine's note) rather than
+// returned.
+double PeakMemoryGib(Device& dev, size_t baseline, std::string& notes) {
+  StatusOr<size_t> non_tensor = dev.NonTensorBytes();
+  const double peak =
+      static_cast<double>(dev.peak_bytes() - baseline + (non_tensor.ok() ? *non_tensor : 0)) / kGiB;
+  notes = dev.AttentionEngineNote();
+  if (!non_tensor.ok()) {
+    notes += (notes.empty() ? "" : "; ") + std::string("non-tensor memory unmeasured: ") +
+             non_tensor.status().ToString();
+  }
+  return peak;
+}
+
+// The figures the ranks agree on: per-rank peaks (summed), per-iteration extrapolated step times
+// (max), and the sums of [weight sum, weight projection, aux loss, per-iteration losses...,
+// gradient buckets overlapped, parameter buckets overlapped].
+struct Figures {
+  std::vector<double> peaks, step, sums;
+};
+
+// This rank's figures, before the agreement.
+Figures FiguresOf(Device& dev, size_t baseline, const backend::Group& world,
+                  const ParallelConfig& c, int run_microbatches, int job_microbatches,
+                  const RankSamples& samples, std::string& notes) {
+  Figures f;
+  f.peaks.assign(world.size(), 0.0);
+  f.peaks[world.rank()] = PeakMemoryGib(dev, baseline, notes);
+  for (size_t i = 0; i < samples.pipeline_s.size(); ++i) {
+    f.step.push_back(ExtrapolateStepTime(samples.pipeline_s[i], samples.tail_s[i], c.pp, c.vpp,
+                                         run_microbatches, job_microbatches));
+  }
+  f.sums = {samples.fingerprint.first, samples.fingerprint.second,
+            samples.aux_sums.empty() ? 0.0 : samples.aux_sums[0]};
+  f.sums.insert(f.sums.end(), samples.loss_sums.begin(), samples.loss_sums.end());
+  const bool reporter = world.rank() == 0;  // the first pipeline stage, where Megatron buckets
+  f.sums.push_back(reporter ? samples.overlapped.first : 0);
+  f.sums.push_back(reporter ? samples.overlapped.second : 0);
+  return f;
+}
+
+Status AgreeOnFigures(Figures& f, const backend::Group& world, Deadline grace) {
+  Status agree = HostAllReduce(f.peaks, MPI_SUM, world.comm(), grace);
+  if (agree.ok()) agree = HostAllReduce(f.step, MPI_MAX, world.comm(), grace);
+  if (agree.ok()) agree = HostAllReduce(f.sums, MPI_SUM, world.comm(), grace);
+  return agree;
+}
+
+// The agreed figures into `out`; `tokens_run` is the tokens of one iteration's micro-batches.
+void Report(const Figures& f, int warmup_iterations, const TrainSpec& train, double tokens_run,
+            TrialMeasurement& out) {
+  out.peak_memory_gib = f.peaks;
+  out.iteration_times_s.assign(f.step.begin() + warmup_iterations, f.step.end());
+  std::vector<std::vector<double>> per_iteration;
+  for (double s : out.iteration_times_s) per_iteration.push_back({s});
+  out.step_time_s = MedianOfMax(per_iteration);
+  out.tokens_per_s = out.step_time_s > 0 ? static_cast<double>(train.global_batch_size) *
+                                               train.seq_length / out.step_time_s
+                                         : 0;
+  out.weight_sum = f.sums[0];
+  out.grad_buckets_overlapped = static_cast<int>(f.sums[f.sums.size() - 2]);
+  out.param_buckets_overlapped = static_cast<int>(f.sums.back());
+  out.weight_projection = f.sums[1];
+  if (!f.step.empty()) {
+    out.loss = f.sums[3] / tokens_run;
+    out.aux_loss = f.sums[2];
+  }
+}
+
 }  // namespace
 
 TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world,
@@ -98,10 +330,7 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
     out.message = reason;
     return out;
   }
-  const auto start = std::chrono::steady_clock::now();
-  const Deadline deadline =
-      start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                  std::chrono::duration<double>(options.timeout_s));
+  const Deadline deadline = After(std::chrono::steady_clock::now(), options.timeout_s);
   Device& dev = backend.device();
   const size_t baseline = dev.bytes_in_use();
   dev.ResetPeak();
@@ -115,164 +344,23 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
   out.microbatches_run = run_microbatches;
   out.microbatches_total = static_cast<int>(job_microbatches);
 
-  std::vector<double> pipeline_s, tail_s, loss_sums, aux_sums;
-  std::pair<double, double> fingerprint{0, 0};
-  std::pair<int, int> overlapped{0, 0};  // the data-parallel overlap's buckets, last iteration
-  // Everything that allocates lives in this scope, so it is all freed before the agreement.
-  Status status = [&]() -> Status {
-    AUTOPAR_ASSIGN_OR_RETURN(ProcessGroups groups,
-                             ProcessGroups::Create(backend, world, c, deadline,
-                                                   UsedGroups(c, model.is_moe(),
-                                                              !model.untie_embeddings)));
-    const Shapes shapes = Shapes::Of(model, train, c, groups.at);
-    const std::vector<PipelineOp> ops =
-        PipelineSchedule(c.pp, c.vpp, groups.at.pp, run_microbatches);
-    const std::vector<std::vector<PipelineTransfer>> exchanges =
-        PipelineExchanges(c.pp, c.vpp, groups.at.pp, ops);
-    AUTOPAR_ASSIGN_OR_RETURN(ModelShard shard, ModelShard::Create(dev, model, shapes, c, groups.at,
-                                                                  options.seed,
-                                                                  options.ddp_bucket_size));
-    DataSpec data;
-    data.seed = options.seed ^ 0xDA7Aull;
-    data.samples_per_replica = train.global_batch_size / c.dp;
-    data.tokens_per_step =
-        static_cast<double>(run_microbatches) * c.mbs * train.seq_length * c.dp;
-    auto program_or = StageProgram::Create(dev, shapes, c, groups, shard, data, MaxInFlight(ops));
-    // Agree that every rank could allocate its footprint before anyone starts communicating.
-    std::vector<double> setup = {
-        static_cast<double>(Severity(program_or.ok() ? Outcome::kOk
-                                                     : program_or.status().outcome()))};
-    AUTOPAR_RETURN_IF_ERROR(HostAllReduce(setup, MPI_MAX, world.comm(), deadline));
-    if (!program_or.ok()) return program_or.status();
-    if (setup[0] > 0) {
-      return Status(FromSeverity(static_cast<int>(setup[0])), "another rank failed its set-up");
-    }
-    StageProgram& program = **program_or;
-
-    int iterations = options.warmup_iterations + options.timed_iterations;
-    bool extended = false;
-    for (int it = 0; it < iterations; ++it) {
-      if (options.stall_rank == world.rank()) {
-        // Test hook: a worker that stops making progress (a hung kernel, a lost peer).
-        while (std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
-        return Status(Outcome::kTimeout, "stalled by the test hook");
-      }
-      AUTOPAR_RETURN_IF_ERROR(shard.BeginStep(dev, run_microbatches));
-      AUTOPAR_RETURN_IF_ERROR(dev.Synchronize());
-      // Every rank starts the iteration together, so no rank's time includes waiting for a late
-      // peer's previous iteration (the max over ranks is the step).
-      std::vector<double> barrier = {0};
-      AUTOPAR_RETURN_IF_ERROR(HostAllReduce(barrier, MPI_MAX, world.comm(), deadline));
-      backend::WallTimer timer;
-      for (size_t k = 0; k < ops.size(); ++k) {
-        const PipelineOp& op = ops[k];
-        AUTOPAR_RETURN_IF_ERROR(program.Exchange(exchanges[k]));
-        AUTOPAR_RETURN_IF_ERROR(op.kind == PipelineOp::kForward
-                                    ? program.Forward(op.microbatch, op.chunk)
-                                    : program.Backward(op.microbatch, op.chunk));
-      }
-      AUTOPAR_RETURN_IF_ERROR(program.Exchange(exchanges.back()));
-      AUTOPAR_RETURN_IF_ERROR(dev.Synchronize());
-      const double pipeline = timer.Seconds();
-      AUTOPAR_RETURN_IF_ERROR(shard.Step(dev, groups, options.learning_rate, options.adam_eps, it + 1));
-      AUTOPAR_RETURN_IF_ERROR(dev.Synchronize());
-      const double loss = program.TakeLossSum();
-      if (!std::isfinite(loss)) return Status(Outcome::kNonfinite, "the loss is not finite");
-      pipeline_s.push_back(pipeline);
-      tail_s.push_back(timer.Seconds() - pipeline);
-      loss_sums.push_back(groups.at.tp == 0 ? loss : 0.0);
-      aux_sums.push_back(program.TakeAuxLoss());  // counted on one rank per sample already
-      if (it + 1 == iterations && !extended && options.min_timed_s > 0) {
-        extended = true;
-        std::vector<double> timed = {0};
-        for (size_t i = options.warmup_iterations; i < pipeline_s.size(); ++i) {
-          timed[0] += pipeline_s[i] + tail_s[i];
-        }
-        AUTOPAR_RETURN_IF_ERROR(HostAllReduce(timed, MPI_MAX, world.comm(), deadline));
-        if (timed[0] < options.min_timed_s && timed[0] > 0) {
-          const double per_iteration = timed[0] / options.timed_iterations;
-          const int more = static_cast<int>(
-              std::ceil((options.min_timed_s - timed[0]) / per_iteration));
-          iterations += std::max(0, std::min(more, kMaxTimedIterations - options.timed_iterations));
-        }
-      }
-    }
-    overlapped = {shard.grad_buckets_overlapped(), shard.param_buckets_overlapped()};
-    if (options.fingerprint) {
-      AUTOPAR_ASSIGN_OR_RETURN(fingerprint, shard.Fingerprint(dev, groups, options.seed));
-    }
-    return OkStatus();
-  }();
+  RankSamples samples;
+  const Status status =
+      RunOnRank(backend, world, model, train, c, options, run_microbatches, deadline, samples);
 
   // ---- every rank agrees on the outcome and the figures ----
-  const Deadline grace = std::max(deadline, std::chrono::steady_clock::now()) +
-                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                             std::chrono::duration<double>(kAgreementGraceS));
-  std::vector<double> verdict = {static_cast<double>(Severity(status.outcome()))};
-  if (Status s = HostAllReduce(verdict, MPI_MAX, world.comm(), grace); !s.ok()) {
-    out.outcome = s.outcome();
-    out.message = s.ToString();
-    return out;
-  }
-  out.outcome = FromSeverity(static_cast<int>(verdict[0]));
-  if (out.outcome != Outcome::kOk) {
-    out.message = status.ok() ? std::string("another rank failed: ") + OutcomeName(out.outcome)
-                              : status.ToString();
-    return out;
-  }
-  // Per-rank peaks, then per-iteration maxima of the extrapolated step time.
-  const int ranks = world.size();
-  std::vector<double> peaks(ranks, 0.0);
-  // Training sees the device's whole use: the trial's tensors plus what the runtime holds besides
-  // them (CUDA context, library workspaces, NCCL buffers; 0 on the CPU backend).
-  // Every rank goes on to the agreement below whatever happens here, so a failed reading is
-  // noted rather than returned.
-  StatusOr<size_t> non_tensor = dev.NonTensorBytes();
-  peaks[world.rank()] =
-      static_cast<double>(dev.peak_bytes() - baseline + (non_tensor.ok() ? *non_tensor : 0)) /
-      kGiB;
-  out.notes = dev.AttentionEngineNote();
-  if (!non_tensor.ok()) {
-    out.notes += (out.notes.empty() ? "" : "; ") + std::string("non-tensor memory unmeasured: ") +
-                 non_tensor.status().ToString();
-  }
-  const int iterations = static_cast<int>(pipeline_s.size());
-  std::vector<double> step(iterations), losses = loss_sums;
-  for (int i = 0; i < iterations; ++i) {
-    step[i] = ExtrapolateStepTime(pipeline_s[i], tail_s[i], c.pp, c.vpp, run_microbatches,
-                                  static_cast<int>(job_microbatches));
-  }
-  std::vector<double> sums = {fingerprint.first, fingerprint.second,
-                              aux_sums.empty() ? 0.0 : aux_sums[0]};
-  sums.insert(sums.end(), losses.begin(), losses.end());
-  const bool reporter = world.rank() == 0;  // the first pipeline stage, where Megatron buckets
-  sums.push_back(reporter ? overlapped.first : 0);
-  sums.push_back(reporter ? overlapped.second : 0);
-  Status agree = HostAllReduce(peaks, MPI_SUM, world.comm(), grace);
-  if (agree.ok()) agree = HostAllReduce(step, MPI_MAX, world.comm(), grace);
-  if (agree.ok()) agree = HostAllReduce(sums, MPI_SUM, world.comm(), grace);
-  if (!agree.ok()) {
+  const Deadline grace =
+      After(std::max(deadline, std::chrono::steady_clock::now()), kAgreementGraceS);
+  if (!AgreeOnOutcome(status, world, grace, out)) return out;
+  Figures figures = FiguresOf(dev, baseline, world, c, run_microbatches,
+                              static_cast<int>(job_microbatches), samples, out.notes);
+  if (Status agree = AgreeOnFigures(figures, world, grace); !agree.ok()) {
     out.outcome = agree.outcome();
     out.message = agree.ToString();
     return out;
   }
-  out.peak_memory_gib = peaks;
-  out.iteration_times_s.assign(step.begin() + options.warmup_iterations, step.end());
-  std::vector<std::vector<double>> per_iteration;
-  for (double s : out.iteration_times_s) per_iteration.push_back({s});
-  out.step_time_s = MedianOfMax(per_iteration);
-  out.tokens_per_s = out.step_time_s > 0 ? static_cast<double>(train.global_batch_size) *
-                                               train.seq_length / out.step_time_s
-                                         : 0;
-  out.weight_sum = sums[0];
-  out.grad_buckets_overlapped = static_cast<int>(sums[sums.size() - 2]);
-  out.param_buckets_overlapped = static_cast<int>(sums.back());
-  out.weight_projection = sums[1];
-  if (iterations > 0) {
-    const double tokens = static_cast<double>(run_microbatches) * c.mbs * train.seq_length * c.dp;
-    out.loss = sums[3] / tokens;
-    out.aux_loss = sums[2];
-  }
+  const double tokens_run = static_cast<double>(run_microbatches) * c.mbs * train.seq_length * c.dp;
+  Report(figures, options.warmup_iterations, train, tokens_run, out);
   return out;
 }
 

@@ -65,6 +65,231 @@ Status FillPieces(Device& device, const std::vector<Piece>& pieces, Tensor targe
 
 }  // namespace
 
+// Lays out a rank's parameters as pieces of the shard's two partitions, in Megatron's
+// registration order (embedding, layers, final norm, output layer), and makes the parameters'
+// views once the flat buffers exist. A parameter spans its consecutive pieces (q, k, v; gate, up).
+class ModelShard::Layout {
+ public:
+  Layout(ModelShard& shard, const Shapes& s, const Coordinates& at, uint64_t seed)
+      : shard_(shard), s_(s), at_(at), seed_(seed) {}
+
+  // Megatron registers the embedding first: its gradient, complete last, goes in the last bucket.
+  void AddEmbedding();
+  void AddLayers();
+  void AddHead();
+  int64_t numel(int part) const { return next_[part]; }
+  // The views of every parameter and gradient in the shard's allocated partitions.
+  void MakeViews();
+
+ private:
+  // A piece reserved in a partition.
+  struct Ref {
+    int part = kDense;
+    size_t index = SIZE_MAX;
+  };
+  struct LayerRefs {
+    Ref n1, n1b, q, proj, n2, n2b, fc1, fc2, router;
+    bool moe = false;
+    std::vector<std::pair<Ref, Ref>> experts;  // fc1 (gate, up), fc2
+  };
+
+  Ref Add(int part, Piece p);
+  Ref Norm(bool bias);
+  Ref Matrix(uint64_t seed, int64_t rows, int64_t cols, int64_t global_cols, int64_t row_offset,
+             int64_t col_offset, int part = kDense);
+  std::pair<Ref, Ref> Mlp(Kind gate, Kind up, Kind fc2, int64_t key, int64_t ffn, int part,
+                          int64_t rank, int64_t size);
+  LayerRefs AddLayer(int64_t layer);
+  void AddMoe(int64_t layer, LayerRefs& li);
+  Piece& PieceOf(Ref r) { return shard_.parts_[r.part].pieces[r.index]; }
+  // The view of the parameter (or its gradient) made of `count` pieces from `first`.
+  Tensor View(Ref first, size_t count, bool grad) const;
+  LayerWeights LayerViews(const LayerRefs& li) const;
+
+  ModelShard& shard_;
+  const Shapes& s_;
+  const Coordinates& at_;
+  const uint64_t seed_;
+  int unit_ = 0;  // of the pieces added next
+  int64_t next_[2] = {0, 0};
+  Ref word_, pos_, fnorm_, fnorm_b_, out_;
+  std::vector<std::vector<LayerRefs>> layers_;  // [chunk][layer in chunk]
+};
+
+ModelShard::Layout::Ref ModelShard::Layout::Add(int part, Piece p) {
+  p.offset = next_[part];
+  p.unit = unit_;
+  if (p.numel == 0) p.numel = p.rows * p.cols;
+  next_[part] += p.numel;
+  shard_.parts_[part].pieces.push_back(p);
+  return Ref{part, shard_.parts_[part].pieces.size() - 1};
+}
+
+ModelShard::Layout::Ref ModelShard::Layout::Norm(bool bias) {
+  return Add(
+      kDense,
+      {.numel = s_.hidden, .init = bias ? Piece::kZeros : Piece::kOnes, .tp_replicated = true});
+}
+
+ModelShard::Layout::Ref ModelShard::Layout::Matrix(uint64_t seed, int64_t rows, int64_t cols,
+                                                   int64_t global_cols, int64_t row_offset,
+                                                   int64_t col_offset, int part) {
+  return Add(part, {.seed = seed,
+                    .init = Piece::kHash,
+                    .rows = rows,
+                    .cols = cols,
+                    .global_cols = global_cols,
+                    .row_offset = row_offset,
+                    .col_offset = col_offset});
+}
+
+// A column-parallel fc1 ([gate; up] for SwiGLU) and row-parallel fc2 of width `ffn` per rank
+// of a group of `size` (tp, or etp for routed experts) in which this rank is `rank`.
+std::pair<ModelShard::Layout::Ref, ModelShard::Layout::Ref> ModelShard::Layout::Mlp(
+    Kind gate, Kind up, Kind fc2, int64_t key, int64_t ffn, int part, int64_t rank, int64_t size) {
+  const int64_t h = s_.hidden;
+  const Ref fc1 = Matrix(SeedOf(seed_, gate, key), ffn, h, h, rank * ffn, 0, part);
+  if (s_.swiglu) {
+    const Ref up_rows = Matrix(SeedOf(seed_, up, key), ffn, h, h, rank * ffn, 0, part);
+    PieceOf(up_rows).continues = true;
+  }
+  return std::pair{fc1, Matrix(SeedOf(seed_, fc2, key), h, ffn, ffn * size, 0, rank * ffn, part)};
+}
+
+void ModelShard::Layout::AddEmbedding() {
+  unit_ = shard_.EmbeddingUnit();
+  if (at_.pp != 0) return;
+  const int64_t h = s_.hidden;
+  word_ = Matrix(SeedOf(seed_, kWord, 0), s_.vocab_shard, h, h, s_.vocab_start, 0);
+  PieceOf(word_).tied = s_.tied && s_.pp > 1;
+  if (s_.learned_positions) {
+    pos_ = Matrix(SeedOf(seed_, kPos, 0), s_.max_positions, h, h, 0, 0);
+    PieceOf(pos_).tp_replicated = true;
+  }
+}
+
+void ModelShard::Layout::AddLayers() {
+  layers_.resize(s_.vpp);
+  for (int chunk = 0; chunk < s_.vpp; ++chunk) {
+    for (int64_t j = 0; j < s_.layers_per_chunk; ++j) {
+      unit_ = shard_.LayerUnit(chunk, j);
+      layers_[chunk].push_back(AddLayer(s_.GlobalLayer(chunk, j)));
+    }
+  }
+}
+
+ModelShard::Layout::LayerRefs ModelShard::Layout::AddLayer(int64_t layer) {
+  const bool layernorm = !s_.rmsnorm;
+  const int64_t h = s_.hidden;
+  LayerRefs li{};
+  li.n1 = Norm(false);
+  if (layernorm) li.n1b = Norm(true);
+  li.q = Matrix(SeedOf(seed_, kQ, layer), s_.q_cols, h, h, at_.tp * s_.q_cols, 0);
+  for (const Kind kv : {kK, kV}) {
+    const Ref r = Matrix(SeedOf(seed_, kv, layer), s_.kv_cols, h, h, at_.tp * s_.kv_cols, 0);
+    PieceOf(r).continues = true;
+  }
+  li.proj =
+      Matrix(SeedOf(seed_, kProj, layer), h, s_.q_cols, s_.q_cols * s_.tp, 0, at_.tp * s_.q_cols);
+  li.n2 = Norm(false);
+  if (layernorm) li.n2b = Norm(true);
+  li.moe = s_.IsMoe(layer);
+  if (!li.moe) {
+    std::tie(li.fc1, li.fc2) = Mlp(kGate, kUp, kFc2, layer, s_.ffn, kDense, at_.tp, s_.tp);
+  } else {
+    AddMoe(layer, li);
+  }
+  return li;
+}
+
+// A MoE layer's router, shared experts and the ep rank's routed experts.
+void ModelShard::Layout::AddMoe(int64_t layer, LayerRefs& li) {
+  // The router is replicated; every tp rank routes its own rows, so its gradient is a partial
+  // sum over tp.
+  li.router = Matrix(SeedOf(seed_, kRouter, layer), s_.experts, s_.hidden, s_.hidden, 0, 0);
+  Piece& router = PieceOf(li.router);
+  router.tp_replicated = router.tp_partial = true;
+  if (s_.shared_ffn > 0) {
+    std::tie(li.fc1, li.fc2) =
+        Mlp(kSharedGate, kSharedUp, kSharedFc2, layer, s_.shared_ffn, kDense, at_.tp, s_.tp);
+  }
+  for (int64_t e = 0; e < s_.local_experts; ++e) {
+    const int64_t expert = at_.ep * s_.local_experts + e;  // global expert index
+    li.experts.push_back(Mlp(kExpertGate, kExpertUp, kExpertFc2, layer * s_.experts + expert,
+                             s_.expert_ffn, kExperts, at_.etp, s_.etp));
+  }
+}
+
+void ModelShard::Layout::AddHead() {
+  unit_ = shard_.HeadUnit();
+  if (at_.pp != s_.pp - 1) return;
+  const int64_t h = s_.hidden;
+  fnorm_ = Norm(false);
+  if (!s_.rmsnorm) fnorm_b_ = Norm(true);
+  if (!s_.tied) {
+    out_ = Matrix(SeedOf(seed_, kOutput, 0), s_.vocab_shard, h, h, s_.vocab_start, 0);
+  } else if (at_.pp != 0) {
+    out_ = Matrix(SeedOf(seed_, kWord, 0), s_.vocab_shard, h, h, s_.vocab_start, 0);
+    PieceOf(out_).duplicate = true;
+    PieceOf(out_).tied = true;
+  }
+}
+
+Tensor ModelShard::Layout::View(Ref first, size_t count, bool grad) const {
+  if (first.index == SIZE_MAX) return Tensor{};
+  const Partition& part = shard_.parts_[first.part];
+  int64_t numel = 0;
+  for (size_t i = first.index; i < first.index + count; ++i) numel += part.pieces[i].numel;
+  return (grad ? part.grads : part.weights).tensor().Slice(part.pieces[first.index].offset, numel);
+}
+
+LayerWeights ModelShard::Layout::LayerViews(const LayerRefs& li) const {
+  const size_t fc1_pieces = s_.swiglu ? 2 : 1;
+  LayerWeights lw;
+  for (const bool grad : {false, true}) {
+    (grad ? lw.d_norm1 : lw.norm1) = View(li.n1, 1, grad);
+    (grad ? lw.d_norm1_bias : lw.norm1_bias) = View(li.n1b, 1, grad);
+    (grad ? lw.d_qkv : lw.qkv) = View(li.q, 3, grad);
+    (grad ? lw.d_proj : lw.proj) = View(li.proj, 1, grad);
+    (grad ? lw.d_norm2 : lw.norm2) = View(li.n2, 1, grad);
+    (grad ? lw.d_norm2_bias : lw.norm2_bias) = View(li.n2b, 1, grad);
+    (grad ? lw.d_fc1 : lw.fc1) = View(li.fc1, fc1_pieces, grad);
+    (grad ? lw.d_fc2 : lw.fc2) = View(li.fc2, 1, grad);
+    (grad ? lw.d_router : lw.router) = View(li.router, 1, grad);
+  }
+  lw.moe = li.moe;
+  for (const auto& [fc1, fc2] : li.experts) {
+    lw.experts.push_back({View(fc1, fc1_pieces, false), View(fc2, 1, false),
+                          View(fc1, fc1_pieces, true), View(fc2, 1, true)});
+  }
+  return lw;
+}
+
+void ModelShard::Layout::MakeViews() {
+  shard_.chunks.resize(s_.vpp);
+  for (int chunk = 0; chunk < s_.vpp; ++chunk) {
+    shard_.chunks[chunk].first_layer = static_cast<int>(s_.chunk_first_layer[chunk]);
+    for (const LayerRefs& li : layers_[chunk]) {
+      shard_.chunks[chunk].layers.push_back(LayerViews(li));
+    }
+  }
+  shard_.word_embedding = View(word_, 1, false);
+  shard_.d_word_embedding = View(word_, 1, true);
+  shard_.positions = View(pos_, 1, false);
+  shard_.d_positions = View(pos_, 1, true);
+  shard_.final_norm = View(fnorm_, 1, false);
+  shard_.d_final_norm = View(fnorm_, 1, true);
+  shard_.final_norm_bias = View(fnorm_b_, 1, false);
+  shard_.d_final_norm_bias = View(fnorm_b_, 1, true);
+  const bool first_stage = at_.pp == 0, last_stage = at_.pp == s_.pp - 1;
+  if (last_stage && s_.tied && first_stage) {
+    shard_.output = shard_.word_embedding;
+    shard_.d_output = shard_.d_word_embedding;
+  } else {
+    shard_.output = View(out_, 1, false);
+    shard_.d_output = View(out_, 1, true);
+  }
+}
 
 StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, const Shapes& s,
                                         const ParallelConfig& c, const Coordinates& at,
@@ -72,120 +297,24 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
   ModelShard shard;
   shard.layers_per_chunk_ = s.layers_per_chunk;
   shard.units_ = static_cast<int>(s.vpp * s.layers_per_chunk) + 2;
-  int unit = 0;  // of the pieces added next
-  int64_t next[2] = {0, 0};
-  // A piece reserved in a partition; views are made once the flat buffers exist.
-  struct Ref {
-    int part = kDense;
-    size_t index = SIZE_MAX;
-  };
-  auto add = [&](int part, Piece p) {
-    p.offset = next[part];
-    p.unit = unit;
-    if (p.numel == 0) p.numel = p.rows * p.cols;
-    next[part] += p.numel;
-    shard.parts_[part].pieces.push_back(p);
-    return Ref{part, shard.parts_[part].pieces.size() - 1};
-  };
-  auto norm = [&](bool bias) {
-    return add(kDense, {.numel = s.hidden, .init = bias ? Piece::kZeros : Piece::kOnes,
-                        .tp_replicated = true});
-  };
-  auto matrix = [&](uint64_t sd, int64_t rows, int64_t cols, int64_t global_cols,
-                    int64_t row_offset, int64_t col_offset, int part = kDense) {
-    return add(part, {.seed = sd, .init = Piece::kHash, .rows = rows, .cols = cols,
-                      .global_cols = global_cols, .row_offset = row_offset,
-                      .col_offset = col_offset});
-  };
-  const bool layernorm = !s.rmsnorm;
-  const int64_t h = s.hidden;
-  struct LayerIdx {
-    Ref n1, n1b, q, proj, n2, n2b, fc1, fc2, router;
-    bool moe = false;
-    std::vector<std::pair<Ref, Ref>> experts;  // fc1 (gate, up), fc2
-  };
-  // A column-parallel fc1 ([gate; up] for SwiGLU) and row-parallel fc2 of width `ffn` per rank
-  // of a group of `size` (tp, or etp for routed experts) in which this rank is `rank`.
-  auto mlp = [&](Kind gate, Kind up, Kind fc2, int64_t key, int64_t ffn, int part, int64_t rank,
-                 int64_t size) {
-    const Ref fc1 = matrix(SeedOf(seed, gate, key), ffn, h, h, rank * ffn, 0, part);
-    if (s.swiglu) {
-      const Ref up_rows = matrix(SeedOf(seed, up, key), ffn, h, h, rank * ffn, 0, part);
-      shard.parts_[part].pieces[up_rows.index].continues = true;
-    }
-    return std::pair{fc1, matrix(SeedOf(seed, fc2, key), h, ffn, ffn * size, 0, rank * ffn, part)};
-  };
-  const bool first_stage = at.pp == 0, last_stage = at.pp == s.pp - 1;
-  // Megatron registers the embedding first: its gradient, complete last, goes in the last bucket.
-  Ref word, pos, fnorm, fnorm_b, out;
-  unit = shard.EmbeddingUnit();
-  if (first_stage) {
-    word = matrix(SeedOf(seed, kWord, 0), s.vocab_shard, h, h, s.vocab_start, 0);
-    shard.parts_[kDense].pieces[word.index].tied = s.tied && s.pp > 1;
-    if (s.learned_positions) {
-      pos = matrix(SeedOf(seed, kPos, 0), s.max_positions, h, h, 0, 0);
-      shard.parts_[kDense].pieces[pos.index].tp_replicated = true;
-    }
-  }
-  std::vector<std::vector<LayerIdx>> layer_idx(s.vpp);
-  for (int chunk = 0; chunk < s.vpp; ++chunk) {
-    for (int64_t j = 0; j < s.layers_per_chunk; ++j) {
-      const int64_t layer = s.GlobalLayer(chunk, j);
-      unit = shard.LayerUnit(chunk, j);
-      LayerIdx li{};
-      li.n1 = norm(false);
-      if (layernorm) li.n1b = norm(true);
-      li.q = matrix(SeedOf(seed, kQ, layer), s.q_cols, h, h, at.tp * s.q_cols, 0);
-      for (const Kind kv : {kK, kV}) {
-        const Ref r = matrix(SeedOf(seed, kv, layer), s.kv_cols, h, h, at.tp * s.kv_cols, 0);
-        shard.parts_[kDense].pieces[r.index].continues = true;
-      }
-      li.proj = matrix(SeedOf(seed, kProj, layer), h, s.q_cols, s.q_cols * s.tp, 0,
-                       at.tp * s.q_cols);
-      li.n2 = norm(false);
-      if (layernorm) li.n2b = norm(true);
-      li.moe = s.IsMoe(layer);
-      if (!li.moe) {
-        std::tie(li.fc1, li.fc2) = mlp(kGate, kUp, kFc2, layer, s.ffn, kDense, at.tp, s.tp);
-      } else {
-        // The router is replicated; every tp rank routes its own rows, so its gradient is a
-        // partial sum over tp.
-        li.router = matrix(SeedOf(seed, kRouter, layer), s.experts, h, h, 0, 0);
-        Piece& router = shard.parts_[kDense].pieces[li.router.index];
-        router.tp_replicated = router.tp_partial = true;
-        if (s.shared_ffn > 0) {
-          std::tie(li.fc1, li.fc2) =
-              mlp(kSharedGate, kSharedUp, kSharedFc2, layer, s.shared_ffn, kDense, at.tp, s.tp);
-        }
-        for (int64_t e = 0; e < s.local_experts; ++e) {
-          const int64_t expert = at.ep * s.local_experts + e;  // global expert index
-          li.experts.push_back(mlp(kExpertGate, kExpertUp, kExpertFc2, layer * s.experts + expert,
-                                   s.expert_ffn, kExperts, at.etp, s.etp));
-        }
-      }
-      layer_idx[chunk].push_back(std::move(li));
-    }
-  }
-  unit = shard.HeadUnit();
-  if (last_stage) {
-    fnorm = norm(false);
-    if (layernorm) fnorm_b = norm(true);
-    if (!s.tied) {
-      out = matrix(SeedOf(seed, kOutput, 0), s.vocab_shard, h, h, s.vocab_start, 0);
-    } else if (!first_stage) {
-      out = matrix(SeedOf(seed, kWord, 0), s.vocab_shard, h, h, s.vocab_start, 0);
-      shard.parts_[kDense].pieces[out.index].duplicate = true;
-      shard.parts_[kDense].pieces[out.index].tied = true;
-    }
-  }
+  Layout layout(shard, s, at, seed);
+  layout.AddEmbedding();
+  layout.AddLayers();
+  layout.AddHead();
+  shard.parts_[kDense].padded_numel = layout.numel(kDense);
+  shard.parts_[kExperts].padded_numel = layout.numel(kExperts);
+  AUTOPAR_RETURN_IF_ERROR(shard.AllocatePartitions(device, c, at, ddp_bucket_size));
+  layout.MakeViews();
+  return shard;
+}
 
-  // Flat buffers, padded so the distributed optimizer can split them evenly: dense parameters over
-  // their up·cp·dp replicas, experts over their tp·up·cp·dp / (etp·ep) replicas.
+// Flat buffers, padded so the distributed optimizer can split them evenly: dense parameters over
+// their up·cp·dp replicas, experts over their tp·up·cp·dp / (etp·ep) replicas.
+Status ModelShard::AllocatePartitions(Device& device, const ParallelConfig& c,
+                                      const Coordinates& at, int64_t ddp_bucket_size) {
   const int replicas = c.up * c.cp * c.dp;
   const int k = at.cp + c.cp * at.dp;
-  shard.separate_master_ = device.compute_dtype() != DType::kF32;
-  shard.parts_[kDense].padded_numel = next[kDense];
-  shard.parts_[kExperts].padded_numel = next[kExperts];
+  separate_master_ = device.compute_dtype() != DType::kF32;
   // Megatron buckets only the first pipeline stage, and only with the overlap on
   // (distributed_data_parallel.py): elsewhere one bucket, reduced after the flush or, with the
   // overlap on, as soon as the stage's last backward completes it. The tied embedding's bucket
@@ -194,76 +323,24 @@ StatusOr<ModelShard> ModelShard::Create(Device& device, const ModelSpec& m, cons
   const bool bucketed = c.overlap_grad_reduce && at.pp == 0;
   const int64_t bucket_size =
       bucketed ? DdpBucketSize(ddp_bucket_size, c.dp) : 0;
-  AUTOPAR_RETURN_IF_ERROR(shard.Allocate(device, shard.parts_[kDense], c.dist_opt ? replicas : 1,
-                                         at.up + c.up * k, bucket_size, c.overlap_grad_reduce));
-  AUTOPAR_RETURN_IF_ERROR(shard.Allocate(device, shard.parts_[kExperts],
-                                         c.dist_opt ? static_cast<int>(c.expert_dp()) : 1, at.edp,
-                                         bucket_size, c.overlap_grad_reduce));
-  shard.sp_ = c.sp;
-  shard.device_ = &device;
+  AUTOPAR_RETURN_IF_ERROR(Allocate(device, parts_[kDense], c.dist_opt ? replicas : 1,
+                                   at.up + c.up * k, bucket_size, c.overlap_grad_reduce));
+  AUTOPAR_RETURN_IF_ERROR(Allocate(device, parts_[kExperts],
+                                   c.dist_opt ? static_cast<int>(c.expert_dp()) : 1, at.edp,
+                                   bucket_size, c.overlap_grad_reduce));
+  sp_ = c.sp;
+  device_ = &device;
   // fp32 training reduces its fp32 gradients whatever the knob says, as Megatron does (the
   // gradient buffer takes the parameters' dtype under --grad-reduce-in-bf16).
-  shard.round_grads_ =
+  round_grads_ =
       c.grad_reduce_dtype == GradReduceDtype::kBF16 && device.compute_dtype() != DType::kF32;
-  if (shard.round_grads_) {
-    const int64_t largest = std::max(shard.parts_[kDense].padded_numel,
-                                     shard.parts_[kExperts].padded_numel);
+  if (round_grads_) {
+    const int64_t largest = std::max(parts_[kDense].padded_numel, parts_[kExperts].padded_numel);
     AUTOPAR_ASSIGN_OR_RETURN(
-        shard.round_scratch_,
-        device.Allocate(2 * std::min<int64_t>(largest, kRoundBlock), DType::kF32));
+        round_scratch_, device.Allocate(2 * std::min<int64_t>(largest, kRoundBlock), DType::kF32));
   }
-  shard.defer_gather_ = c.overlap_param_gather && OverlapParamGatherAllowed(c);
-
-  // Views: a parameter spans its consecutive pieces (q, k, v; gate, up).
-  auto span = [&](Ref first, size_t count, bool grad) {
-    if (first.index == SIZE_MAX) return Tensor{};
-    const Partition& part = shard.parts_[first.part];
-    int64_t numel = 0;
-    for (size_t i = first.index; i < first.index + count; ++i) numel += part.pieces[i].numel;
-    return (grad ? part.grads : part.weights).tensor().Slice(part.pieces[first.index].offset,
-                                                             numel);
-  };
-  const size_t fc1_pieces = s.swiglu ? 2 : 1;
-  shard.chunks.resize(s.vpp);
-  for (int chunk = 0; chunk < s.vpp; ++chunk) {
-    shard.chunks[chunk].first_layer = static_cast<int>(s.chunk_first_layer[chunk]);
-    for (const LayerIdx& li : layer_idx[chunk]) {
-      LayerWeights lw;
-      for (const bool grad : {false, true}) {
-        (grad ? lw.d_norm1 : lw.norm1) = span(li.n1, 1, grad);
-        (grad ? lw.d_norm1_bias : lw.norm1_bias) = span(li.n1b, 1, grad);
-        (grad ? lw.d_qkv : lw.qkv) = span(li.q, 3, grad);
-        (grad ? lw.d_proj : lw.proj) = span(li.proj, 1, grad);
-        (grad ? lw.d_norm2 : lw.norm2) = span(li.n2, 1, grad);
-        (grad ? lw.d_norm2_bias : lw.norm2_bias) = span(li.n2b, 1, grad);
-        (grad ? lw.d_fc1 : lw.fc1) = span(li.fc1, fc1_pieces, grad);
-        (grad ? lw.d_fc2 : lw.fc2) = span(li.fc2, 1, grad);
-        (grad ? lw.d_router : lw.router) = span(li.router, 1, grad);
-      }
-      lw.moe = li.moe;
-      for (const auto& [fc1, fc2] : li.experts) {
-        lw.experts.push_back({span(fc1, fc1_pieces, false), span(fc2, 1, false),
-                              span(fc1, fc1_pieces, true), span(fc2, 1, true)});
-      }
-      shard.chunks[chunk].layers.push_back(std::move(lw));
-    }
-  }
-  shard.word_embedding = span(word, 1, false);
-  shard.d_word_embedding = span(word, 1, true);
-  shard.positions = span(pos, 1, false);
-  shard.d_positions = span(pos, 1, true);
-  shard.final_norm = span(fnorm, 1, false);
-  shard.d_final_norm = span(fnorm, 1, true);
-  shard.final_norm_bias = span(fnorm_b, 1, false);
-  shard.d_final_norm_bias = span(fnorm_b, 1, true);
-  if (last_stage && s.tied && first_stage) {
-    shard.output = shard.word_embedding;
-    shard.d_output = shard.d_word_embedding;
-  } else {
-    shard.output = span(out, 1, false);
-    shard.d_output = span(out, 1, true);
-  }
-  return shard;
+  defer_gather_ = c.overlap_param_gather && OverlapParamGatherAllowed(c);
+  return OkStatus();
 }
 
 Status ModelShard::Allocate(Device& device, Partition& p, int shards, int shard,

@@ -215,6 +215,11 @@ class ModelShard {
     std::vector<bool> tp_summed;  // per piece: its TP sum is done this step
   };
   static constexpr int kDense = 0, kExperts = 1;
+  class Layout;  // where each parameter lies in the partitions (shard.cc)
+  // Allocates and initialises both partitions once the layout has sized them, and the state the
+  // step's reductions need.
+  Status AllocatePartitions(Device& device, const ParallelConfig& c, const Coordinates& at,
+                            int64_t ddp_bucket_size);
   Status Allocate(Device& device, Partition& p, int shards, int shard, int64_t bucket_size,
                   bool overlap);
   Status StepPartition(Device& device, Partition& p, Comm& group, const backend::AdamParams& adam,

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "src/backend/cpu/cpu_device.h"
@@ -69,6 +70,139 @@ Status CheckBlasRange(const AttentionDesc& d) {
                     "Attention: row strides exceed the 32-bit BLAS interface");
   return OkStatus();
 }
+
+// Zeroes only the head slots of dq, dk and dv: a fused QKV buffer's other parts stay intact.
+void ZeroHeadSlots(const AttentionDesc& d, Tensor dq, Tensor dk, Tensor dv) {
+  const std::int64_t dim = d.head_dim;
+  for (std::int64_t t = 0; t < d.seq_q * d.batch; ++t) {
+    std::fill_n(dq.as<float>() + t * d.q_stride, d.heads_q * dim, 0.0f);
+  }
+  for (std::int64_t t = 0; t < d.seq_kv * d.batch; ++t) {
+    std::fill_n(dk.as<float>() + t * d.kv_stride, d.heads_kv * dim, 0.0f);
+    std::fill_n(dv.as<float>() + t * d.kv_stride, d.heads_kv * dim, 0.0f);
+  }
+}
+
+// delta_i = dout_i . out_i = sum_j P_ij dP_ij, the row term of the softmax backward, for each of
+// `rows` query rows of `dim` values.
+std::vector<float> SoftmaxRowTerms(std::int64_t rows, std::int64_t dim, const float* dout,
+                                   const float* out) {
+  std::vector<float> delta(static_cast<std::size_t>(rows));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double dot = 0.0;
+    for (std::int64_t x = 0; x < dim; ++x) {
+      dot += double{dout[r * dim + x]} * double{out[r * dim + x]};
+    }
+    delta[r] = static_cast<float>(dot);
+  }
+  return delta;
+}
+
+// The backward pass of one call, one key block at a time: the tensors, their leading dimensions
+// and the scratch of one tile pair.
+class BackwardPass {
+ public:
+  BackwardPass(const AttentionDesc& d, std::int64_t block_q, std::int64_t block_kv, Tensor q,
+               Tensor k, Tensor v, Tensor dout, Tensor lse, Tensor dq, Tensor dk, Tensor dv,
+               std::vector<float> delta)
+      : d_(d),
+        dim_(d.head_dim),
+        group_(d.heads_q / d.heads_kv),
+        ldq_(d.batch * d.q_stride),
+        ldkv_(d.batch * d.kv_stride),
+        ldo_(d.batch * d.heads_q * dim_),
+        ld_lse_(d.batch * d.heads_q),
+        bq_(std::max<std::int64_t>(1, block_q)),
+        bk_(std::max<std::int64_t>(1, block_kv)),
+        q_(q.as<float>()),
+        k_(k.as<float>()),
+        v_(v.as<float>()),
+        dout_(dout.as<float>()),
+        lse_(lse.as<float>()),
+        dq_(dq.as<float>()),
+        dk_(dk.as<float>()),
+        dv_(dv.as<float>()),
+        delta_(std::move(delta)),
+        probs_(static_cast<std::size_t>(bq_ * bk_)),
+        dprobs_(probs_.size()),
+        dk_acc_(static_cast<std::size_t>(bk_ * dim_)),
+        dv_acc_(dk_acc_.size()) {}
+
+  // Every key block of every (batch, kv head).
+  void Run() {
+    for (std::int64_t b = 0; b < d_.batch; ++b) {
+      for (std::int64_t g = 0; g < d_.heads_kv; ++g) {
+        for (std::int64_t j0 = 0; j0 < d_.seq_kv; j0 += bk_) KeyBlock(b, g, j0);
+      }
+    }
+  }
+
+ private:
+  // dK and dV of keys [j0, j0 + bk) of kv head g in batch b, summed over the query heads that
+  // read them, and those heads' dQ terms from these keys.
+  void KeyBlock(std::int64_t b, std::int64_t g, std::int64_t j0) {
+    const std::int64_t nk = std::min(bk_, d_.seq_kv - j0);
+    std::fill_n(dk_acc_.begin(), nk * dim_, 0.0f);
+    std::fill_n(dv_acc_.begin(), nk * dim_, 0.0f);
+    for (std::int64_t h = g * group_; h < (g + 1) * group_; ++h) QueryTiles(b, h, g, j0, nk);
+    float* dkbg = dk_ + b * d_.kv_stride + g * dim_;
+    float* dvbg = dv_ + b * d_.kv_stride + g * dim_;
+    for (std::int64_t c = 0; c < nk; ++c) {
+      for (std::int64_t x = 0; x < dim_; ++x) {
+        dkbg[(j0 + c) * ldkv_ + x] += dk_acc_[c * dim_ + x];
+        dvbg[(j0 + c) * ldkv_ + x] += dv_acc_[c * dim_ + x];
+      }
+    }
+  }
+
+  // Query head h's tiles that can see keys [j0, j0 + nk) of its kv head g: P from the saved
+  // log-sum-exp, then their terms of dV, dQ and dK.
+  void QueryTiles(std::int64_t b, std::int64_t h, std::int64_t g, std::int64_t j0,
+                  std::int64_t nk) {
+    const float* kbg = k_ + b * d_.kv_stride + g * dim_;
+    const float* vbg = v_ + b * d_.kv_stride + g * dim_;
+    const float* qbh = q_ + b * d_.q_stride + h * dim_;
+    float* dqbh = dq_ + b * d_.q_stride + h * dim_;
+    const float* dobh = dout_ + (b * d_.heads_q + h) * dim_;
+    const std::int64_t stat0 = b * d_.heads_q + h;
+    for (std::int64_t i0 = QueryStart(d_, j0); i0 < d_.seq_q; i0 += bq_) {
+      const std::int64_t nq = std::min(bq_, d_.seq_q - i0);
+      ScoreTile(qbh + i0 * ldq_, ldq_, kbg + j0 * ldkv_, ldkv_, nq, nk, dim_, d_.scale,
+                probs_.data());
+      for (std::int64_t r = 0; r < nq; ++r) {
+        float* p = probs_.data() + r * nk;
+        const float row_lse = lse_[(i0 + r) * ld_lse_ + stat0];
+        const std::int64_t visible = row_lse == kNegInf ? 0 : VisibleKeys(d_, i0 + r, j0, nk);
+        for (std::int64_t c = 0; c < visible; ++c) p[c] = std::exp(p[c] - row_lse);
+        std::fill(p + visible, p + nk, 0.0f);
+      }
+      // dV_j += P^T dO_i;  dP = dO_i V_j^T.
+      Tile(true, false, nk, dim_, nq, probs_.data(), nk, dobh + i0 * ldo_, ldo_, 1.0f,
+           dv_acc_.data(), dim_);
+      Tile(false, true, nq, nk, dim_, dobh + i0 * ldo_, ldo_, vbg + j0 * ldkv_, ldkv_, 0.0f,
+           dprobs_.data(), nk);
+      // dS = P * (dP - delta) * scale, in place of dP.
+      for (std::int64_t r = 0; r < nq; ++r) {
+        const float row_delta = delta_[(i0 + r) * ld_lse_ + stat0];
+        for (std::int64_t c = 0; c < nk; ++c) {
+          dprobs_[r * nk + c] = probs_[r * nk + c] * (dprobs_[r * nk + c] - row_delta) * d_.scale;
+        }
+      }
+      // dQ_i += dS K_j (straight into the strided dq);  dK_j += dS^T Q_i.
+      Tile(false, false, nq, dim_, nk, dprobs_.data(), nk, kbg + j0 * ldkv_, ldkv_, 1.0f,
+           dqbh + i0 * ldq_, ldq_);
+      Tile(true, false, nk, dim_, nq, dprobs_.data(), nk, qbh + i0 * ldq_, ldq_, 1.0f,
+           dk_acc_.data(), dim_);
+    }
+  }
+
+  const AttentionDesc d_;
+  const std::int64_t dim_, group_, ldq_, ldkv_, ldo_, ld_lse_, bq_, bk_;
+  const float *q_, *k_, *v_, *dout_, *lse_;
+  float *dq_, *dk_, *dv_;
+  const std::vector<float> delta_;
+  std::vector<float> probs_, dprobs_, dk_acc_, dv_acc_;
+};
 
 }  // namespace
 
@@ -178,93 +312,10 @@ Status CpuDevice::AttentionBackward(const AttentionDesc& desc, Tensor q, Tensor 
                                       {"dq", dq, DType::kF32, q_need},
                                       {"dk", dk, DType::kF32, kv_need},
                                       {"dv", dv, DType::kF32, kv_need}}));
-  const std::int64_t dim = d.head_dim;
-  const std::int64_t group = d.heads_q / d.heads_kv;
-  const std::int64_t ldq = d.batch * d.q_stride;
-  const std::int64_t ldkv = d.batch * d.kv_stride;
-  const std::int64_t ldo = d.batch * d.heads_q * dim;
-  const std::int64_t ld_lse = d.batch * d.heads_q;
-  const std::int64_t bq = std::max<std::int64_t>(1, block_q_);
-  const std::int64_t bk = std::max<std::int64_t>(1, block_kv_);
-
-  if (!accumulate) {  // zero only the head slots: a fused QKV buffer's other parts stay intact
-    for (std::int64_t t = 0; t < d.seq_q * d.batch; ++t) {
-      std::fill_n(dq.as<float>() + t * d.q_stride, d.heads_q * dim, 0.0f);
-    }
-    for (std::int64_t t = 0; t < d.seq_kv * d.batch; ++t) {
-      std::fill_n(dk.as<float>() + t * d.kv_stride, d.heads_kv * dim, 0.0f);
-      std::fill_n(dv.as<float>() + t * d.kv_stride, d.heads_kv * dim, 0.0f);
-    }
-  }
-  // delta_i = dout_i . out_i = sum_j P_ij dP_ij, the row term of the softmax backward.
-  std::vector<float> delta(static_cast<std::size_t>(rows));
-  for (std::int64_t r = 0; r < rows; ++r) {
-    double dot = 0.0;
-    for (std::int64_t x = 0; x < dim; ++x) {
-      dot += double{dout.as<float>()[r * dim + x]} * double{out.as<float>()[r * dim + x]};
-    }
-    delta[r] = static_cast<float>(dot);
-  }
-
-  std::vector<float> probs(static_cast<std::size_t>(bq * bk));
-  std::vector<float> dprobs(static_cast<std::size_t>(bq * bk));
-  std::vector<float> dk_acc(static_cast<std::size_t>(bk * dim));
-  std::vector<float> dv_acc(static_cast<std::size_t>(bk * dim));
-
-  for (std::int64_t b = 0; b < d.batch; ++b) {
-    for (std::int64_t g = 0; g < d.heads_kv; ++g) {
-      const float* kbg = k.as<float>() + b * d.kv_stride + g * dim;
-      const float* vbg = v.as<float>() + b * d.kv_stride + g * dim;
-      for (std::int64_t j0 = 0; j0 < d.seq_kv; j0 += bk) {
-        const std::int64_t nk = std::min(bk, d.seq_kv - j0);
-        std::fill_n(dk_acc.begin(), nk * dim, 0.0f);
-        std::fill_n(dv_acc.begin(), nk * dim, 0.0f);
-        for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
-          const float* qbh = q.as<float>() + b * d.q_stride + h * dim;
-          float* dqbh = dq.as<float>() + b * d.q_stride + h * dim;
-          const float* dobh = dout.as<float>() + (b * d.heads_q + h) * dim;
-          const std::int64_t stat0 = b * d.heads_q + h;
-          for (std::int64_t i0 = QueryStart(d, j0); i0 < d.seq_q; i0 += bq) {
-            const std::int64_t nq = std::min(bq, d.seq_q - i0);
-            ScoreTile(qbh + i0 * ldq, ldq, kbg + j0 * ldkv, ldkv, nq, nk, dim, d.scale,
-                      probs.data());
-            for (std::int64_t r = 0; r < nq; ++r) {
-              float* p = probs.data() + r * nk;
-              const float row_lse = lse.as<float>()[(i0 + r) * ld_lse + stat0];
-              const std::int64_t visible = row_lse == kNegInf ? 0 : VisibleKeys(d, i0 + r, j0, nk);
-              for (std::int64_t c = 0; c < visible; ++c) p[c] = std::exp(p[c] - row_lse);
-              std::fill(p + visible, p + nk, 0.0f);
-            }
-            // dV_j += P^T dO_i;  dP = dO_i V_j^T.
-            Tile(true, false, nk, dim, nq, probs.data(), nk, dobh + i0 * ldo, ldo, 1.0f,
-                 dv_acc.data(), dim);
-            Tile(false, true, nq, nk, dim, dobh + i0 * ldo, ldo, vbg + j0 * ldkv, ldkv, 0.0f,
-                 dprobs.data(), nk);
-            // dS = P * (dP - delta) * scale, in place of dP.
-            for (std::int64_t r = 0; r < nq; ++r) {
-              const float row_delta = delta[(i0 + r) * ld_lse + stat0];
-              for (std::int64_t c = 0; c < nk; ++c) {
-                dprobs[r * nk + c] = probs[r * nk + c] * (dprobs[r * nk + c] - row_delta) * d.scale;
-              }
-            }
-            // dQ_i += dS K_j (straight into the strided dq);  dK_j += dS^T Q_i.
-            Tile(false, false, nq, dim, nk, dprobs.data(), nk, kbg + j0 * ldkv, ldkv, 1.0f,
-                 dqbh + i0 * ldq, ldq);
-            Tile(true, false, nk, dim, nq, dprobs.data(), nk, qbh + i0 * ldq, ldq, 1.0f,
-                 dk_acc.data(), dim);
-          }
-        }
-        float* dkbg = dk.as<float>() + b * d.kv_stride + g * dim;
-        float* dvbg = dv.as<float>() + b * d.kv_stride + g * dim;
-        for (std::int64_t c = 0; c < nk; ++c) {
-          for (std::int64_t x = 0; x < dim; ++x) {
-            dkbg[(j0 + c) * ldkv + x] += dk_acc[c * dim + x];
-            dvbg[(j0 + c) * ldkv + x] += dv_acc[c * dim + x];
-          }
-        }
-      }
-    }
-  }
+  if (!accumulate) ZeroHeadSlots(d, dq, dk, dv);
+  BackwardPass(d, block_q_, block_kv_, q, k, v, dout, lse, dq, dk, dv,
+               SoftmaxRowTerms(rows, d.head_dim, dout.as<float>(), out.as<float>()))
+      .Run();
   return OkStatus();
 }
 
