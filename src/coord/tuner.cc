@@ -186,10 +186,7 @@ void Tuner::Finish(pb::TrialResult result, double elapsed_s) {
   in_flight_.reset();
 }
 
-TuneSummary Tuner::Run() {
-  TuneSummary summary;
-  const double start = now_s_();
-  auto elapsed = [&] { return elapsed_base_s_ + (now_s_() - start); };
+void Tuner::AppendSession() {
   pb::JournalRecord session;
   session.mutable_session()->set_session(++sessions_);
   session.mutable_session()->set_resumed(journal_.records() > 0);
@@ -198,6 +195,54 @@ TuneSummary Tuner::Run() {
   session.mutable_session()->set_unix_time_s(static_cast<int64_t>(std::time(nullptr)));
   session.mutable_session()->set_backend(backend_.name());
   Append(session);
+}
+
+pb::TrialResult Tuner::RunInFlight(bool give_up) {
+  pb::TrialResult result;
+  if (give_up) {
+    // Started 1 + max_retries times, and the coordinator died each time.
+    result.set_trial_index(in_flight_->started.trial_index());
+    result.set_attempt(in_flight_->attempts);
+    result.set_spec(in_flight_->started.spec());
+    result.set_status(pb::WORKER_LOST);
+    result.set_failed_rank(-1);
+    result.set_message("the coordinator was lost " + std::to_string(in_flight_->attempts) +
+                       " times during this trial");
+    return result;
+  }
+  pb::TrialRequest request;
+  request.set_trial_index(in_flight_->started.trial_index());
+  request.set_attempt(in_flight_->attempts);
+  *request.mutable_config() = ToProto(candidates_.config(in_flight_->started.candidate()));
+  request.set_spec(in_flight_->started.spec());
+  request.set_deadline_s(options_.trial_timeout_s);
+  request.set_warmup_iterations(options_.warmup_iterations);
+  request.set_timed_iterations(options_.timed_iterations);
+  request.set_min_timed_s(options_.min_timed_s);
+  if (observer_) observer_->OnTrialStarted(in_flight_->started, *state_);
+  result = backend_.Run(request);
+  result.set_trial_index(request.trial_index());
+  result.set_attempt(request.attempt());
+  result.set_spec(request.spec());
+  return result;
+}
+
+void Tuner::RecordFinished(const pb::TrialResult& result, double elapsed_s) {
+  Finish(result, elapsed_s);
+  pb::JournalRecord finished;
+  *finished.mutable_trial_finished()->mutable_result() = trials_.back().result;
+  finished.mutable_trial_finished()->set_candidate(trials_.back().candidate);
+  finished.mutable_trial_finished()->set_elapsed_s(elapsed_s);
+  finished.mutable_trial_finished()->set_state_digest(state_->Digest());
+  Append(finished);
+  if (observer_) observer_->OnTrialFinished(trials_.back(), *state_);
+}
+
+TuneSummary Tuner::Run() {
+  TuneSummary summary;
+  const double start = now_s_();
+  auto elapsed = [&] { return elapsed_base_s_ + (now_s_() - start); };
+  AppendSession();
   summary.sessions = sessions_;
   if (!state_) {
     pb::JournalRecord probe;
@@ -205,43 +250,10 @@ TuneSummary Tuner::Run() {
     Append(probe);
     BuildState(probe.probe());
   }
-
+  // A trial's result is timed when it comes back, after the trial ran.
   auto run_in_flight = [&](bool give_up) {
-    pb::TrialResult result;
-    if (give_up) {
-      // Started 1 + max_retries times, and the coordinator died each time.
-      result.set_trial_index(in_flight_->started.trial_index());
-      result.set_attempt(in_flight_->attempts);
-      result.set_spec(in_flight_->started.spec());
-      result.set_status(pb::WORKER_LOST);
-      result.set_failed_rank(-1);
-      result.set_message("the coordinator was lost " + std::to_string(in_flight_->attempts) +
-                         " times during this trial");
-    } else {
-      pb::TrialRequest request;
-      request.set_trial_index(in_flight_->started.trial_index());
-      request.set_attempt(in_flight_->attempts);
-      *request.mutable_config() = ToProto(candidates_.config(in_flight_->started.candidate()));
-      request.set_spec(in_flight_->started.spec());
-      request.set_deadline_s(options_.trial_timeout_s);
-      request.set_warmup_iterations(options_.warmup_iterations);
-      request.set_timed_iterations(options_.timed_iterations);
-      request.set_min_timed_s(options_.min_timed_s);
-      if (observer_) observer_->OnTrialStarted(in_flight_->started, *state_);
-      result = backend_.Run(request);
-      result.set_trial_index(request.trial_index());
-      result.set_attempt(request.attempt());
-      result.set_spec(request.spec());
-    }
-    const double now = elapsed();
-    Finish(result, now);
-    pb::JournalRecord finished;
-    *finished.mutable_trial_finished()->mutable_result() = trials_.back().result;
-    finished.mutable_trial_finished()->set_candidate(trials_.back().candidate);
-    finished.mutable_trial_finished()->set_elapsed_s(now);
-    finished.mutable_trial_finished()->set_state_digest(state_->Digest());
-    Append(finished);
-    if (observer_) observer_->OnTrialFinished(trials_.back(), *state_);
+    const pb::TrialResult result = RunInFlight(give_up);
+    RecordFinished(result, elapsed());
   };
 
   if (in_flight_) {

@@ -114,6 +114,11 @@ class Tuner {
   void BuildState(const pb::ProbeRecorded& probe);
   pb::TrialStarted Propose(int64_t candidate);
   void Finish(pb::TrialResult result, double elapsed_s);
+  // Run's pieces: the session record; the in-flight trial run on the backend (or, given up
+  // after 1 + max_retries starts, recorded as WORKER_LOST); its result finished and journalled.
+  void AppendSession();
+  pb::TrialResult RunInFlight(bool give_up);
+  void RecordFinished(const pb::TrialResult& result, double elapsed_s);
   void Append(const pb::JournalRecord& record);
 
   const search::CandidateSet& candidates_;
