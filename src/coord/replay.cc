@@ -98,6 +98,7 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
   std::string line;
   int64_t line_no = 0;
   std::unordered_map<std::string, size_t> column;
+  size_t header_cells = 0;  // more than column.size() when the header repeats a name
   std::vector<ReplayRow> rows;
   while (std::getline(in, line)) {
     ++line_no;
@@ -105,6 +106,7 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
     const std::vector<std::string> cells = SplitCsv(line);
     if (column.empty()) {
       for (size_t i = 0; i < cells.size(); ++i) column[cells[i]] = i;
+      header_cells = cells.size();
       for (const char* name : kRequired) {
         if (!column.count(name)) {
           throw InputError(kFlag, source + ":" + std::to_string(line_no) + ": the header has no '" +
@@ -116,8 +118,8 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
       continue;
     }
     const RowReader r(source, line_no);
-    if (cells.size() < column.size()) {
-      r.Fail("*", "expected " + std::to_string(column.size()) + " cells, got " +
+    if (cells.size() < header_cells) {
+      r.Fail("*", "expected " + std::to_string(header_cells) + " cells, got " +
                       std::to_string(cells.size()));
     }
     auto cell = [&](const char* name) -> const std::string& { return cells[column.at(name)]; };

@@ -76,6 +76,11 @@ TEST(ReplayTable, BadInputNamesLineColumnAndAllowedValues) {
                 "1,1,8,1,1,1,1,1,on,none,off,2,1,ok\n",
             "appears twice");
   ExpectBad(kHeader, "no rows");
+  // A header that repeats a name is wider than its set of names: a row as short as the set reads
+  // no cell past its end (tests/fuzz found the out-of-bounds read).
+  std::string repeated = "tp,tp,tp,tp,tp,tp,tp,tp,tp,tp,tp,tp,tp,tp,tp,tp,";
+  repeated += kHeader;
+  ExpectBad(repeated + "1,1,8,1,1,1,1,1,on,none,off,1,1,ok\n", "expected 30 cells, got 14");
 }
 
 TEST(ReplayTable, RowsMustBeValidForTheModelAndCluster) {
