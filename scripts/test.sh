@@ -5,9 +5,16 @@
 # them. The gpu-labelled ones skip without a GPU, so CI, which has none, runs and passes them and
 # a GPU machine runs them for real (scripts/gpu_check.sh runs them alone, with the benchmarks).
 # A test with none of the four labels fails this script rather than go unselected.
+#
+# Then the stages of docs/testing.md: the clang-format check of changed lines
+# (scripts/format_check.sh, first, as it takes a second), and after the tests the sanitizer
+# builds (scripts/sanitize.sh: ASan+UBSan with the fuzz targets, ThreadSanitizer with the trials
+# off). AUTOPAR_SKIP_SANITIZE=1 leaves the sanitizer stages out, for a quick run by hand; CI runs
+# everything.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
+"$root/scripts/format_check.sh"
 "$root/scripts/build.sh"
 export OMP_NUM_THREADS=1
 cd "${AUTOPAR_BUILD_DIR:-$root/build}"
@@ -18,3 +25,6 @@ if ctest -N -LE "$labels" | grep -q 'Test *#'; then
   exit 1
 fi
 ctest -L "$labels" --output-on-failure -j"$(nproc)" --timeout 900
+if [[ -z ${AUTOPAR_SKIP_SANITIZE:-} ]]; then
+  "$root/scripts/sanitize.sh"
+fi
