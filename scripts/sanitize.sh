@@ -54,10 +54,10 @@ timed() {
   echo "sanitize.sh: stage $name took $((SECONDS - start)) s"
 }
 
-# Tests the asan stage leaves out. Planning at scale runs minutes even in the normal build and
-# over 15 minutes under ASan+UBSan on two cores; the crash-and-resume loop restarts the tuner 20
-# times. The normal build runs them, and the code they reach is run under ASan by the smaller
-# planning, journal and resume tests.
+# Tests the asan stage leaves out, each 4 to over 15 minutes under ASan+UBSan on two cores:
+# planning at scale (HF families on up to 128 GPUs, NVL72 racks, every planned flag line) and the
+# crash-and-resume loop that restarts the tuner 20 times. The normal build runs them; the smaller
+# planning, journal and resume tests run the same code under ASan.
 asan_slow='^(Cli\.TodaysHuggingFaceFamiliesPlan|Cli\.Nvl72RacksRankTensorParallelAcrossTraysOnNvlink'
 asan_slow+='|MegatronFlags\.PlannedLinesUseOnlyTableFlags|fault_resume_after_sigkill)$'
 # Tests whose processes start MPI: run with detect_leaks=0 (above).
