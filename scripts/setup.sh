@@ -12,6 +12,9 @@ packages=(
   libopenblas-dev
   libgtest-dev libgmock-dev
   python3 python3-matplotlib
+  # scripts/format_check.sh and scripts/sanitize.sh: clang-format-diff, clang with its sanitizer
+  # and libFuzzer runtimes.
+  clang-format-14 clang-14 libclang-rt-14-dev
 )
 
 missing=()

@@ -242,6 +242,8 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
       while (!value && i + 1 < args.size() && !IsFlag(args[i + 1])) values.push_back(args[++i]);
       return values;
     };
+    // One flag a line reads as the table it is.
+    // clang-format off
     if (flag == "--tensor-model-parallel-size") cfg().tp = next_int(kGpus);
     else if (flag == "--pipeline-model-parallel-size") cfg().pp = next_int(kGpus);
     else if (flag == "--context-parallel-size") cfg().cp = next_int(kGpus);
@@ -299,6 +301,7 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
     else {
       rest.push_back(args[i]);
     }
+    // clang-format on
   }
   args = rest;
   const double default_dropout = script ? 0.1 : 0.0;
@@ -611,8 +614,10 @@ void RequireModelAndBatch(Inputs& in) {
   if (in.model.num_layers == 0) {
     std::string names;
     for (const std::string& n : ModelPresetNames()) names += (names.empty() ? "" : ", ") + n;
-    throw InputError("--model", "required (a preset, a .yaml file or a config.json, or Megatron "
-                                "flags such as --num-layers); presets: " + names);
+    throw InputError("--model",
+                     "required (a preset, a .yaml file or a config.json, or Megatron "
+                     "flags such as --num-layers); presets: " +
+                         names);
   }
   if (in.train.seq_length == 0) {
     in.train.seq_length = std::min<int64_t>(in.model.max_position_embeddings, 4096);

@@ -14,12 +14,12 @@
 #include "autopar/cli/inputs.h"
 #include "autopar/cli/json.h"
 #include "autopar/cli/mpi_session.h"
-#include "src/cli/rank_worker.h"
 #include "autopar/common/status.h"
 #include "autopar/perf/cost_model.h"
 #include "autopar/trial/backend_factory.h"
 #include "autopar/trial/probe.h"
 #include "autopar/trial/trial.h"
+#include "src/cli/rank_worker.h"
 
 namespace autopar::cli {
 namespace {

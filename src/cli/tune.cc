@@ -352,8 +352,8 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
   const uint32_t table_crc = found.table_crc;
   const std::unique_ptr<search::CandidateSet>& candidates = found.set;
   if (candidates->size() == 0) {
-    err << "autopar-tune tune: no configuration satisfies the constraints of docs/architecture.md §3 with these "
-           "restrictions\n";
+    err << "autopar-tune tune: no configuration satisfies the constraints of "
+           "docs/architecture.md §3 with these restrictions\n";
     return kExitInfeasible;
   }
   const auto searcher = search::MakeSearcher(flags.searcher, *candidates);

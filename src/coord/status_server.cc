@@ -1,5 +1,7 @@
 #include "autopar/coord/status_server.h"
 
+// <utility> must come before asio (see below).
+// clang-format off
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -12,6 +14,7 @@
 #include <utility>  // Boost 1.74's asio uses std::exchange without including it
 
 #include <boost/asio.hpp>
+// clang-format on
 
 namespace autopar::coord {
 namespace {
@@ -73,6 +76,30 @@ std::string Response(int code, const char* reason, const std::string& type,
   return r.str();
 }
 
+std::string Answer(const std::string& head, const StatusBoard& board) {
+  const size_t eol = head.find("\r\n");
+  const std::string line = head.substr(0, eol);
+  std::istringstream in(line);
+  std::string method, target, version, extra;
+  in >> method >> target >> version;
+  const bool well_formed = !method.empty() && !target.empty() && target[0] == '/' &&
+                           version.rfind("HTTP/1.", 0) == 0 && !(in >> extra);
+  if (!well_formed) return Response(400, "Bad Request", "text/plain", "bad request\n", false);
+  if (method != "GET" && method != "HEAD") {
+    return Response(405, "Method Not Allowed", "text/plain", "read-only: GET or HEAD\n", false);
+  }
+  const bool head_only = method == "HEAD";
+  const std::string path = target.substr(0, target.find('?'));
+  if (path == "/status") {
+    return Response(200, "OK", "application/json", StatusJson(board.Get()), head_only);
+  }
+  if (path == "/metrics") {
+    return Response(200, "OK", "text/plain; version=0.0.4", StatusPrometheus(board.Get()),
+                    head_only);
+  }
+  return Response(404, "Not Found", "text/plain", "try /status or /metrics\n", head_only);
+}
+
 // One connection: read the head (bounded), answer, close.
 class Session : public std::enable_shared_from_this<Session> {
  public:
@@ -102,42 +129,10 @@ class Session : public std::enable_shared_from_this<Session> {
         [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
           if (ec) return self->Close();  // the client went away: free the descriptor now
           self->head_.append(self->chunk_.data(), n);
-          const size_t end = self->head_.find("\r\n\r\n");
-          if (end == std::string::npos && self->head_.size() > kMaxRequestBytes) {
-            return self->Reply(Response(413, "Payload Too Large", "text/plain",
-                                        "request too large\n", false));
-          }
-          if (end == std::string::npos) return self->Read();
-          if (end > kMaxRequestBytes) {
-            return self->Reply(Response(413, "Payload Too Large", "text/plain",
-                                        "request too large\n", false));
-          }
-          self->Reply(self->Answer(self->head_.substr(0, end)));
+          std::string response = StatusResponse(self->head_, self->board_);
+          if (response.empty()) return self->Read();
+          self->Reply(std::move(response));
         });
-  }
-
-  std::string Answer(const std::string& head) {
-    const size_t eol = head.find("\r\n");
-    const std::string line = head.substr(0, eol);
-    std::istringstream in(line);
-    std::string method, target, version, extra;
-    in >> method >> target >> version;
-    const bool well_formed = !method.empty() && !target.empty() && target[0] == '/' &&
-                             version.rfind("HTTP/1.", 0) == 0 && !(in >> extra);
-    if (!well_formed) return Response(400, "Bad Request", "text/plain", "bad request\n", false);
-    if (method != "GET" && method != "HEAD") {
-      return Response(405, "Method Not Allowed", "text/plain", "read-only: GET or HEAD\n", false);
-    }
-    const bool head_only = method == "HEAD";
-    const std::string path = target.substr(0, target.find('?'));
-    if (path == "/status") {
-      return Response(200, "OK", "application/json", StatusJson(board_.Get()), head_only);
-    }
-    if (path == "/metrics") {
-      return Response(200, "OK", "text/plain; version=0.0.4", StatusPrometheus(board_.Get()),
-                      head_only);
-    }
-    return Response(404, "Not Found", "text/plain", "try /status or /metrics\n", head_only);
   }
 
   void Reply(std::string response) {
@@ -167,6 +162,15 @@ class Session : public std::enable_shared_from_this<Session> {
 };
 
 }  // namespace
+
+std::string StatusResponse(std::string_view received, const StatusBoard& board) {
+  const size_t end = received.find("\r\n\r\n");
+  if (end == std::string_view::npos && received.size() <= kMaxRequestBytes) return "";
+  if (end == std::string_view::npos || end > kMaxRequestBytes) {
+    return Response(413, "Payload Too Large", "text/plain", "request too large\n", false);
+  }
+  return Answer(std::string(received.substr(0, end)), board);
+}
 
 std::string StatusJson(const StatusSnapshot& s) {
   std::ostringstream j;

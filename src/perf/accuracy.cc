@@ -3,7 +3,8 @@
 namespace autopar {
 
 PredictionSpread SpreadOf(const TrainSpec& train, const StackOptions& stack) {
-  // scripts/bench_accuracy.sh, 2026-11-25 (FP8: after the FP8 terms of docs/models.md §4.2) (docs/models.md §5.1 has the per-source table).
+  // scripts/bench_accuracy.sh, 2026-11-25 (FP8: after the FP8 terms of docs/models.md §4.2)
+  // (docs/models.md §5.1 has the per-source table).
   if (train.precision == Precision::kFP32) return {};  // the CPU backend: no published runs
   if (!stack.flash_attention) {
     return {0.044, 35, "Megatron-LM runs of 2020-2022 (unfused attention, fp16)"};

@@ -103,8 +103,9 @@ CandidateSet::CandidateSet(std::vector<ParallelConfig> configs, const CostModel&
     if (values.size() < 2) continue;
     for (auto& [key, coefficient] : values) {
       coefficient = kNumCoefficients + static_cast<int>(level_names_.size());
+      const int64_t wanted = key;  // clang before 16 cannot capture a structured binding
       const auto it = std::find_if(configs_.begin(), configs_.end(),
-                                   [&](const ParallelConfig& c) { return q.key(c) == key; });
+                                   [&](const ParallelConfig& c) { return q.key(c) == wanted; });
       level_names_.push_back(LevelName(q.name, *it));
     }
     varying.push_back(&q);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <thread>
 
 #include "autopar/backend/timer.h"
@@ -20,20 +21,35 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // After the deadline, ranks still get this long to agree on the outcome.
 constexpr double kAgreementGraceS = 3.0;
 
+// The buffers of all-reduces abandoned at their deadline. MPI cannot cancel a collective and may
+// still complete one into its buffers later (ASan caught a write into a freed vector), so they
+// live as long as the process: a few doubles per trial that timed out.
+std::vector<std::unique_ptr<std::vector<double>>>& AbandonedBuffers() {
+  static std::vector<std::unique_ptr<std::vector<double>>> buffers;
+  return buffers;
+}
+
 // A host-side all-reduce of doubles on the world communicator, bounded by a deadline: the
 // control data of a trial (times, losses, outcomes) never waits forever for a stalled peer.
 Status HostAllReduce(std::vector<double>& values, MPI_Op op, MPI_Comm comm, Deadline deadline) {
   MPI_Request request;
-  std::vector<double> in = values;
-  int rc = MPI_Iallreduce(in.data(), values.data(), static_cast<int>(values.size()), MPI_DOUBLE, op,
-                          comm, &request);
+  const size_t n = values.size();
+  auto buffers = std::make_unique<std::vector<double>>(2 * n);  // send, then receive
+  std::copy(values.begin(), values.end(), buffers->begin());
+  double* const in = buffers->data();
+  double* const out = in + n;
+  int rc = MPI_Iallreduce(in, out, static_cast<int>(n), MPI_DOUBLE, op, comm, &request);
   if (rc != MPI_SUCCESS) return Status(Outcome::kCommError, "MPI_Iallreduce failed");
   for (;;) {
     int done = 0;
     rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return Status(Outcome::kCommError, "MPI_Test failed");
-    if (done) return OkStatus();
+    if (done) {
+      std::copy(out, out + n, values.begin());
+      return OkStatus();
+    }
     if (std::chrono::steady_clock::now() > deadline) {
+      AbandonedBuffers().push_back(std::move(buffers));
       return Status(Outcome::kTimeout, "a peer did not join the trial's control all-reduce");
     }
     std::this_thread::yield();

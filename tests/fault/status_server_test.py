@@ -41,6 +41,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--work", required=True)
+    # scripts/sanitize.sh runs a shorter search under ThreadSanitizer.
+    ap.add_argument("--max-trials", default="3000")
     a = ap.parse_args()
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
@@ -52,7 +54,7 @@ def main():
     # The random searcher over the whole table: long enough (hundreds of fsynced trials) to be
     # watched, and as deterministic as Thompson sampling given the seed.
     search = [a.bin, "tune", "--backend", "replay", "--replay-table", table, *model, "--seed", "3",
-              "--searcher", "random", "--max-trials", "3000", "--quiet", "--format", "json"]
+              "--searcher", "random", "--max-trials", a.max_trials, "--quiet", "--format", "json"]
 
     plain = os.path.join(a.work, "plain")
     subprocess.run(search + ["--study", plain], check=True, capture_output=True)

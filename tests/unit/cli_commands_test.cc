@@ -168,6 +168,7 @@ TEST(Cli, BadInputNamesTheFlagAndExitsTwo) {
   ExpectBadInput({"frobnicate"}, "plan, predict");
   ExpectBadInput({"plan", "--model", "/nonexistent/model.yaml", "--global-batch-size", "8"},
                  "--model");
+#if defined(AUTOPAR_WITH_TRIALS)  // the trial command exists only with the trial runner
   // --p2p-semantics: named with its allowed values, before MPI or the study is touched.
   const std::vector<std::string> tiny = {"--model", "tiny", "--nnodes", "2", "--nproc-per-node",
                                          "2", "--global-batch-size", "16"};
@@ -178,6 +179,7 @@ TEST(Cli, BadInputNamesTheFlagAndExitsTwo) {
   std::vector<std::string> cuda_mpi = {"trial", "--backend", "cuda", "--p2p-semantics", "mpi"};
   cuda_mpi.insert(cuda_mpi.end(), tiny.begin(), tiny.end());
   ExpectBadInput(cuda_mpi, "--p2p-semantics");
+#endif
   // make-replay-table --world: named with the families.
   ExpectBadInput(Cmd("make-replay-table", Llama7bOn(1, {"--world", "wobbly"})), "--world");
   ExpectBadInput(Cmd("make-replay-table", Llama7bOn(1, {"--world", "wobbly"})),

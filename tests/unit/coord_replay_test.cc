@@ -76,6 +76,10 @@ TEST(ReplayTable, BadInputNamesLineColumnAndAllowedValues) {
                 "1,1,8,1,1,1,1,1,on,none,off,2,1,ok\n",
             "appears twice");
   ExpectBad(kHeader, "no rows");
+  // A header that repeats a name (the fuzzer's out-of-bounds read) is refused outright.
+  std::string repeated = "tp,tp,tp,tp,tp,tp,tp,tp,tp,tp,tp,tp,tp,tp,tp,tp,";
+  repeated += kHeader;
+  ExpectBad(repeated + "1,1,8,1,1,1,1,1,on,none,off,1,1,ok\n", "names 'tp' twice");
 }
 
 // Issue 17: a header naming a column twice read cells past the end of a shorter row; absurd or

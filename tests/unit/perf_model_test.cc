@@ -14,8 +14,6 @@ namespace {
 using testing::SmallCluster;
 using testing::SmallTrain;
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 TEST(Params, PublishedCounts) {
   EXPECT_NEAR(CountParams(ModelPreset("llama2-7b")).total() / 1e9, 6.74, 0.005);
   EXPECT_NEAR(CountParams(ModelPreset("llama2-70b")).total() / 1e9, 68.98, 0.005);

@@ -17,6 +17,7 @@ DECLARED_IN = {
     "distributed": ("distributed/CMakeLists.txt", "{name}"),
     "gpu": ("gpu/CMakeLists.txt", "{name}"),
     "fault": ("fault/CMakeLists.txt", "{name}"),
+    "fuzz": ("fuzz/CMakeLists.txt", "{name}"),
 }
 # Test sources: C++ files and the scripts ctest runs (headers are included, not declared).
 SOURCE = re.compile(r".*\.(cc|py|sh)$")

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 namespace autopar::coord {
 
@@ -50,6 +51,10 @@ class StatusBoard {
 };
 
 std::string StatusJson(const StatusSnapshot& s);
+// The server's answer to the bytes one connection has sent so far: the whole HTTP response, or ""
+// while the request head is incomplete and within 8 KiB. Pure but for reading `board`; the
+// server's parser, apart so that tests/fuzz can reach it.
+std::string StatusResponse(std::string_view received, const StatusBoard& board);
 std::string StatusPrometheus(const StatusSnapshot& s);
 
 class StatusServer {

@@ -1,0 +1,34 @@
+# DeepSeek-V3 model flags in the form Megatron-LM's DeepSeek recipes use.
+MODEL_ARGS=" \
+    --micro-batch-size 1 \
+    --bf16 \
+    --disable-bias-linear \
+    --untie-embeddings-and-output-weights \
+    --position-embedding-type rope \
+    --normalization RMSNorm \
+    --swiglu \
+    --num-layers 61 \
+    --hidden-size 7168 \
+    --ffn-hidden-size 18432 \
+    --num-attention-heads 128 \
+    --kv-channels 128 \
+    --multi-latent-attention \
+    --kv-lora-rank 512 \
+    --v-head-dim 128 \
+    --q-lora-rank 1536 \
+    --qk-head-dim 128 \
+    --qk-layernorm \
+    --qk-pos-emb-head-dim 64 \
+    --num-experts 256 \
+    --moe-layer-freq ([0]*3+[1]*58) \
+    --moe-ffn-hidden-size 2048 \
+    --moe-router-score-function sigmoid \
+    --moe-router-topk 8 \
+    --moe-router-topk-scaling-factor 2.5 \
+    --moe-shared-expert-intermediate-size 2048 \
+    --moe-aux-loss-coeff 1e-4 \
+    --seq-length 4096 \
+    --max-position-embeddings 163840 \
+    --vocab-size 129280 \
+    --rotary-scaling-factor 40 \
+"
