@@ -83,8 +83,11 @@ fuzz() {
     name=${target##*/fuzz_}
     mkdir -p "$work/$name"
     log=$work/$name.log
+    seeds=("$root/tests/fuzz/corpus/$name")
+    # The Megatron scripts of the test data are seeds too, read where they are.
+    if [[ $name == megatron_flags ]]; then seeds+=("$root/tests/data/spec"); fi
     if ! "$target" -seed=1 -max_total_time="$seconds" -max_len=16384 -timeout=25 \
-         -artifact_prefix="$work/$name-" "$work/$name" "$root/tests/fuzz/corpus/$name" >"$log" 2>&1; then
+         -artifact_prefix="$work/$name-" "$work/$name" "${seeds[@]}" >"$log" 2>&1; then
       tail -n 60 "$log"
       echo "sanitize.sh: fuzz target $name failed; the input is under $work/$name-*"
       exit 1
