@@ -3,14 +3,14 @@
 
 0 ok, 2 bad input naming the flag, 3 nothing could be measured, 4 study locked or mismatched.
 """
-import argparse
 import csv
 import fcntl
 import json
 import os
-import shutil
 import subprocess
 import sys
+
+import fault_args
 
 FAILURES = []
 
@@ -22,12 +22,7 @@ def check(cond, what):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--work", required=True)
-    a = ap.parse_args()
-    shutil.rmtree(a.work, ignore_errors=True)
-    os.makedirs(a.work)
+    a = fault_args.parse()
 
     def run(*args):
         return subprocess.run([a.bin, *args], capture_output=True, text=True, cwd=a.work)

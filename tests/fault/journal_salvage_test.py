@@ -11,7 +11,6 @@
 4. A whole frame cut out of the journal (a gap in the sequence numbers) is refused the same way.
 5. `--salvage` without `--resume` is bad input (exit 2).
 """
-import argparse
 import csv
 import os
 import re
@@ -19,6 +18,8 @@ import shutil
 import struct
 import subprocess
 import sys
+
+import fault_args
 
 FILE_HEADER, FRAME_HEADER = 28, 16
 FINISHED = 0x22  # the payload's first byte in a "trial finished" record (field 4 << 3 | 2)
@@ -54,12 +55,7 @@ def measured(study):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--work", required=True)
-    a = ap.parse_args()
-    shutil.rmtree(a.work, ignore_errors=True)
-    os.makedirs(a.work)
+    a = fault_args.parse()
 
     def run(*args):
         return subprocess.run([a.bin, *args], capture_output=True, text=True, cwd=a.work)

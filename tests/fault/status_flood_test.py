@@ -5,28 +5,23 @@ idle loopback connections to the endpoint, renewing them until it ends; the sear
 trials.csv and best.args (before the connection cap, the server took every descriptor and the
 tuner exited 1: "create .../result.json.tmp: Too many open files").
 """
-import argparse
 import collections
 import os
 import re
 import resource
-import shutil
 import socket
 import subprocess
 import sys
 import time
+
+import fault_args
 
 DESCRIPTORS = 256
 IDLE = 600
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--work", required=True)
-    a = ap.parse_args()
-    shutil.rmtree(a.work, ignore_errors=True)
-    os.makedirs(a.work)
+    a = fault_args.parse()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < IDLE + 64:
         print(f"skipped: this test holds {IDLE} connections, the hard limit is {hard}")
