@@ -74,6 +74,7 @@ bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) c
   const int64_t layers = model_.num_layers;
   if (c.pp * c.vpp > layers || layers % c.vpp != 0) return false;
   const StageTimeParts parts = TimeParts(c);
+  const LayerBytes bytes = LayerBytesOf(c);  // the same for every split and depth
   const double cap = cluster_.gpu.memory_gib * kGiB;
 
   // Recompute depths from the least recompute to the most (0 = every layer): time grows and
@@ -97,7 +98,7 @@ bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) c
       before += layout.per_chunk;
       const LayerCost cost = StageTime(parts, trial, layout, stage);
       out.slowest = std::max(out.slowest, cost.forward() + cost.backward());
-      out.peak = std::max(out.peak, StageMemory(trial, layout, stage).total());
+      out.peak = std::max(out.peak, StageMemory(trial, bytes, layout, stage).total());
     }
     return out;
   };
@@ -174,11 +175,12 @@ bool CostModel::ThinEndStageOverflows(ParallelConfig c, double cap_bytes) const 
   const int64_t layers = model_.num_layers, v = c.vpp;
   c.pp_first = static_cast<int32_t>(v);
   c.pp_last = static_cast<int32_t>(layers - v * (c.pp - 1));
-  if (StageMemory(c, LayoutOf(model_, c, 0, 0), 0).total() > cap_bytes) return true;
+  const LayerBytes bytes = LayerBytesOf(c);
+  if (StageMemory(c, bytes, LayoutOf(model_, c, 0, 0), 0).total() > cap_bytes) return true;
   c.pp_first = static_cast<int32_t>(layers - v * (c.pp - 1));
   c.pp_last = static_cast<int32_t>(v);
   const int64_t before = (layers - v) / v;  // the earlier stages' layers per chunk
-  return StageMemory(c, LayoutOf(model_, c, c.pp - 1, before), c.pp - 1).total() > cap_bytes;
+  return StageMemory(c, bytes, LayoutOf(model_, c, c.pp - 1, before), c.pp - 1).total() > cap_bytes;
 }
 
 }  // namespace autopar

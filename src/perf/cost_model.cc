@@ -133,12 +133,13 @@ double CostModel::MemoryBoundTime(double bytes) const {
 MemoryBreakdown CostModel::Memory(const ParallelConfig& c) const {
   // The peak over the stages: the first holds the most micro-batches in flight, the last the
   // logits, and an uneven split moves layers between them.
+  const LayerBytes bytes = LayerBytesOf(c);
   MemoryBreakdown peak;
   int64_t before = 0;
   for (int64_t stage = 0; stage < c.pp; ++stage) {
     const StageLayout layout = LayoutOf(model_, c, stage, before);
     before += layout.per_chunk;
-    const MemoryBreakdown mem = StageMemory(c, layout, stage);
+    const MemoryBreakdown mem = StageMemory(c, bytes, layout, stage);
     if (stage == 0 || mem.total() > peak.total()) peak = mem;
   }
   return peak;
@@ -291,14 +292,13 @@ void CostModel::StageParameterBytes(const ParallelConfig& c, const StageLayout& 
                   (c.dist_opt ? dense / replicas + experts / expert_replicas : dense + experts);
 }
 
-MemoryBreakdown CostModel::StageMemory(const ParallelConfig& c, const StageLayout& layout,
-                                       int64_t stage) const {
+MemoryBreakdown CostModel::StageMemory(const ParallelConfig& c, const LayerBytes& x,
+                                       const StageLayout& layout, int64_t stage) const {
   const ModelSpec& m = model_;
   const bool fp32 = train_.precision == Precision::kFP32;
   const double elem = element_bytes_;
   const double t = c.tp;
   const int64_t microbatches = train_.global_batch_size / (int64_t{c.dp} * c.mbs);
-  const LayerBytes x = LayerBytesOf(c);
   const double tokens = x.tokens, h = m.hidden_size;
   MemoryBreakdown mem;
   StageParameterBytes(c, layout, stage, mem);

@@ -312,6 +312,7 @@ LayerCost CostModel::StageTime(const StageTimeParts& parts, const ParallelConfig
 }
 
 std::vector<CostModel::StageEstimate> CostModel::Stages(const ParallelConfig& c) const {
+  const LayerBytes bytes = LayerBytesOf(c);
   const StageTimeParts time_parts = TimeParts(c);
   std::vector<StageEstimate> out;
   int64_t before = 0;
@@ -319,7 +320,7 @@ std::vector<CostModel::StageEstimate> CostModel::Stages(const ParallelConfig& c)
     const StageLayout layout = LayoutOf(model_, c, stage, before);
     const LayerCost cost = StageTime(time_parts, c, layout, stage);
     out.push_back({layout.layers(), cost.forward() + cost.backward(),
-                   StageMemory(c, layout, stage).total() / (1024.0 * 1024.0 * 1024.0)});
+                   StageMemory(c, bytes, layout, stage).total() / (1024.0 * 1024.0 * 1024.0)});
     before += layout.per_chunk;
   }
   return out;

@@ -149,8 +149,10 @@ class CostModel {
   void AddDataParallel(const ParallelConfig& c, const StageSummary& st, TimeBreakdown& out) const;
   LayerCost StageTime(const StageTimeParts& parts, const ParallelConfig& c,
                       const StageLayout& layout, int64_t stage) const;
-  MemoryBreakdown StageMemory(const ParallelConfig& c, const StageLayout& layout,
-                              int64_t stage) const;
+  // A stage's memory from its layers; `x` is LayerBytesOf(c), which depends on c but not on its
+  // split or recompute depth, so callers trying several splits compute it once.
+  MemoryBreakdown StageMemory(const ParallelConfig& c, const LayerBytes& x,
+                              const StageLayout& layout, int64_t stage) const;
   // The pieces of a stage's memory (cost_model.cc): one layer's activation bytes, the sequence-
   // split attention's workspaces, and the stage's weights, gradients and optimizer state.
   LayerBytes LayerBytesOf(const ParallelConfig& c) const;
