@@ -70,8 +70,10 @@ FAMILIES = ["interactions", "kernel", "memory", "noisy", "near_memory", "mixed"]
 WORLD_SEEDS = {"tune": [1, 2, 3], "held-out": [101, 102, 103]}
 SEEDLESS = {"grid", "analytic"}  # same proposals whatever the seed: run once
 MODEL_STOPS = {"converged", "no_likely_improvement", "noise_limited"}
-KEY = ["tp", "pp", "dp", "cp", "up", "ep", "vpp", "mbs", "sp", "recompute", "recompute_layers",
-       "dist_opt"]
+# Every column that tells two configurations apart (the uneven stages and etp included: a key
+# without them gave one key to rows of different times).
+KEY = ["tp", "pp", "pp_first", "pp_last", "dp", "cp", "up", "ep", "etp", "vpp", "mbs", "sp",
+       "recompute", "recompute_layers", "dist_opt"]
 TARGET = {"median": 15, "p90": 40, "regret_max": 0.02, "oom": 0.20}
 
 
@@ -83,10 +85,15 @@ class Table:
     def load(self):
         self.time = {}
         self.rows = 0
+        seen = set()
         for row in csv.DictReader(open(self.path)):
             self.rows += 1
+            key = key_of(row)
+            if key in seen:
+                raise ValueError(f"{self.path}:{self.rows + 1}: a second row of {key}")
+            seen.add(key)
             if row["status"] == "ok":
-                self.time[key_of(row)] = float(row["step_time_s"])
+                self.time[key] = float(row["step_time_s"])
         self.best = min(self.time.values())
 
 
@@ -98,6 +105,9 @@ def key_of(row):
         if column in ("sp", "dist_opt"):
             return "on" if v in ("on", "true", "1") else "off"
         return v or "0"
+    # A spec leaves etp out where the experts follow tp, a table without the column likewise.
+    if not row.get("etp"):
+        row = dict(row, etp=row.get("tp", "0"))
     return tuple(norm(c, row.get(c, "0")) for c in KEY)
 
 

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""scripts/bench_search.py's identity of a configuration: a replay table's row, a trials.csv row
+and the recommendation's spec text name one configuration by one key (etp left out of a spec
+where the experts follow tp, uneven stages 0 when not given), two configurations that differ only
+in etp or in their uneven stages have different keys, and a table with two rows of one key is
+refused rather than read as one configuration.
+
+usage: bench_search_test.py SOURCE_DIR
+"""
+import importlib.util
+import os
+import sys
+import tempfile
+import unittest
+
+SOURCE_DIR = sys.argv.pop(1) if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__),
+                                                                    "..", "..")
+spec = importlib.util.spec_from_file_location(
+    "bench_search", os.path.join(SOURCE_DIR, "scripts", "bench_search.py"))
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+HEADER = ("tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,step_time_s,"
+          "peak_memory_gib,status,etp,pp_first,pp_last")
+
+
+def table_row(line):
+    return dict(zip(HEADER.split(","), line.split(",")))
+
+
+class KeyTest(unittest.TestCase):
+    def test_spec_and_table_row_name_one_configuration(self):
+        row = table_row("4,1,8,1,1,8,1,1,on,full,1,on,3.5,60,ok,4,0,0")
+        spec_text = "tp=4,pp=1,dp=8,cp=1,up=1,ep=8,vpp=1,mbs=1,sp=on,recompute=full," \
+                    "recompute_layers=1,dist_opt=on"
+        self.assertEqual(bench.key_of(row), bench.key_of(bench.spec_row(spec_text)))
+
+    def test_etp_and_uneven_stages_tell_configurations_apart(self):
+        base = table_row("4,4,2,1,1,8,1,1,on,none,0,on,3.5,60,ok,4,0,0")
+        etp = table_row("4,4,2,1,1,8,1,1,on,none,0,on,3.5,60,ok,1,0,0")
+        uneven = table_row("4,4,2,1,1,8,1,1,on,none,0,on,3.5,60,ok,4,6,10")
+        keys = {bench.key_of(r) for r in (base, etp, uneven)}
+        self.assertEqual(len(keys), 3)
+        self.assertEqual(bench.key_of(etp),
+                         bench.key_of(bench.spec_row(
+                             "tp=4,pp=4,dp=2,cp=1,up=1,ep=8,etp=1,vpp=1,mbs=1,sp=on,"
+                             "recompute=none,dist_opt=on")))
+        self.assertEqual(bench.key_of(uneven),
+                         bench.key_of(bench.spec_row(
+                             "tp=4,pp=4,pp_first=6,pp_last=10,dp=2,cp=1,up=1,ep=8,vpp=1,mbs=1,"
+                             "sp=on,recompute=none,dist_opt=on")))
+
+    def test_a_table_with_two_rows_of_one_configuration_is_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.csv")
+            with open(path, "w") as f:
+                f.write(HEADER + "\n")
+                f.write("4,4,2,1,1,8,1,1,on,none,0,on,3.5,60,ok,4,0,0\n")
+                f.write("4,4,2,1,1,8,1,1,on,none,0,on,3.9,60,ok,4,0,0\n")
+            t = bench.Table("t", "t", "", path, None, None)
+            with self.assertRaisesRegex(ValueError, "a second row"):
+                t.load()
+
+    def test_distinct_rows_load_with_their_own_times(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.csv")
+            with open(path, "w") as f:
+                f.write(HEADER + "\n")
+                f.write("4,4,2,1,1,8,1,1,on,none,0,on,3.5,60,ok,4,0,0\n")
+                f.write("4,4,2,1,1,8,1,1,on,none,0,on,3.1,60,ok,4,6,10\n")
+            t = bench.Table("t", "t", "", path, None, None)
+            t.load()
+            self.assertEqual(len(t.time), 2)
+            self.assertAlmostEqual(t.best, 3.1)
+
+
+if __name__ == "__main__":
+    unittest.main()
