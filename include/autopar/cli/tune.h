@@ -40,11 +40,18 @@ struct TuneContext {
   const Inputs& inputs;
   const pb::StudyDescription& study;
   const search::CandidateSet& candidates;
-  std::string backend;  // "cpu" or "cuda"
+  std::string backend;  // "cpu", "cuda" or "megatron"
   backend::P2PSemantics p2p_semantics = backend::P2PSemantics::kMpi;
   double trial_timeout_s = 600;
   int warmup_iterations = 2;
   int timed_iterations = 5;
+  // --backend megatron (docs/trial.md §17): the study directory (each rank's logs go under
+  // STUDY/trials/N/), --train-command's words, the user's Megatron-LM arguments (the words of
+  // --megatron-args or --megatron-args-file) and --real-data.
+  std::string study_dir;
+  std::vector<std::string> train_command;
+  std::vector<std::string> megatron_args;
+  bool real_data = false;
 };
 
 // Builds the backend of `--backend NAME` on this rank. On rank 0 it returns the coordinator's
