@@ -113,7 +113,8 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv,
   }
   const pid_t parent = getpid();
   pid_ = fork();
-  if (pid_ == 0) ExecChild(parent, log_fd, null_fd, path.c_str(), args.data(), envp.data(), failure);
+  if (pid_ == 0)
+    ExecChild(parent, log_fd, null_fd, path.c_str(), args.data(), envp.data(), failure);
   const int fork_errno = errno;
   close(log_fd);
   close(null_fd);

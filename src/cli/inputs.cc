@@ -530,11 +530,10 @@ void ApplyBackend(const std::string& backend, Inputs& in) {
   if ((backend == "cuda" || backend == "megatron") && in.gpu_assumed) {
     std::string names;
     for (const std::string& n : GpuPresetNames()) names += (names.empty() ? "" : ", ") + n;
-    throw InputError("--gpu",
-                     "required with --backend " + backend +
-                         ": the GPU the trials run on, which the "
-                     "model predicts and the memory budget is (a preset: " +
-                         names + "; a GPU YAML file; or --cluster FILE.yaml)");
+    throw InputError("--gpu", "required with --backend " + backend +
+                                  ": the GPU the trials run on, which the "
+                                  "model predicts and the memory budget is (a preset: " +
+                                  names + "; a GPU YAML file; or --cluster FILE.yaml)");
   }
   ApplyCpuBackend(backend, in);
 }

@@ -20,8 +20,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <memory>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "autopar/cli/megatron_command.h"
@@ -42,10 +42,10 @@ extern char** environ;
 namespace autopar::cli {
 namespace {
 
-constexpr double kPollS = 0.1;            // how often a rank looks at its child and agrees
-constexpr double kKillGraceS = 5;         // SIGTERM → SIGKILL
+constexpr double kPollS = 0.1;             // how often a rank looks at its child and agrees
+constexpr double kKillGraceS = 5;          // SIGTERM → SIGKILL
 constexpr double kStableTolerance = 0.01;  // MedianIsStable: 1%
-constexpr int kMaxTimedFactor = 4;        // at most this many × --timed-iterations are run
+constexpr int kMaxTimedFactor = 4;         // at most this many × --timed-iterations are run
 
 void CheckMpi(int rc, const char* what) {
   if (rc != MPI_SUCCESS) throw coord::ChannelError(std::string(what) + " failed");
@@ -58,8 +58,7 @@ void SleepS(double s) {
 }
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 std::string HostName() {
@@ -164,8 +163,7 @@ class MegatronRankRunner : public coord::RankRunner {
   std::string master_addr_;
 };
 
-std::vector<std::string> MegatronRankRunner::Environment(const ParallelConfig& c,
-                                                         int port) const {
+std::vector<std::string> MegatronRankRunner::Environment(const ParallelConfig& c, int port) const {
   const std::map<std::string, std::string> set = {
       {"RANK", std::to_string(trials_.rank())},
       {"WORLD_SIZE", std::to_string(trials_.size())},
@@ -213,8 +211,7 @@ std::string MegatronRankRunner::PrepareLog(const pb::TrialRequest& request) cons
 // imports, distributed initialisation, model build and the first iteration), to the poll's
 // resolution; 0 while none.
 Ending MegatronRankRunner::Watch(ChildProcess& child, const std::string& log_path,
-                                 const pb::TrialRequest& request, double start,
-                                 double* startup_s) {
+                                 const pb::TrialRequest& request, double start, double* startup_s) {
   const int warmup = request.warmup_iterations();
   const int timed = std::max(1, request.timed_iterations());
   for (;;) {
@@ -255,9 +252,9 @@ void MegatronRankRunner::ShareTimes(const MegatronLog& log, int warmup, double s
            "MPI_Allreduce(iterations)");
   std::vector<double> packet;
   if (trials_.rank() == best.rank) {
-    std::vector<double> tflops(log.tflops_per_gpu.begin() +
-                                   std::min<long>(warmup, log.tflops_per_gpu.size()),
-                               log.tflops_per_gpu.end());
+    std::vector<double> tflops(
+        log.tflops_per_gpu.begin() + std::min<long>(warmup, log.tflops_per_gpu.size()),
+        log.tflops_per_gpu.end());
     packet = {startup_s, tflops.empty() ? 0.0 : MedianOf(tflops)};
     packet.insert(packet.end(), times.begin(), times.end());
   }
@@ -374,8 +371,8 @@ std::unique_ptr<coord::TrialBackend> MakeMegatronBackend(const TuneContext& cont
   options.nnodes = in.cluster.nnodes;
   options.nproc_per_node = in.cluster.gpus_per_node;
   options.study_fingerprint = fingerprint;
-  return std::make_unique<CoordinatorBackend>(
-      std::move(channel), std::move(runner), options, "megatron");
+  return std::make_unique<CoordinatorBackend>(std::move(channel), std::move(runner), options,
+                                              "megatron");
 }
 
 }  // namespace autopar::cli

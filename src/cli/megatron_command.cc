@@ -83,23 +83,34 @@ const std::map<std::string, Arity>& OtherArity() {
 // sources mock data replaces: Megatron-LM d98e8a6 arguments.py and training_config.py.
 const std::map<std::string, Arity>& TrialArity() {
   static const std::map<std::string, Arity> table = {
-      {"--train-iters", Arity::kOne},          {"--train-samples", Arity::kOne},
-      {"--lr-decay-samples", Arity::kOne},     {"--lr-warmup-samples", Arity::kOne},
-      {"--lr-wsd-decay-samples", Arity::kOne}, {"--log-interval", Arity::kOne},
-      {"--eval-iters", Arity::kOne},           {"--eval-interval", Arity::kOne},
-      {"--exit-interval", Arity::kOne},        {"--exit-duration-in-mins", Arity::kOne},
-      {"--log-throughput", Arity::kSwitch},    {"--save", Arity::kOne},
-      {"--load", Arity::kOne},                 {"--skip-train", Arity::kSwitch},
+      {"--train-iters", Arity::kOne},
+      {"--train-samples", Arity::kOne},
+      {"--lr-decay-samples", Arity::kOne},
+      {"--lr-warmup-samples", Arity::kOne},
+      {"--lr-wsd-decay-samples", Arity::kOne},
+      {"--log-interval", Arity::kOne},
+      {"--eval-iters", Arity::kOne},
+      {"--eval-interval", Arity::kOne},
+      {"--exit-interval", Arity::kOne},
+      {"--exit-duration-in-mins", Arity::kOne},
+      {"--log-throughput", Arity::kSwitch},
+      {"--save", Arity::kOne},
+      {"--load", Arity::kOne},
+      {"--skip-train", Arity::kSwitch},
   };
   return table;
 }
 
 const std::map<std::string, Arity>& DataArity() {
   static const std::map<std::string, Arity> table = {
-      {"--mock-data", Arity::kSwitch},         {"--data-path", Arity::kList},
-      {"--split", Arity::kOne},                {"--train-data-path", Arity::kList},
-      {"--valid-data-path", Arity::kList},     {"--test-data-path", Arity::kList},
-      {"--data-args-path", Arity::kOne},       {"--per-split-data-args-path", Arity::kOne},
+      {"--mock-data", Arity::kSwitch},
+      {"--data-path", Arity::kList},
+      {"--split", Arity::kOne},
+      {"--train-data-path", Arity::kList},
+      {"--valid-data-path", Arity::kList},
+      {"--test-data-path", Arity::kList},
+      {"--data-args-path", Arity::kOne},
+      {"--per-split-data-args-path", Arity::kOne},
   };
   return table;
 }

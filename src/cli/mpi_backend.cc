@@ -10,8 +10,6 @@
 #include <cstdlib>
 #include <memory>
 
-#include "src/cli/mpi_channel.h"
-#include "src/cli/rank_worker.h"
 #include "autopar/cli/tune.h"
 #include "autopar/common/status.h"
 #include "autopar/coord/convert.h"
@@ -19,6 +17,8 @@
 #include "autopar/coord/study.h"
 #include "autopar/trial/probe.h"
 #include "autopar/trial/trial.h"
+#include "src/cli/mpi_channel.h"
+#include "src/cli/rank_worker.h"
 
 namespace autopar::cli {
 namespace {

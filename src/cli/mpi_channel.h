@@ -28,7 +28,9 @@ inline void CheckMpiChannel(int rc, const char* what) {
 class MpiChannel : public coord::Channel {
  public:
   explicit MpiChannel(backend::Group world)
-      : world_(std::move(world)), comm_(world_.comm()), rank_(world_.rank()),
+      : world_(std::move(world)),
+        comm_(world_.comm()),
+        rank_(world_.rank()),
         size_(world_.size()) {}
   int rank() const override { return rank_; }
   int world_size() const override { return size_; }
@@ -42,7 +44,7 @@ class MpiChannel : public coord::Channel {
     CheckMpiChannel(MPI_Bcast(&length, 1, MPI_UINT64_T, 0, comm_), "MPI_Bcast(length)");
     bytes.resize(length);
     CheckMpiChannel(MPI_Bcast(bytes.data(), static_cast<int>(length), MPI_BYTE, 0, comm_),
-             "MPI_Bcast(command)");
+                    "MPI_Bcast(command)");
     if (rank_ != 0 && !command->ParseFromString(bytes)) {
       throw coord::ChannelError("a command from rank 0 does not parse");
     }
@@ -54,7 +56,7 @@ class MpiChannel : public coord::Channel {
     int length = static_cast<int>(bytes.size());
     std::vector<int> lengths(rank_ == 0 ? size_ : 0), offsets(lengths.size());
     CheckMpiChannel(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm_),
-             "MPI_Gather(length)");
+                    "MPI_Gather(length)");
     std::string gathered;
     if (rank_ == 0) {
       int total = 0;
@@ -65,8 +67,8 @@ class MpiChannel : public coord::Channel {
       gathered.resize(total);
     }
     CheckMpiChannel(MPI_Gatherv(bytes.data(), length, MPI_BYTE, gathered.data(), lengths.data(),
-                         offsets.data(), MPI_BYTE, 0, comm_),
-             "MPI_Gatherv(reports)");
+                                offsets.data(), MPI_BYTE, 0, comm_),
+                    "MPI_Gatherv(reports)");
     all->clear();
     if (rank_ != 0) return;
     for (int r = 0; r < size_; ++r) {
@@ -89,8 +91,10 @@ class CoordinatorBackend : public coord::TrialBackend {
  public:
   CoordinatorBackend(std::unique_ptr<MpiChannel> channel, std::unique_ptr<coord::RankRunner> runner,
                      coord::ChannelBackend::Options options, std::string name)
-      : channel_(std::move(channel)), runner_(std::move(runner)),
-        protocol_(*channel_, *runner_, std::move(options)), name_(std::move(name)) {}
+      : channel_(std::move(channel)),
+        runner_(std::move(runner)),
+        protocol_(*channel_, *runner_, std::move(options)),
+        name_(std::move(name)) {}
   std::string name() const override { return name_; }
   pb::ProbeRecorded Probe() override { return protocol_.Probe(); }
   pb::TrialResult Run(const pb::TrialRequest& request) override { return protocol_.Run(request); }

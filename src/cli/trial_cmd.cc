@@ -138,9 +138,9 @@ backend::Group StartMpiWorld(const ClusterSpec& cluster) {
 RankWorker StartRankWorker(const std::string& name, const ClusterSpec& cluster,
                            backend::P2PSemantics p2p_semantics) {
   backend::Group world = StartMpiWorld(cluster);
-  auto device = trial::MakeBackend(name, static_cast<size_t>(cluster.gpu.memory_gib * kGiB),
-                                   world.rank() % static_cast<int>(cluster.gpus_per_node),
-                                   p2p_semantics);
+  auto device =
+      trial::MakeBackend(name, static_cast<size_t>(cluster.gpu.memory_gib * kGiB),
+                         world.rank() % static_cast<int>(cluster.gpus_per_node), p2p_semantics);
   if (!device.ok()) throw InputError("--backend", device.status().message());
   return {std::move(world), std::move(*device)};
 }

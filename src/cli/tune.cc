@@ -84,8 +84,9 @@ void ReadMegatronFlags(Args& args, TuneFlags& f) {
     throw InputError("--train-command", "holds no words: '" + *command + "'");
   }
   if (args.Value("--p2p-semantics")) {
-    throw InputError("--p2p-semantics", "not with --backend megatron: the training stack runs "
-                                        "its own collectives");
+    throw InputError("--p2p-semantics",
+                     "not with --backend megatron: the training stack runs "
+                     "its own collectives");
   }
 }
 

@@ -58,7 +58,8 @@ void Sanitize(pb::TrialResult* r) {
 double MedianTrialWallS(const std::vector<TrialRecord>& trials) {
   std::vector<double> walls;
   for (const TrialRecord& t : trials) {
-    if (t.result.wall_s() > 0 && std::isfinite(t.result.wall_s())) walls.push_back(t.result.wall_s());
+    if (t.result.wall_s() > 0 && std::isfinite(t.result.wall_s()))
+      walls.push_back(t.result.wall_s());
   }
   if (walls.empty()) return 0;
   std::sort(walls.begin(), walls.end());

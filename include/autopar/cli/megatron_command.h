@@ -17,9 +17,9 @@ namespace autopar::cli {
 
 // What a trial adds to the user's arguments (each replacing the user's own value).
 struct MegatronTrialSettings {
-  int train_iters = 7;              // --train-iters: warm-up plus the most timed iterations
-  int exit_duration_mins = 10;      // --exit-duration-in-mins: Megatron's own guard (whole minutes)
-  bool mock_data = true;            // --mock-data, the user's data flags removed; false: kept
+  int train_iters = 7;          // --train-iters: warm-up plus the most timed iterations
+  int exit_duration_mins = 10;  // --exit-duration-in-mins: Megatron's own guard (whole minutes)
+  bool mock_data = true;        // --mock-data, the user's data flags removed; false: kept
 };
 
 // Index of the first of the training script's own words in `command`: after the first `*.py`

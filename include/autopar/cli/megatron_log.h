@@ -27,11 +27,11 @@
 namespace autopar::cli {
 
 struct MegatronLog {
-  std::vector<int> iterations;          // the iteration number of each timed line, in order
-  std::vector<double> iteration_ms;     // "elapsed time per iteration (ms)", same order
-  std::vector<double> tflops_per_gpu;   // "throughput per GPU (TFLOP/s/GPU)" where printed
-  double max_allocated_mb = 0;          // the largest "max allocated" of any memory report
-  double max_reserved_mb = 0;           // the largest "max reserved"
+  std::vector<int> iterations;         // the iteration number of each timed line, in order
+  std::vector<double> iteration_ms;    // "elapsed time per iteration (ms)", same order
+  std::vector<double> tflops_per_gpu;  // "throughput per GPU (TFLOP/s/GPU)" where printed
+  double max_allocated_mb = 0;         // the largest "max allocated" of any memory report
+  double max_reserved_mb = 0;          // the largest "max reserved"
   bool out_of_memory = false;
   bool nonfinite_loss = false;
   bool python_error = false;
