@@ -2,7 +2,8 @@
 //
 // tune: the online search. Reads the planning inputs (model, train, cluster, space) plus
 //   --study DIR (required)  --resume [--salvage]  --seed N  --budget SECONDS|30m|8h  --max-trials N
-//   --trial-timeout SECONDS  --backend cpu|cuda|replay  --replay-table FILE.csv
+//   --trial-timeout SECONDS  --backend cpu|cuda|replay|megatron  --replay-table FILE.csv
+//   --train-command "PROGRAM SCRIPT" --real-data (megatron)
 //   --searcher thompson|random|grid|analytic  --max-p-oom P  --top K  --quiet
 //   --status-addr ADDR (127.0.0.1)  --status-port N (8642 for cpu/cuda, off for replay; 0: any)
 //   --stop-draws N --stop-fraction F --stop-epsilon E --stop-delta D --min-measured N
