@@ -1,4 +1,5 @@
-// `autopar-tune tune` (the default command) and `autopar-tune make-replay-table` (docs/cli.md §6, §9).
+// `autopar-tune tune` (the default command) and `autopar-tune make-replay-table` (docs/cli.md §6,
+// §9).
 //
 // tune: the online search. Reads the planning inputs (model, train, cluster, space) plus
 //   --study DIR (required)  --resume [--salvage]  --seed N  --budget SECONDS|30m|8h  --max-trials N
