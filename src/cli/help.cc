@@ -174,8 +174,12 @@ const FlagGroup kTune = {
          "with --resume: a corrupt journal is copied aside and the study goes on from every "
          "valid record"},
         {"--seed", "N", "(0, or the study's on resume)"},
-        {"--backend", "cpu|cuda|replay", "(replay with --replay-table, else cpu)"},
+        {"--backend", "cpu|cuda|replay|megatron", "(replay with --replay-table, else cpu)"},
         {"--replay-table", "FILE.csv", "measured trials to replay (only with --backend replay)"},
+        {"--train-command", "\"PROGRAM SCRIPT\"",
+         "megatron: the training command each rank runs per trial, e.g. \"python "
+         "/opt/Megatron-LM/pretrain_gpt.py\" (required with --backend megatron)"},
+        {"--real-data", "", "megatron: keep the arguments' data flags instead of --mock-data"},
         {"--p2p-semantics", "mpi|nccl", "the CPU backend's collectives as MPI or NCCL runs them"},
         {"--searcher", "thompson|random|grid|analytic", "(thompson)"},
         {"--max-p-oom", "P", "never propose a configuration at least this likely to OOM (0.9)"},

@@ -527,13 +527,13 @@ void ApplyCpuBackend(const std::string& backend, Inputs& in) {
 }
 
 void ApplyBackend(const std::string& backend, Inputs& in) {
-  if (backend == "cuda" && in.gpu_assumed) {
+  if ((backend == "cuda" || backend == "megatron") && in.gpu_assumed) {
     std::string names;
     for (const std::string& n : GpuPresetNames()) names += (names.empty() ? "" : ", ") + n;
-    throw InputError("--gpu",
-                     "required with --backend cuda: the GPU the trials run on, which the "
-                     "model predicts and the memory budget is (a preset: " +
-                         names + "; a GPU YAML file; or --cluster FILE.yaml)");
+    throw InputError("--gpu", "required with --backend " + backend +
+                                  ": the GPU the trials run on, which the "
+                                  "model predicts and the memory budget is (a preset: " +
+                                  names + "; a GPU YAML file; or --cluster FILE.yaml)");
   }
   ApplyCpuBackend(backend, in);
 }
@@ -654,6 +654,7 @@ Inputs ReadInputs(Args& args) {
   if (model_value) base = LoadModel(*model_value);
   TrainSpec train;
   train.global_batch_size = 0;
+  in.megatron_words = pasted;
   MegatronArgs from_script = ApplyMegatronFlags(pasted, base, train);
   const std::vector<std::string> command_line = args.Remaining();
   args.ConsumeAll();

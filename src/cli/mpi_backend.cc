@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <memory>
 
-#include "src/cli/rank_worker.h"
 #include "autopar/cli/tune.h"
 #include "autopar/common/status.h"
 #include "autopar/coord/convert.h"
@@ -18,81 +17,13 @@
 #include "autopar/coord/study.h"
 #include "autopar/trial/probe.h"
 #include "autopar/trial/trial.h"
+#include "src/cli/mpi_channel.h"
+#include "src/cli/rank_worker.h"
 
 namespace autopar::cli {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-void CheckMpi(int rc, const char* what) {
-  if (rc != MPI_SUCCESS) {
-    char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, text, &len);
-    throw coord::ChannelError(std::string(what) + ": " + std::string(text, len));
-  }
-}
-
-// Protocol messages over MPI: length-prefixed protobuf bytes on the world communicator's own
-// duplicate, so they never match a trial's messages.
-class MpiChannel : public coord::Channel {
- public:
-  explicit MpiChannel(backend::Group world)
-      : world_(std::move(world)), comm_(world_.comm()), rank_(world_.rank()),
-        size_(world_.size()) {}
-  int rank() const override { return rank_; }
-  int world_size() const override { return size_; }
-
-  void Broadcast(pb::Command* command) override {
-    std::string bytes;
-    if (rank_ == 0 && !command->SerializeToString(&bytes)) {
-      throw coord::ChannelError("cannot serialise a command");
-    }
-    uint64_t length = bytes.size();
-    CheckMpi(MPI_Bcast(&length, 1, MPI_UINT64_T, 0, comm_), "MPI_Bcast(length)");
-    bytes.resize(length);
-    CheckMpi(MPI_Bcast(bytes.data(), static_cast<int>(length), MPI_BYTE, 0, comm_),
-             "MPI_Bcast(command)");
-    if (rank_ != 0 && !command->ParseFromString(bytes)) {
-      throw coord::ChannelError("a command from rank 0 does not parse");
-    }
-  }
-
-  void Gather(const pb::Report& mine, std::vector<pb::Report>* all) override {
-    std::string bytes;
-    if (!mine.SerializeToString(&bytes)) throw coord::ChannelError("cannot serialise a report");
-    int length = static_cast<int>(bytes.size());
-    std::vector<int> lengths(rank_ == 0 ? size_ : 0), offsets(lengths.size());
-    CheckMpi(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm_),
-             "MPI_Gather(length)");
-    std::string gathered;
-    if (rank_ == 0) {
-      int total = 0;
-      for (int r = 0; r < size_; ++r) {
-        offsets[r] = total;
-        total += lengths[r];
-      }
-      gathered.resize(total);
-    }
-    CheckMpi(MPI_Gatherv(bytes.data(), length, MPI_BYTE, gathered.data(), lengths.data(),
-                         offsets.data(), MPI_BYTE, 0, comm_),
-             "MPI_Gatherv(reports)");
-    all->clear();
-    if (rank_ != 0) return;
-    for (int r = 0; r < size_; ++r) {
-      pb::Report report;
-      if (!report.ParseFromArray(gathered.data() + offsets[r], lengths[r])) {
-        throw coord::ChannelError("the report of rank " + std::to_string(r) + " does not parse");
-      }
-      all->push_back(std::move(report));
-    }
-  }
-
- private:
-  backend::Group world_;
-  MPI_Comm comm_;
-  int rank_ = 0, size_ = 1;
-};
 
 pb::TrialStatus ToStatus(backend::Outcome o) {
   switch (o) {
@@ -201,24 +132,6 @@ class TrialRankRunner : public coord::RankRunner {
   std::unique_ptr<backend::Backend> backend_;
 };
 
-// Rank 0's TrialBackend: owns the channel and its runner, forwards to the protocol.
-class CoordinatorBackend : public coord::TrialBackend {
- public:
-  CoordinatorBackend(std::unique_ptr<MpiChannel> channel, std::unique_ptr<TrialRankRunner> runner,
-                     coord::ChannelBackend::Options options)
-      : channel_(std::move(channel)), runner_(std::move(runner)),
-        protocol_(*channel_, *runner_, std::move(options)) {}
-  std::string name() const override { return "mpi"; }
-  pb::ProbeRecorded Probe() override { return protocol_.Probe(); }
-  pb::TrialResult Run(const pb::TrialRequest& request) override { return protocol_.Run(request); }
-  void Shutdown(const std::string& reason) override { protocol_.Shutdown(reason); }
-
- private:
-  std::unique_ptr<MpiChannel> channel_;
-  std::unique_ptr<TrialRankRunner> runner_;
-  coord::ChannelBackend protocol_;
-};
-
 std::unique_ptr<coord::TrialBackend> MakeMpiBackend(const TuneContext& context) {
   const Inputs& in = context.inputs;
   RankWorker worker = StartRankWorker(context.backend, in.cluster, context.p2p_semantics);
@@ -237,7 +150,8 @@ std::unique_ptr<coord::TrialBackend> MakeMpiBackend(const TuneContext& context) 
   options.nnodes = in.cluster.nnodes;
   options.nproc_per_node = in.cluster.gpus_per_node;
   options.study_fingerprint = fingerprint;
-  return std::make_unique<CoordinatorBackend>(std::move(channel), std::move(runner), options);
+  return std::make_unique<CoordinatorBackend>(std::move(channel), std::move(runner), options,
+                                              "mpi");
 }
 
 }  // namespace
@@ -245,6 +159,7 @@ std::unique_ptr<coord::TrialBackend> MakeMpiBackend(const TuneContext& context) 
 void RegisterMpiTrialBackends() {
   RegisterTrialBackend("cpu", MakeMpiBackend);
   RegisterTrialBackend("cuda", MakeMpiBackend);
+  RegisterTrialBackend("megatron", MakeMegatronBackend);
 }
 
 }  // namespace autopar::cli

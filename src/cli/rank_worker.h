@@ -7,6 +7,7 @@
 
 #include "autopar/backend/backend.h"
 #include "autopar/backend/group.h"
+#include "autopar/coord/backend.h"
 #include "autopar/spec/cluster.h"
 
 namespace autopar::cli {
@@ -23,5 +24,13 @@ struct RankWorker {
 // `p2p_semantics`: ReadP2PSemantics' value.
 RankWorker StartRankWorker(const std::string& backend, const ClusterSpec& cluster,
                            backend::P2PSemantics p2p_semantics);
+
+// MPI and the world group alone (StartRankWorker without a device): the same checks.
+backend::Group StartMpiWorld(const ClusterSpec& cluster);
+
+struct TuneContext;
+// `tune --backend megatron` (megatron_backend.cc): as the cpu/cuda factory, rank 0's backend or
+// null after the worker loop on the other ranks.
+std::unique_ptr<coord::TrialBackend> MakeMegatronBackend(const TuneContext& context);
 
 }  // namespace autopar::cli

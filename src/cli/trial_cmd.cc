@@ -121,8 +121,7 @@ void PrintTrial(std::ostream& out, Format format, const ParallelConfig& c, const
 
 }  // namespace
 
-RankWorker StartRankWorker(const std::string& name, const ClusterSpec& cluster,
-                           backend::P2PSemantics p2p_semantics) {
+backend::Group StartMpiWorld(const ClusterSpec& cluster) {
   EnsureMpi();
   const int world_size = MpiWorldSize();
   if (world_size != cluster.world_size()) {
@@ -133,11 +132,17 @@ RankWorker StartRankWorker(const std::string& name, const ClusterSpec& cluster,
   }
   auto world = backend::Group::World();
   if (!world.ok()) throw std::runtime_error(world.status().ToString());
-  auto device = trial::MakeBackend(name, static_cast<size_t>(cluster.gpu.memory_gib * kGiB),
-                                   world->rank() % static_cast<int>(cluster.gpus_per_node),
-                                   p2p_semantics);
+  return std::move(*world);
+}
+
+RankWorker StartRankWorker(const std::string& name, const ClusterSpec& cluster,
+                           backend::P2PSemantics p2p_semantics) {
+  backend::Group world = StartMpiWorld(cluster);
+  auto device =
+      trial::MakeBackend(name, static_cast<size_t>(cluster.gpu.memory_gib * kGiB),
+                         world.rank() % static_cast<int>(cluster.gpus_per_node), p2p_semantics);
   if (!device.ok()) throw InputError("--backend", device.status().message());
-  return {std::move(*world), std::move(*device)};
+  return {std::move(world), std::move(*device)};
 }
 
 int RunTrialCommand(const std::vector<std::string>& argv_in, std::ostream& out,

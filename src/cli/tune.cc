@@ -22,6 +22,7 @@
 #include "autopar/coord/study.h"
 #include "autopar/coord/tuner.h"
 #include "autopar/coord/worlds.h"
+#include "autopar/spec/parse.h"
 #include "tune_report.h"
 
 namespace autopar::cli {
@@ -61,6 +62,34 @@ double Fraction(Args& args, const std::string& flag, double fallback, bool close
   return p;
 }
 
+// --train-command and --real-data: only, and --train-command always, with --backend megatron.
+void ReadMegatronFlags(Args& args, TuneFlags& f) {
+  const auto command = args.Value("--train-command");
+  f.real_data = args.Switch("--real-data");
+  const bool megatron = f.backend == "megatron";
+  if (!megatron && command) {
+    throw InputError("--train-command", "only with --backend megatron; got --backend " + f.backend);
+  }
+  if (!megatron && f.real_data) {
+    throw InputError("--real-data", "only with --backend megatron; got --backend " + f.backend);
+  }
+  if (!megatron) return;
+  if (!command || command->empty()) {
+    throw InputError("--train-command",
+                     "required with --backend megatron: the training program and script, e.g. "
+                     "\"python /opt/Megatron-LM/pretrain_gpt.py\"");
+  }
+  f.train_command = SplitCommandLine(*command);
+  if (f.train_command.empty()) {
+    throw InputError("--train-command", "holds no words: '" + *command + "'");
+  }
+  if (args.Value("--p2p-semantics")) {
+    throw InputError("--p2p-semantics",
+                     "not with --backend megatron: the training stack runs "
+                     "its own collectives");
+  }
+}
+
 TuneFlags ReadTuneFlags(Args& args) {
   TuneFlags f;
   const auto study = args.Value("--study");
@@ -87,9 +116,12 @@ TuneFlags ReadTuneFlags(Args& args) {
   }
   f.replay_table = args.Value("--replay-table");
   f.backend = args.Value("--backend").value_or(f.replay_table ? "replay" : "cpu");
-  if (f.backend != "cpu" && f.backend != "cuda" && f.backend != "replay") {
-    throw InputError("--backend", "allowed: cpu, cuda, replay; got '" + f.backend + "'");
+  if (f.backend != "cpu" && f.backend != "cuda" && f.backend != "replay" &&
+      f.backend != "megatron") {
+    throw InputError("--backend", "allowed: cpu, cuda, replay, megatron; got '" + f.backend + "'");
   }
+  ReadMegatronFlags(args, f);
+  f.tuner.reserve_trial_time = f.backend == "megatron";
   f.p2p_semantics = ReadP2PSemantics(args, f.backend);
   f.status_addr = args.Value("--status-addr").value_or(f.status_addr);
   // -1: no endpoint, 0: any free port.
@@ -246,7 +278,11 @@ std::unique_ptr<coord::TrialBackend> MakeBackend(const TuneFlags& flags, const I
                             flags.p2p_semantics,
                             flags.tuner.trial_timeout_s,
                             flags.tuner.warmup_iterations,
-                            flags.tuner.timed_iterations};
+                            flags.tuner.timed_iterations,
+                            flags.study,
+                            flags.train_command,
+                            in.megatron_words,
+                            flags.real_data};
   return factory->second(context);
 }
 

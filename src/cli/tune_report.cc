@@ -186,7 +186,7 @@ std::string TrialsCsv(const TuneReport& r) {
   out << "trial,tp,pp,pp_first,pp_last,dp,cp,up,ep,etp,vpp,mbs,sp,recompute,recompute_layers,dist_"
          "opt,status,"
          "step_time_s,predicted_step_time_s,peak_memory_gib,predicted_memory_gib,p_oom,attempts,"
-         "best_step_time_s,message,elapsed_s,best_config\n";
+         "best_step_time_s,message,elapsed_s,best_config,wall_s,startup_s\n";
   out.precision(9);
   for (const coord::TrialRecord& t : r.tuner.trials()) {
     const ParallelConfig& c = r.candidates.config(t.candidate);
@@ -206,7 +206,9 @@ std::string TrialsCsv(const TuneReport& r) {
     if (t.best_candidate >= 0) out << t.best_step_time_s;
     out << ",\"" << message << "\"," << t.elapsed_s << ",\"";
     if (t.best_candidate >= 0) out << ToSpec(r.candidates.config(t.best_candidate));
-    out << "\"\n";
+    out << "\"," << res.wall_s() << ',';
+    if (res.startup_s() > 0) out << res.startup_s();
+    out << "\n";
   }
   return out.str();
 }
@@ -310,6 +312,10 @@ void ProgressPrinter::OnTrialFinished(const coord::TrialRecord& t,
       line << buf;
     }
     if (!res.message().empty()) line << ": " << res.message();
+  }
+  if (res.startup_s() > 0) {  // --backend megatron: the trial's cost besides its iterations
+    std::snprintf(buf, sizeof buf, "  start-up %.1f s of %.1f s", res.startup_s(), res.wall_s());
+    line << buf;
   }
   if (state.best() >= 0) {
     std::snprintf(buf, sizeof buf, "  best %.4f s", state.best_time_s());

@@ -32,6 +32,9 @@ struct TuneFlags {
   std::string status_addr = "127.0.0.1";
   int status_port = -1;
   coord::TunerOptions tuner;
+  // --backend megatron: --train-command's words and --real-data (docs/cli.md §6).
+  std::vector<std::string> train_command;
+  bool real_data = false;
 };
 
 struct TuneReport {

@@ -67,6 +67,8 @@ pb::TrialResult MergeRankResults(const pb::TrialRequest& request,
     iterations = std::min<size_t>(iterations, static_cast<size_t>(t.iteration_times_s_size()));
     peak = std::max(peak, t.peak_memory_gib());
     wall = std::max(wall, t.wall_s());
+    out.set_startup_s(std::max(out.startup_s(), t.startup_s()));
+    out.set_tflops_per_gpu(std::max(out.tflops_per_gpu(), t.tflops_per_gpu()));
   }
   out.set_peak_memory_gib(peak);
   out.set_wall_s(wall);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -51,6 +52,19 @@ void Sanitize(pb::TrialResult* r) {
     r->set_status(pb::NONFINITE);
   }
   if (!(peak >= kMinPeakMemoryGib && peak <= kMaxPeakMemoryGib)) r->set_peak_memory_gib(0);
+}
+
+// The median wall time of the trials that ran (a retry given up on ran nothing); 0 when none.
+double MedianTrialWallS(const std::vector<TrialRecord>& trials) {
+  std::vector<double> walls;
+  for (const TrialRecord& t : trials) {
+    if (t.result.wall_s() > 0 && std::isfinite(t.result.wall_s()))
+      walls.push_back(t.result.wall_s());
+  }
+  if (walls.empty()) return 0;
+  std::sort(walls.begin(), walls.end());
+  const size_t n = walls.size();
+  return n % 2 ? walls[n / 2] : 0.5 * (walls[n / 2 - 1] + walls[n / 2]);
 }
 
 [[noreturn]] void Diverged(int64_t trial, const std::string& what) {
@@ -273,8 +287,10 @@ TuneSummary Tuner::Run() {
   for (;;) {
     const int64_t trial = state_->trials();
     double t0 = now_s_();
-    summary.stop = search::CheckStop(*state_, options_.stop, searcher_.uses_posterior(),
-                                     options_.seed, trial, elapsed());
+    search::StopSettings stop = options_.stop;
+    if (options_.reserve_trial_time) stop.next_trial_s = MedianTrialWallS(trials_);
+    summary.stop = search::CheckStop(*state_, stop, searcher_.uses_posterior(), options_.seed,
+                                     trial, elapsed());
     summary.stop_check_ms.push_back(1e3 * (now_s_() - t0));
     if (summary.stop.reason == search::StopReason::kNone && observer_) {
       observer_->OnStopCheck(summary.stop, *state_);

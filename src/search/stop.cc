@@ -14,6 +14,7 @@ namespace {
 void Validate(const StopSettings& s) {
   if (s.max_trials < 0) throw std::invalid_argument("max_trials must be >= 0");
   if (!(s.budget_s >= 0)) throw std::invalid_argument("budget_s must be >= 0");
+  if (!(s.next_trial_s >= 0)) throw std::invalid_argument("next_trial_s must be >= 0");
   if (s.draws < 1) throw std::invalid_argument("stop draws must be >= 1");
   if (!(s.converged_fraction > 0 && s.converged_fraction <= 1)) {
     throw std::invalid_argument("converged_fraction must be in (0, 1]");
@@ -154,7 +155,7 @@ StopCheck CheckStop(const SearchState& state, const StopSettings& settings, bool
     check.reason = StopReason::kMaxTrials;
     return check;
   }
-  if (settings.budget_s > 0 && elapsed_s >= settings.budget_s) {
+  if (settings.budget_s > 0 && elapsed_s + settings.next_trial_s >= settings.budget_s) {
     check.reason = StopReason::kBudget;
     return check;
   }

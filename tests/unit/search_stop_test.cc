@@ -24,6 +24,12 @@ TEST(Stop, LimitsComeFirst) {
   EXPECT_EQ(CheckStop(s, st, true, 0, 2, 0).reason, StopReason::kNone);
   st.budget_s = 60;
   EXPECT_EQ(CheckStop(s, st, true, 0, 1, 61).reason, StopReason::kBudget);
+  // A real trial's expected time (start-up included) counts: none starts that cannot end in
+  // the budget (--backend megatron, docs/trial.md §17).
+  st.next_trial_s = 15;
+  EXPECT_EQ(CheckStop(s, st, true, 0, 1, 40).reason, StopReason::kNone);
+  EXPECT_EQ(CheckStop(s, st, true, 0, 1, 46).reason, StopReason::kBudget);
+  st.next_trial_s = 0;
   st.draws = 0;
   EXPECT_THROW(CheckStop(s, st, true, 0, 0, 0), std::invalid_argument);
 }

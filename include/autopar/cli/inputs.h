@@ -71,6 +71,9 @@ struct Inputs {
   // The configuration of a pasted script (--megatron-args, --megatron-args-file): `plan`
   // searches around it and says where it ranks; `predict` evaluates it when nothing else is given.
   std::optional<ParallelConfig> script_config;
+  // The words of --megatron-args / --megatron-args-file as the shell would split them: what
+  // `tune --backend megatron` passes on to the training command (its parallel flags replaced).
+  std::vector<std::string> megatron_words;
   // What the inputs assumed or ignored, one line each, for the user (stderr).
   std::vector<std::string> notes;
   // --host-cores: the cores the ranks of a `cpu`-device job share (they all run on one host).

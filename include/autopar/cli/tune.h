@@ -1,8 +1,10 @@
-// `autopar-tune tune` (the default command) and `autopar-tune make-replay-table` (docs/cli.md §6, §9).
+// `autopar-tune tune` (the default command) and `autopar-tune make-replay-table` (docs/cli.md §6,
+// §9).
 //
 // tune: the online search. Reads the planning inputs (model, train, cluster, space) plus
 //   --study DIR (required)  --resume [--salvage]  --seed N  --budget SECONDS|30m|8h  --max-trials N
-//   --trial-timeout SECONDS  --backend cpu|cuda|replay  --replay-table FILE.csv
+//   --trial-timeout SECONDS  --backend cpu|cuda|replay|megatron  --replay-table FILE.csv
+//   --train-command "PROGRAM SCRIPT" --real-data (megatron)
 //   --searcher thompson|random|grid|analytic  --max-p-oom P  --top K  --quiet
 //   --status-addr ADDR (127.0.0.1)  --status-port N (8642 for cpu/cuda, off for replay; 0: any)
 //   --stop-draws N --stop-fraction F --stop-epsilon E --stop-delta D --min-measured N
@@ -40,11 +42,18 @@ struct TuneContext {
   const Inputs& inputs;
   const pb::StudyDescription& study;
   const search::CandidateSet& candidates;
-  std::string backend;  // "cpu" or "cuda"
+  std::string backend;  // "cpu", "cuda" or "megatron"
   backend::P2PSemantics p2p_semantics = backend::P2PSemantics::kMpi;
   double trial_timeout_s = 600;
   int warmup_iterations = 2;
   int timed_iterations = 5;
+  // --backend megatron (docs/trial.md §17): the study directory (each rank's logs go under
+  // STUDY/trials/N/), --train-command's words, the user's Megatron-LM arguments (the words of
+  // --megatron-args or --megatron-args-file) and --real-data.
+  std::string study_dir;
+  std::vector<std::string> train_command;
+  std::vector<std::string> megatron_args;
+  bool real_data = false;
 };
 
 // Builds the backend of `--backend NAME` on this rank. On rank 0 it returns the coordinator's

@@ -34,6 +34,10 @@ struct TunerOptions {
   int warmup_iterations = 2;
   int timed_iterations = 5;
   double min_timed_s = 0.5;  // see trial::TrialOptions::min_timed_s
+  // Real trials that take minutes (--backend megatron): the stop rule counts the next trial's
+  // expected wall time (the median of the trials so far, start-up included) against --budget
+  // (search::StopSettings::next_trial_s).
+  bool reserve_trial_time = false;
 };
 
 // One finished trial, as the observer and the outputs see it.

@@ -58,6 +58,10 @@ const char* ToString(StopReason r);  // none, exhausted, max_trials, budget, con
 struct StopSettings {
   int64_t max_trials = 0;        // 0: no limit
   double budget_s = 8 * 3600.0;  // 0: no limit
+  // The wall time the next trial is expected to take (start-up included): the budget rule fires
+  // once elapsed_s + next_trial_s reaches budget_s, so no trial starts that cannot end within
+  // the budget. 0 (replay, the built-in runner): the budget alone.
+  double next_trial_s = 0;
   int draws = 200;
   double converged_fraction = 0.95;
   double epsilon = 0.02;
