@@ -143,17 +143,25 @@ StatusOr<std::unique_ptr<NcclComm>> NcclComm::Split(NcclComm& parent, int color,
   // Sharing needs the parent made with splitShare = 1 too (NCCL's ncclConfig_t documentation);
   // with a parent that does not share, the child gets resources of its own.
   config.splitShare = 1;
-  ncclComm_t child = nullptr;
-  const ncclResult_t rc =
-      ncclCommSplit(parent.comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
-  // Owned from here, so a failure below aborts it (the destructor aborts what is not healthy).
+  // Owned from here, so a failure below aborts the child (the destructor aborts what is not
+  // healthy).
   std::unique_ptr<NcclComm> comm(new NcclComm(parent.device_, -1, 0));
-  comm->comm_ = child;
-  // A non-blocking split is waited for on the parent's state (NCCL's "Fault Tolerance" example in
-  // the communicators guide), then on the child's own initialisation. On any failure the parent
-  // is aborted too, as that example does: its owner then rebuilds the family instead of
+  // A non-blocking split returns ncclInProgress with *newcomm still NULL; NCCL's init thread writes
+  // the child handle there when the split completes (src/init.cc, ncclCommInitChildComm: "*newcomm
+  // should be NCCL_COMM_NULL until comm split fully complete"; ncclCommInitRankFunc assigns
+  // job->newcomm at its end). So NCCL gets the address of the member that keeps the handle, which
+  // outlives the wait, and the handle is read only once the parent has settled. A copy taken right
+  // after the call would be NULL.
+  const ncclResult_t rc = ncclCommSplit(parent.comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
+                                        &comm->comm_, &config);
+  // A non-blocking split is waited for on the parent's state (the split runs as an asynchronous
+  // job of the parent, which stays ncclInProgress until it ends), then on the child's own
+  // initialisation. On any failure the parent is aborted too, which also joins the split's job
+  // (ncclCommAbort -> ncclCommEnsureReady): its owner then rebuilds the family instead of
   // splitting again from a parent in an unknown state.
   Status status = parent.Settle(rc, "ncclCommSplit", __FILE__, __LINE__);
+  if (!status.ok()) parent.Abort();  // no-op if Settle already aborted it; the job has ended
+  const ncclComm_t child = comm->comm_;
   if (status.ok() && child != nullptr) {
     status =
         comm->Settle(ncclInProgress, "ncclCommSplit (child initialisation)", __FILE__, __LINE__);
