@@ -110,8 +110,7 @@ void NcclRequest::Abandon() {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(CudaDevice& device, const Group& group,
-                                                     bool share_with_splits) {
+StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(CudaDevice& device, const Group& group) {
   AUTOPAR_CHECK_ARG(!group.empty(), "collectives over an empty group");
   // Rank 0 tells the others whether it has an id, so its failure cannot leave them waiting.
   struct {
@@ -132,17 +131,13 @@ StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(CudaDevice& device, const G
                          __LINE__);
   }
   std::unique_ptr<NcclComm> comm(new NcclComm(device, group.rank(), group.size()));
-  AUTOPAR_RETURN_IF_ERROR(comm->Init(hello.id, share_with_splits));
+  AUTOPAR_RETURN_IF_ERROR(comm->Init(hello.id));
   return comm;
 }
 
 StatusOr<std::unique_ptr<NcclComm>> NcclComm::Split(NcclComm& parent, int color, int key) {
   AUTOPAR_RETURN_IF_ERROR(parent.Ready());
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  // Sharing needs the parent made with splitShare = 1 too (NCCL's ncclConfig_t documentation);
-  // with a parent that does not share, the child gets resources of its own.
-  config.splitShare = 1;
+  ncclConfig_t config = NcclCommConfig();  // no resources shared with the parent
   // Owned from here, so a failure below aborts the child (the destructor aborts what is not
   // healthy).
   std::unique_ptr<NcclComm> comm(new NcclComm(parent.device_, -1, 0));
@@ -182,11 +177,9 @@ StatusOr<std::unique_ptr<NcclComm>> NcclComm::Split(NcclComm& parent, int color,
   return comm;
 }
 
-Status NcclComm::Init(const ncclUniqueId& id, bool share_with_splits) {
+Status NcclComm::Init(const ncclUniqueId& id) {
   AUTOPAR_RETURN_IF_ERROR(device_.Activate());
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // every call returns at once, so a stuck one can be aborted
-  if (share_with_splits) config.splitShare = 1;
+  ncclConfig_t config = NcclCommConfig();
   const ncclResult_t rc = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
   // A failed or timed-out initialisation leaves a communicator that can only be aborted; the
   // destructor does so because it is not marked healthy.
