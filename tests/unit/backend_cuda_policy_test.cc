@@ -172,6 +172,13 @@ TEST(Fp8GemmPlan, QuantizesEachOperandKContiguousForTheTnForm) {
   EXPECT_TRUE(p.b_transpose);
 }
 
+TEST(Fp8GemmPlan, FastAccumulationOnlyWhenTheGemmAsksForIt) {
+  GemmDesc d = Resolved(false, true, 64, 32, 48);
+  EXPECT_EQ(PlanFp8Gemm(d).fast_accumulate, 0);  // split accumulation, the accurate default
+  d.fp8_fast_accumulate = true;                  // a linear layer's forward (trial/linear.h)
+  EXPECT_EQ(PlanFp8Gemm(d).fast_accumulate, 1);
+}
+
 TEST(Fp8GemmPlan, RefusesWhatCublasLtCannotRun) {
   GemmDesc d = Resolved(false, true, 64, 32, 48);
   EXPECT_EQ(Fp8GemmUnsupported(d, 2), "");
