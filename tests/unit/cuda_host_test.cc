@@ -163,6 +163,12 @@ TEST(CudaErrors, OutcomesFollowTheLibraryCodes) {
   EXPECT_NE(s.message().find("cudaMalloc(&p, n)"), std::string::npos) << s.message();
 }
 
+TEST(CudaGemmMapping, CublasWorkspaceIsTheRecommendedSize) {
+  EXPECT_EQ(CublasWorkspaceBytes(9), std::size_t{32} << 20);   // Hopper
+  EXPECT_EQ(CublasWorkspaceBytes(10), std::size_t{32} << 20);  // Blackwell
+  EXPECT_EQ(CublasWorkspaceBytes(8), std::size_t{4} << 20);    // Ampere, Ada
+}
+
 // Non-blocking (abortable), and split groups with resources of their own: with splitShare = 1
 // every kernel of the family would wait for the previous one's completion (NCCL's shared
 // deviceStream), serialising the TP/CP/PP collectives behind the overlapped DP reductions.
