@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,11 @@ class CudaBackend final : public Backend {
   }
   StatusOr<std::unique_ptr<Collectives>> ConnectSplit(const Group& world,
                                                       const Group& group) override;
+  // Split groups hold buffers of their own (NcclCommConfig: splitShare = 0): those of earlier
+  // configurations go, so NonTensorBytes and the reserve check see only this one's.
+  void RetainGroups(std::span<const std::vector<int>> member_sets) override {
+    groups_.RetainOnly(member_sets);
+  }
 
  private:
   // Declared in this order so the communicators go before the device, children first.
@@ -102,6 +108,8 @@ StatusOr<std::unique_ptr<Collectives>> CudaBackend::ConnectSplit(const Group& wo
         NcclComm::Split(*world_, mine ? SplitColor(members) : -1, mine ? group.rank() : 0));
     if (mine) {
       if (child == nullptr || child->size() != group.size() || child->rank() != group.rank()) {
+        // The ranks' caches disagreed about this group: rebuild the whole family next time.
+        world_->Abort();
         return Status::Error(Outcome::kCommError,
                              "ncclCommSplit made a communicator that does not match the MPI group",
                              __FILE__, __LINE__);
