@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <span>
@@ -40,6 +41,15 @@ class MemberSetCache {
   // communicator may synchronize with its peers).
   void Clear() {
     while (!comms_.empty()) comms_.erase(comms_.begin());
+  }
+  // Drops, in key order, every entry whose members are not one of `keep`. Every member of a kept
+  // group keeps it too when `keep` is each rank's own groups of one configuration, since a group
+  // is one of the groups of each of its members: the caches of a group's members stay alike.
+  void RetainOnly(std::span<const Key> keep) {
+    for (auto it = comms_.begin(); it != comms_.end();) {
+      it = std::find(keep.begin(), keep.end(), it->first) == keep.end() ? comms_.erase(it)
+                                                                        : std::next(it);
+    }
   }
   std::size_t size() const { return comms_.size(); }
 

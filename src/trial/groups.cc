@@ -53,11 +53,13 @@ StatusOr<ProcessGroups> ProcessGroups::Create(backend::Backend& backend,
   const int k = at.cp + CP * at.dp;
   // Split and ConnectSplit are collective over the world, so every rank makes every used group in
   // the same order (`use` depends on the configuration only, the same everywhere).
+  std::vector<std::vector<int>> connected;  // the member sets of this rank's groups
   auto make = [&](bool used, int color, int key, Comm& out) -> Status {
     if (!used) return OkStatus();
     AUTOPAR_ASSIGN_OR_RETURN(backend::Group group, world.Split(color, key));
     AUTOPAR_ASSIGN_OR_RETURN(auto collectives, backend.ConnectSplit(world, group));
     if (collectives != nullptr) out = Comm(std::move(collectives), deadline);
+    if (!group.empty()) connected.push_back(group.world_ranks());
     return OkStatus();
   };
   const int tp_stride = 1, up_stride = TP, cp_stride = TP * UP, pp_stride = TP * UP * CP * DP;
@@ -86,6 +88,8 @@ StatusOr<ProcessGroups> ProcessGroups::Create(backend::Backend& backend,
   const bool end_stage = at.pp == 0 || at.pp == c.pp - 1;
   AUTOPAR_RETURN_IF_ERROR(
       make(use.embedding, end_stage ? rank - at.pp * pp_stride : -1, at.pp, g.embedding));
+  // Communicators cached for earlier configurations go before this one allocates anything.
+  backend.RetainGroups(connected);
   return g;
 }
 

@@ -16,12 +16,14 @@ struct Fp8Formats {
   bool on() const { return fwd != backend::Fp8Operand::kNone; }
 };
 
-// y[m, n] (+)= x[m, k] · W[n, k]ᵀ.
+// y[m, n] (+)= x[m, k] · W[n, k]ᵀ. In fp8 with fast accumulation, as TransformerEngine's forward
+// (its gradient GEMMs below use split accumulation).
 inline backend::GemmDesc Linear(int64_t m, int64_t n, int64_t k, float beta = 0,
                                 Fp8Formats fp8 = {}) {
   backend::GemmDesc d;
   d.fp8_a = fp8.fwd;  // x
   d.fp8_b = fp8.fwd;  // W
+  d.fp8_fast_accumulate = fp8.on();
   d.trans_b = true;
   d.m = m;
   d.n = n;

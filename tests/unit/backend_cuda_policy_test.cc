@@ -59,6 +59,25 @@ TEST(MemberSetCache, KeepsACommunicatorAliveWhileInUse) {
   EXPECT_EQ(held->id, 3);  // a trial's collectives outlive a cache reset
 }
 
+TEST(MemberSetCache, RetainsOnlyTheGroupsOfTheCurrentConfiguration) {
+  MemberSetCache<FakeComm> cache;
+  cache.Insert(std::vector<int>{0, 1}, std::make_shared<FakeComm>(FakeComm{1}));  // tp=2
+  cache.Insert(std::vector<int>{0, 2}, std::make_shared<FakeComm>(FakeComm{2}));  // dp=2
+  cache.Insert(std::vector<int>{0, 1, 2, 3}, std::make_shared<FakeComm>(FakeComm{3}));
+  std::shared_ptr<FakeComm> held = cache.Find(std::vector<int>{0, 2});
+  // The next configuration uses tp over {0, 1} and a group over {0, 4}: the rest goes.
+  const std::vector<std::vector<int>> keep = {{0, 1}, {0, 4}};
+  cache.RetainOnly(keep);
+  EXPECT_EQ(cache.size(), 1u);
+  ASSERT_NE(cache.Find(std::vector<int>{0, 1}), nullptr);
+  EXPECT_EQ(cache.Find(std::vector<int>{0, 1})->id, 1);
+  EXPECT_EQ(cache.Find(std::vector<int>{0, 2}), nullptr);
+  EXPECT_EQ(cache.Find(std::vector<int>{0, 1, 2, 3}), nullptr);
+  EXPECT_EQ(held->id, 2);  // still alive for whoever holds it
+  cache.RetainOnly({});
+  EXPECT_EQ(cache.size(), 0u);
+}
+
 TEST(SplitColor, IsTheLowestWorldRankAndDistinctForDisjointGroups) {
   EXPECT_EQ(SplitColor(std::vector<int>{5, 1, 3}), 1);
   EXPECT_EQ(SplitColor(std::vector<int>{0, 4}), 0);
@@ -170,6 +189,13 @@ TEST(Fp8GemmPlan, QuantizesEachOperandKContiguousForTheTnForm) {
   EXPECT_EQ(p.a_cols, 32);
   EXPECT_EQ(p.a_ld, 32);
   EXPECT_TRUE(p.b_transpose);
+}
+
+TEST(Fp8GemmPlan, FastAccumulationOnlyWhenTheGemmAsksForIt) {
+  GemmDesc d = Resolved(false, true, 64, 32, 48);
+  EXPECT_EQ(PlanFp8Gemm(d).fast_accumulate, 0);  // split accumulation, the accurate default
+  d.fp8_fast_accumulate = true;                  // a linear layer's forward (trial/linear.h)
+  EXPECT_EQ(PlanFp8Gemm(d).fast_accumulate, 1);
 }
 
 TEST(Fp8GemmPlan, RefusesWhatCublasLtCannotRun) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -114,6 +115,43 @@ TEST(CudnnAttentionDecision, LeavesEverythingElseToTheKernel) {
   }
   // A fused-QKV stride that keeps rows 16-byte aligned is fine.
   EXPECT_TRUE(Decide(Resolved(1, 4, 2, 48, 50, 50, true, 0, 0, 392, 392)).use_cudnn);
+}
+
+// cudnn-frontend declines 9.10.0/9.10.1 outright and, up to 9.15.0, patches the backward with a
+// padding mask when s_kv % 128 != 0; our graph has no such mask, so those calls stay on the kernel.
+TEST(CudnnAttentionDecision, FollowsTheFrontendVersionRules) {
+  const AttentionDesc odd = Resolved(1, 8, 2, 64, 200, 200, true);
+  const AttentionDesc even = Resolved(1, 8, 2, 64, 256, 256, true);
+  auto decide = [](const AttentionDesc& d, SdpaDirection dir, std::int64_t version) {
+    return DecideSdpa(d, DType::kBF16, dir, true, false, version);
+  };
+  for (const std::int64_t buggy : {91000, 91001}) {
+    for (const SdpaDirection dir : {SdpaDirection::kForward, SdpaDirection::kBackward}) {
+      const SdpaDecision no = decide(even, dir, buggy);
+      EXPECT_FALSE(no.use_cudnn) << buggy;
+      EXPECT_NE(no.reason.find("9.10.0/9.10.1"), std::string::npos) << no.reason;
+    }
+  }
+  EXPECT_TRUE(decide(even, SdpaDirection::kForward, 91002).use_cudnn);
+  EXPECT_TRUE(decide(even, SdpaDirection::kBackward, 91002).use_cudnn);
+
+  const SdpaDecision padded = decide(odd, SdpaDirection::kBackward, 91500);
+  EXPECT_FALSE(padded.use_cudnn);
+  EXPECT_NE(padded.reason.find("multiple of 128"), std::string::npos) << padded.reason;
+  EXPECT_FALSE(decide(odd, SdpaDirection::kBackward, 90100).use_cudnn);
+  EXPECT_TRUE(decide(odd, SdpaDirection::kBackward, 91501).use_cudnn);
+  EXPECT_TRUE(decide(odd, SdpaDirection::kBackward, 91900).use_cudnn);
+  EXPECT_TRUE(decide(odd, SdpaDirection::kForward, 91500).use_cudnn);  // the forward has no rule
+  EXPECT_TRUE(decide(even, SdpaDirection::kBackward, 91500).use_cudnn);
+  EXPECT_TRUE(decide(odd, SdpaDirection::kBackward, 0).use_cudnn);  // unknown: no version rule
+}
+
+TEST(CudnnAttentionMask, FillValueFollowsTheFrontend) {
+  EXPECT_EQ(SdpaMaskFillValue(90900), std::numeric_limits<float>::lowest());
+  EXPECT_EQ(SdpaMaskFillValue(90000), std::numeric_limits<float>::lowest());
+  EXPECT_EQ(SdpaMaskFillValue(91000), -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(SdpaMaskFillValue(91900), -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(SdpaMaskFillValue(0), -std::numeric_limits<float>::infinity());
 }
 
 // One plan per everything a graph bakes in; not the scale (a by-value scalar), not the positions

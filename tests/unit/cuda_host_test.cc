@@ -1,6 +1,7 @@
 // Host-side logic of the CUDA backend, checked without a GPU: the row-major -> column-major GEMM
 // mapping, the attention tile plans, the bf16 rounding the GPU tests rely on, the error classes,
-// and that asking for the backend without a GPU is a clean kDeviceError.
+// the NCCL communicator configuration, and that asking for the backend without a GPU is a clean
+// kDeviceError.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "kernels/cuda_attention_plan.cuh"
 #include "src/backend/cuda/cuda_check.h"
 #include "src/backend/cuda/gemm_mapping.h"
+#include "src/backend/cuda/nccl_comm.h"
 #include "src/backend/validate.h"
 #include "tests/unit/cuda_test_util.h"
 
@@ -159,6 +161,21 @@ TEST(CudaErrors, OutcomesFollowTheLibraryCodes) {
   EXPECT_NE(s.message().find("dev.cc:12"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("cudaErrorMemoryAllocation"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("cudaMalloc(&p, n)"), std::string::npos) << s.message();
+}
+
+TEST(CudaGemmMapping, CublasWorkspaceIsTheRecommendedSize) {
+  EXPECT_EQ(CublasWorkspaceBytes(9), std::size_t{32} << 20);   // Hopper
+  EXPECT_EQ(CublasWorkspaceBytes(10), std::size_t{32} << 20);  // Blackwell
+  EXPECT_EQ(CublasWorkspaceBytes(8), std::size_t{4} << 20);    // Ampere, Ada
+}
+
+// Non-blocking (abortable), and split groups with resources of their own: with splitShare = 1
+// every kernel of the family would wait for the previous one's completion (NCCL's shared
+// deviceStream), serialising the TP/CP/PP collectives behind the overlapped DP reductions.
+TEST(NcclConfig, NonBlockingAndNoResourcesSharedWithSplits) {
+  const ncclConfig_t config = NcclCommConfig();
+  EXPECT_EQ(config.blocking, 0);
+  EXPECT_EQ(config.splitShare, 0);
 }
 
 TEST(CudaBackend, WithoutAGpuIsADeviceErrorNotACrash) {

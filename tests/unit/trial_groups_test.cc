@@ -251,5 +251,17 @@ TEST(Fp8Linear, GradientsTakeTheGradientFormatAndWeightsTheForwardOne) {
   EXPECT_EQ(d.fp8_b, Fp8Operand::kNone);
 }
 
+// TransformerEngine's linear layers: fast accumulation for the forward GEMM (_2X_ACC_FPROP =
+// False), split accumulation for dgrad and wgrad (_2X_ACC_DGRAD = _2X_ACC_WGRAD = True).
+TEST(Fp8Linear, OnlyTheForwardGemmAccumulatesFast) {
+  for (const Fp8Formats fp8 : {Fp8Formats{Fp8Operand::kE4M3, Fp8Operand::kE5M2},
+                               Fp8Formats{Fp8Operand::kE4M3, Fp8Operand::kE4M3}}) {
+    EXPECT_TRUE(Linear(64, 32, 16, 0, fp8).fp8_fast_accumulate);
+    EXPECT_FALSE(LinearInputGrad(64, 32, 16, 0, fp8).fp8_fast_accumulate);
+    EXPECT_FALSE(LinearWeightGrad(64, 32, 16, fp8).fp8_fast_accumulate);
+  }
+  EXPECT_FALSE(Linear(64, 32, 16).fp8_fast_accumulate);  // not fp8: nothing to say
+}
+
 }  // namespace
 }  // namespace autopar::trial

@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "autopar/backend/collectives.h"
 #include "autopar/backend/device.h"
@@ -38,6 +40,12 @@ class Backend {
     if (group.empty()) return std::unique_ptr<Collectives>();
     return Connect(group);
   }
+  // Local, after a configuration's ConnectSplit calls: `member_sets` are the world ranks
+  // (Group::world_ranks()) of every group this rank connected for it. A backend that caches
+  // communicators across calls drops the others, so the device holds only the buffers of the
+  // groups the configuration uses, as the real job does. Consistent over a group's members, since
+  // a group of a configuration is one of every member's groups. The default caches nothing.
+  virtual void RetainGroups(std::span<const std::vector<int>> member_sets) { (void)member_sets; }
 };
 
 struct CpuBackendOptions {

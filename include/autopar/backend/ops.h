@@ -44,6 +44,10 @@ struct GemmDesc {
   std::int64_t stride_c = 0;
   Fp8Operand fp8_a = Fp8Operand::kNone;
   Fp8Operand fp8_b = Fp8Operand::kNone;
+  // FP8 only: accumulate in cuBLASLt's fast mode (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 1, no periodic
+  // promotion to fp32), as TransformerEngine runs a linear layer's forward GEMM
+  // (_2X_ACC_FPROP = False); its gradient GEMMs keep split accumulation (_2X_ACC_DGRAD/WGRAD).
+  bool fp8_fast_accumulate = false;
 };
 
 // RMSNorm and LayerNorm over the last dimension of x [rows, hidden].

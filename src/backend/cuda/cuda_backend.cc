@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -46,23 +47,30 @@ class CudaBackend final : public Backend {
   }
   StatusOr<std::unique_ptr<Collectives>> ConnectSplit(const Group& world,
                                                       const Group& group) override;
+  // Split groups hold buffers of their own (NcclCommConfig: splitShare = 0): those of earlier
+  // configurations go, so NonTensorBytes and the reserve check see only this one's.
+  void RetainGroups(std::span<const std::vector<int>> member_sets) override {
+    groups_.RetainOnly(member_sets);
+  }
 
  private:
   // Declared in this order so the communicators go before the device, children first.
   std::unique_ptr<CudaDevice> device_;
   std::vector<int> world_members_;   // world ranks of world_
-  std::shared_ptr<NcclComm> world_;  // made with splitShare = 1
+  std::shared_ptr<NcclComm> world_;  // the parent of every group
   MemberSetCache<NcclComm> groups_;  // split from world_, keyed by their world ranks
 };
 
 // The protocol, every world rank in the same order:
 //  a. Each rank states whether its family (world communicator and cached groups) is unusable:
-//     missing, over other ranks, or aborted (one abort can break the others: splitShare); and
+//     missing, over other ranks, or with any member aborted (its peers' halves are in an unknown
+//     state, so the whole family is rebuilt); and
 //     whether its group needs a communicator it has not cached.
 //  b. One host all-reduce (MAX) over `world` makes both answers the job's.
 //  c. If any family is unusable, every rank drops its family and makes a new world
 //     communicator, so no rank splits from a parent its peers have given up.
-//  d. If any group needs a communicator (or (c) made a new family), every rank synchronizes its device (a split needs the
+//  d. If any group needs a communicator (or (c) made a new family), every rank synchronizes its
+//  device (a split needs the
 //     parent idle) and calls ncclCommSplit: a rank whose group needs one passes the group's
 //     color (its lowest world rank) and its group rank as key, the others NCCL_SPLIT_NOCOLOR.
 //     All members of a group reach the same answer in (a), since they built and cached it
@@ -87,8 +95,7 @@ StatusOr<std::unique_ptr<Collectives>> CudaBackend::ConnectSplit(const Group& wo
     groups_.Clear();
     world_.reset();
     world_members_.clear();
-    AUTOPAR_ASSIGN_OR_RETURN(std::unique_ptr<NcclComm> made,
-                             NcclComm::Create(*device_, world, /*share_with_splits=*/true));
+    AUTOPAR_ASSIGN_OR_RETURN(std::unique_ptr<NcclComm> made, NcclComm::Create(*device_, world));
     world_ = std::move(made);
     world_members_ = world.world_ranks();
   }
@@ -101,6 +108,8 @@ StatusOr<std::unique_ptr<Collectives>> CudaBackend::ConnectSplit(const Group& wo
         NcclComm::Split(*world_, mine ? SplitColor(members) : -1, mine ? group.rank() : 0));
     if (mine) {
       if (child == nullptr || child->size() != group.size() || child->rank() != group.rank()) {
+        // The ranks' caches disagreed about this group: rebuild the whole family next time.
+        world_->Abort();
         return Status::Error(Outcome::kCommError,
                              "ncclCommSplit made a communicator that does not match the MPI group",
                              __FILE__, __LINE__);

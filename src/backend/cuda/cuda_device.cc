@@ -56,25 +56,43 @@ StatusOr<kc::Storage> ComputeStorage(const char* op, const char* arg, const Tens
 // ---- cuBLAS handle ----
 
 void CublasHandle::Reset() {
-  if (handle_ == nullptr) return;
-  const cublasStatus_t rc = cublasDestroy(handle_);
-  handle_ = nullptr;
-  if (rc != CUBLAS_STATUS_SUCCESS) {
-    std::fprintf(stderr, "%s\n",
-                 CublasError(rc, "cublasDestroy", __FILE__, __LINE__).ToString().c_str());
+  if (handle_ != nullptr) {
+    const cublasStatus_t rc = cublasDestroy(handle_);
+    handle_ = nullptr;
+    if (rc != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "%s\n",
+                   CublasError(rc, "cublasDestroy", __FILE__, __LINE__).ToString().c_str());
+    }
+  }
+  if (workspace_ != nullptr) {
+    Report(cudaFree(workspace_), "cudaFree(cuBLAS workspace)");
+    workspace_ = nullptr;
   }
 }
 
 StatusOr<cublasHandle_t> CublasHandle::Get(cudaStream_t stream) {
-  if (handle_ == nullptr) {
-    cublasHandle_t handle = nullptr;
-    AUTOPAR_CHECK_CUBLAS(cublasCreate(&handle));
-    const cublasStatus_t rc = cublasSetStream(handle, stream);
-    if (rc != CUBLAS_STATUS_SUCCESS) {
-      (void)cublasDestroy(handle);
-      return CublasError(rc, "cublasSetStream", __FILE__, __LINE__);
+  if (handle_ != nullptr) return handle_;
+  cublasHandle_t handle = nullptr;
+  AUTOPAR_CHECK_CUBLAS(cublasCreate(&handle));
+  handle_ = handle;  // Reset releases it (and the workspace) on a failure below
+  cublasStatus_t rc = cublasSetStream(handle, stream);
+  if (rc != CUBLAS_STATUS_SUCCESS) {
+    Reset();
+    return CublasError(rc, "cublasSetStream", __FILE__, __LINE__);
+  }
+  if (workspace_bytes_ > 0) {
+    const cudaError_t alloc = cudaMalloc(&workspace_, workspace_bytes_);
+    if (alloc != cudaSuccess) {
+      workspace_ = nullptr;
+      Reset();
+      return CudaError(alloc, "cudaMalloc(cuBLAS workspace)", __FILE__, __LINE__);
     }
-    handle_ = handle;
+    // After cublasSetStream, which resets the handle to the default workspace pool.
+    rc = cublasSetWorkspace(handle, workspace_, workspace_bytes_);
+    if (rc != CUBLAS_STATUS_SUCCESS) {
+      Reset();
+      return CublasError(rc, "cublasSetWorkspace", __FILE__, __LINE__);
+    }
   }
   return handle_;
 }
@@ -111,6 +129,7 @@ StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaBackendOption
   AUTOPAR_CHECK_CUDA(cudaGetDeviceProperties(&prop, device->index_));
   device->name_ += std::string(" (") + prop.name + ")";
   device->has_fp8_ = kernels::DeviceHasFp8(prop.major, prop.minor);
+  device->cublas_.set_workspace_bytes(CublasWorkspaceBytes(prop.major));
   // Non-blocking: the legacy default stream, which other libraries may use, must not serialise
   // with ours.
   AUTOPAR_CHECK_CUDA(cudaStreamCreateWithFlags(&device->stream_, cudaStreamNonBlocking));

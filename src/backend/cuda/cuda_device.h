@@ -48,13 +48,20 @@ class CublasHandle {
   CublasHandle(const CublasHandle&) = delete;
   CublasHandle& operator=(const CublasHandle&) = delete;
   ~CublasHandle() { Reset(); }
-  // The handle bound to `stream`, created on the first call.
+  // The workspace the handle gets when Get makes it (CublasWorkspaceBytes; 0: cuBLAS's default
+  // pool).
+  void set_workspace_bytes(std::size_t bytes) { workspace_bytes_ = bytes; }
+  // The handle bound to `stream` with its own workspace (cublasSetWorkspace after
+  // cublasSetStream, which resets the workspace to the default pool), created on the first call.
   StatusOr<cublasHandle_t> Get(cudaStream_t stream);
-  // Destroys the handle now (a later Get makes a new one).
+  // Destroys the handle now and frees its workspace (a later Get makes new ones); the stream's
+  // work must be done.
   void Reset();
 
  private:
   cublasHandle_t handle_ = nullptr;
+  std::size_t workspace_bytes_ = 0;
+  void* workspace_ = nullptr;
 };
 
 class CudaDevice final : public Device {

@@ -293,7 +293,8 @@ StatusOr<bool> CudaDevice::AttentionOnCudnn(SdpaDirection direction, const Atten
   for (const Tensor& t : {q, k, v, out, dout, dq, dk, dv}) {
     aligned = aligned && reinterpret_cast<std::uintptr_t>(t.data) % kSdpaAlignmentBytes == 0;
   }
-  const SdpaDecision decision = DecideSdpa(d, q.dtype, direction, aligned, accumulate);
+  const SdpaDecision decision =
+      DecideSdpa(d, q.dtype, direction, aligned, accumulate, CudnnAttention::LibraryVersion());
   if (!decision.use_cudnn) return fall_back(decision.reason);
 
   if (cudnn_attention_ == nullptr) {

@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -141,6 +140,10 @@ StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(cudaStream_t st
 
 std::size_t CudnnAttention::cached_plans() const { return impl_->plans.size(); }
 
+std::int64_t CudnnAttention::LibraryVersion() {
+  return static_cast<std::int64_t>(cudnnGetVersion());
+}
+
 StatusOr<CudnnAttention::Attempt> CudnnAttention::Forward(const SdpaKey& key, float scale,
                                                           const void* q, const void* k,
                                                           const void* v, void* out, float* lse) {
@@ -153,7 +156,7 @@ StatusOr<CudnnAttention::Attempt> CudnnAttention::Forward(const SdpaKey& key, fl
   auto* stats = reinterpret_cast<float*>(arena + layout.stats);
   // Host scalars read at execution (by-value tensors).
   float scale_value = scale;
-  float neg_inf = -std::numeric_limits<float>::infinity();
+  float neg_inf = SdpaMaskFillValue(LibraryVersion());
   std::vector<std::int64_t> uids = {sdpa::kUidQ, sdpa::kUidK,     sdpa::kUidV,
                                     sdpa::kUidO, sdpa::kUidStats, sdpa::kUidScale};
   std::vector<void*> pointers = {
@@ -213,7 +216,7 @@ StatusOr<CudnnAttention::Attempt> CudnnAttention::Backward(
         cudaMemsetAsync(dv_target, 0, static_cast<std::size_t>(kv_extent) * elem, stream));
   }
   float scale_value = scale;
-  float neg_inf = -std::numeric_limits<float>::infinity();
+  float neg_inf = SdpaMaskFillValue(LibraryVersion());
   float one = 1.0f;
   std::vector<std::int64_t> uids = {
       sdpa::kUidQ,       sdpa::kUidK,     sdpa::kUidV,  sdpa::kUidO,  sdpa::kUidDo,
@@ -262,6 +265,8 @@ StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(cudaStream_t, c
 }
 
 std::size_t CudnnAttention::cached_plans() const { return 0; }
+
+std::int64_t CudnnAttention::LibraryVersion() { return 0; }
 
 StatusOr<CudnnAttention::Attempt> CudnnAttention::Forward(const SdpaKey&, float, const void*,
                                                           const void*, const void*, void*, float*) {

@@ -31,6 +31,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -74,6 +75,9 @@ class CudnnAttention {
 
   // Plans built so far (including declined ones), for tests.
   std::size_t cached_plans() const;
+
+  // The loaded cuDNN's cudnnGetVersion() (DecideSdpa's version rules); 0 without cuDNN.
+  static std::int64_t LibraryVersion();
 
  private:
   struct Impl;

@@ -1,6 +1,7 @@
 #include "src/backend/cuda/cudnn_attention_plan.h"
 
 #include <climits>
+#include <limits>
 #include <string>
 
 #include "src/backend/validate.h"
@@ -26,7 +27,7 @@ StatusOr<AttentionEngine> ParseAttentionEngine(std::string_view text) {
 }
 
 SdpaDecision DecideSdpa(const AttentionDesc& d, DType dtype, SdpaDirection direction,
-                        bool pointers_aligned, bool accumulate) {
+                        bool pointers_aligned, bool accumulate, std::int64_t cudnn_version) {
   SdpaDecision out;
   auto no = [&out](std::string why) {
     out.reason = std::move(why);
@@ -54,6 +55,16 @@ SdpaDecision DecideSdpa(const AttentionDesc& d, DType dtype, SdpaDirection direc
     return no("batch * heads_q or seq_q beyond 32 bits");
   }
   if (accumulate && dtype != DType::kBF16) return no("accumulate is added in bf16 only");
+  if (cudnn_version == 91000 || cudnn_version == 91001) {
+    return no("cuDNN " + std::to_string(cudnn_version) +
+              " (9.10.0/9.10.1: fused attention has known bugs; cudnn-frontend refuses them)");
+  }
+  if (direction == SdpaDirection::kBackward && cudnn_version != 0 && cudnn_version <= 91500 &&
+      d.seq_kv % 128 != 0) {
+    return no("backward with seq_kv " + std::to_string(d.seq_kv) +
+              " not a multiple of 128 on cuDNN " + std::to_string(cudnn_version) +
+              " (up to 9.15.0 cudnn-frontend adds a padding-mask workaround there)");
+  }
 
   SdpaMask mask = SdpaMask::kNone;
   if (d.causal) {
@@ -71,6 +82,11 @@ SdpaDecision DecideSdpa(const AttentionDesc& d, DType dtype, SdpaDirection direc
   out.key = SdpaKey{direction, dtype,    d.batch,    d.heads_q,   d.heads_kv, d.head_dim,
                     d.seq_q,   d.seq_kv, d.q_stride, d.kv_stride, mask};
   return out;
+}
+
+float SdpaMaskFillValue(std::int64_t cudnn_version) {
+  if (cudnn_version != 0 && cudnn_version < 91000) return std::numeric_limits<float>::lowest();
+  return -std::numeric_limits<float>::infinity();
 }
 
 // Element (s, b, h, x) of an [s, b, h, d] tensor with row stride R sits at (s b_total + b) R +

@@ -73,8 +73,23 @@ struct SdpaDecision {
 // Whether the call `d` (resolved by ResolveAttention) on tensors of `dtype` can run on cuDNN.
 // `pointers_aligned`: every data pointer of the call is kSdpaAlignmentBytes-aligned.
 // `accumulate` (backward): the gradients are added through a bf16 Axpy, so it needs bf16.
+// `cudnn_version`: the loaded library's cudnnGetVersion() (major * 10000 + minor * 100 + patch);
+// versions where cudnn-frontend refuses or works around our graph are declined (0: unknown, no
+// version rule applies; the device always passes the real one):
+//  * 9.10.0 and 9.10.1, forward and backward ("not supported ... due to known bugs",
+//    sdpa_support_surface.h and CompositeSDPABackwardNode);
+//  * the backward up to 9.15.0 with seq_kv not a multiple of 128, where the frontend adds a
+//    padding mask over the full lengths as a workaround ("Workaround padding mask", s_kv % 128)
+//    that this graph does not have.
 SdpaDecision DecideSdpa(const AttentionDesc& d, DType dtype, SdpaDirection direction,
-                        bool pointers_aligned, bool accumulate = false);
+                        bool pointers_aligned, bool accumulate = false,
+                        std::int64_t cudnn_version = 0);
+
+// The value the causal mask puts in place of a hidden score: -inf, or the lowest finite float
+// before cuDNN 9.10, as cudnn-frontend does (attn_score_modifiers.h, get_negative_inf_value:
+// "older cuDNN version prefers lowest for softmax mask"). exp() of either minus a row's finite
+// maximum is 0, so the results are the same. 0 (unknown) gives -inf.
+float SdpaMaskFillValue(std::int64_t cudnn_version);
 
 // A cuDNN tensor: dims and strides in elements, in cuDNN's [b, h, s, d] order.
 struct SdpaLayout {

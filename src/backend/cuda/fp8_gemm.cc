@@ -140,9 +140,9 @@ Status Fp8Gemm::Run(cudaStream_t stream, const GemmDesc& d, kc::Storage ab_t, Te
                                                       &a_scale_inv, sizeof(a_scale_inv)));
   AUTOPAR_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                                       &b_scale_inv, sizeof(b_scale_inv)));
-  // Split accumulation (fast accumulation off): the accurate mode, which TransformerEngine uses
-  // for the gradient GEMMs; the default of the attribute.
-  const std::int8_t fast_accum = 0;
+  // Fast accumulation for the forward GEMM, split accumulation (the attribute's default, the
+  // accurate mode) for the gradient GEMMs, as TransformerEngine (GemmDesc::fp8_fast_accumulate).
+  const std::int8_t fast_accum = p.fast_accumulate;
   AUTOPAR_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
                                                       &fast_accum, sizeof(fast_accum)));
   const cudaDataType c_type = c.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;

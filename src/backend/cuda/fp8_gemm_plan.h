@@ -27,6 +27,8 @@ struct Fp8GemmPlan {
   std::int64_t b_rows = 0, b_cols = 0, b_ld = 0;
   bool b_transpose = false;
   std::int64_t ld_d = 0;  // C's row stride = column-major D's leading dimension
+  // CUBLASLT_MATMUL_DESC_FAST_ACCUM (an int8_t): 1 for GemmDesc::fp8_fast_accumulate.
+  std::int8_t fast_accumulate = 0;
 };
 
 // `d` must be resolved (ResolveGemm). Assumes the checks of Fp8GemmUnsupported passed.
@@ -46,6 +48,7 @@ constexpr Fp8GemmPlan PlanFp8Gemm(const GemmDesc& d) {
   p.b_ld = d.ldb;
   p.b_transpose = !d.trans_b;
   p.ld_d = d.ldc;
+  p.fast_accumulate = d.fp8_fast_accumulate ? 1 : 0;
   return p;
 }
 

@@ -8,6 +8,7 @@
 // the host tests check it against a naive row-major product without a GPU.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "autopar/backend/ops.h"
@@ -30,6 +31,14 @@ struct ColumnMajorGemm {
   std::int64_t stride_c = 0;
   std::int64_t batch = 1;
 };
+
+// The workspace a cuBLAS handle is given (cublasSetWorkspace) on a GPU of compute capability
+// `major`.x: the size the cuBLAS documentation recommends (cublasSetWorkspace: 32 MiB on Hopper
+// and later, 4 MiB before), which PyTorch (CUDABlas.cpp) and TransformerEngine
+// (get_cublas_workspace_size_bytes) give theirs, so Megatron's GEMMs pick from the same kernels.
+constexpr std::size_t CublasWorkspaceBytes(int major) {
+  return major >= 9 ? std::size_t{32} << 20 : std::size_t{4} << 20;
+}
 
 // `d` must be resolved (ResolveGemm: leading dimensions and strides filled in).
 constexpr ColumnMajorGemm ToColumnMajor(const GemmDesc& d) {

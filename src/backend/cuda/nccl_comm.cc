@@ -110,8 +110,7 @@ void NcclRequest::Abandon() {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(CudaDevice& device, const Group& group,
-                                                     bool share_with_splits) {
+StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(CudaDevice& device, const Group& group) {
   AUTOPAR_CHECK_ARG(!group.empty(), "collectives over an empty group");
   // Rank 0 tells the others whether it has an id, so its failure cannot leave them waiting.
   struct {
@@ -132,28 +131,32 @@ StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(CudaDevice& device, const G
                          __LINE__);
   }
   std::unique_ptr<NcclComm> comm(new NcclComm(device, group.rank(), group.size()));
-  AUTOPAR_RETURN_IF_ERROR(comm->Init(hello.id, share_with_splits));
+  AUTOPAR_RETURN_IF_ERROR(comm->Init(hello.id));
   return comm;
 }
 
 StatusOr<std::unique_ptr<NcclComm>> NcclComm::Split(NcclComm& parent, int color, int key) {
   AUTOPAR_RETURN_IF_ERROR(parent.Ready());
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  // Sharing needs the parent made with splitShare = 1 too (NCCL's ncclConfig_t documentation);
-  // with a parent that does not share, the child gets resources of its own.
-  config.splitShare = 1;
-  ncclComm_t child = nullptr;
-  const ncclResult_t rc =
-      ncclCommSplit(parent.comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
-  // Owned from here, so a failure below aborts it (the destructor aborts what is not healthy).
+  ncclConfig_t config = NcclCommConfig();  // no resources shared with the parent
+  // Owned from here, so a failure below aborts the child (the destructor aborts what is not
+  // healthy).
   std::unique_ptr<NcclComm> comm(new NcclComm(parent.device_, -1, 0));
-  comm->comm_ = child;
-  // A non-blocking split is waited for on the parent's state (NCCL's "Fault Tolerance" example in
-  // the communicators guide), then on the child's own initialisation. On any failure the parent
-  // is aborted too, as that example does: its owner then rebuilds the family instead of
+  // A non-blocking split returns ncclInProgress with *newcomm still NULL; NCCL's init thread writes
+  // the child handle there when the split completes (src/init.cc, ncclCommInitChildComm: "*newcomm
+  // should be NCCL_COMM_NULL until comm split fully complete"; ncclCommInitRankFunc assigns
+  // job->newcomm at its end). So NCCL gets the address of the member that keeps the handle, which
+  // outlives the wait, and the handle is read only once the parent has settled. A copy taken right
+  // after the call would be NULL.
+  const ncclResult_t rc = ncclCommSplit(parent.comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
+                                        &comm->comm_, &config);
+  // A non-blocking split is waited for on the parent's state (the split runs as an asynchronous
+  // job of the parent, which stays ncclInProgress until it ends), then on the child's own
+  // initialisation. On any failure the parent is aborted too, which also joins the split's job
+  // (ncclCommAbort -> ncclCommEnsureReady): its owner then rebuilds the family instead of
   // splitting again from a parent in an unknown state.
   Status status = parent.Settle(rc, "ncclCommSplit", __FILE__, __LINE__);
+  if (!status.ok()) parent.Abort();  // no-op if Settle already aborted it; the job has ended
+  const ncclComm_t child = comm->comm_;
   if (status.ok() && child != nullptr) {
     status =
         comm->Settle(ncclInProgress, "ncclCommSplit (child initialisation)", __FILE__, __LINE__);
@@ -174,11 +177,9 @@ StatusOr<std::unique_ptr<NcclComm>> NcclComm::Split(NcclComm& parent, int color,
   return comm;
 }
 
-Status NcclComm::Init(const ncclUniqueId& id, bool share_with_splits) {
+Status NcclComm::Init(const ncclUniqueId& id) {
   AUTOPAR_RETURN_IF_ERROR(device_.Activate());
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // every call returns at once, so a stuck one can be aborted
-  if (share_with_splits) config.splitShare = 1;
+  ncclConfig_t config = NcclCommConfig();
   const ncclResult_t rc = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
   // A failed or timed-out initialisation leaves a communicator that can only be aborted; the
   // destructor does so because it is not marked healthy.

@@ -8,9 +8,9 @@
 // The device watches the communicator while it exists, so its Synchronize notices failures.
 //
 // A communicator is made either from a unique id over an MPI group (Create) or by splitting a
-// parent (Split, ncclCommSplit); with share_with_splits the parent lets its children share its
-// resources (config.splitShare = 1), so a child costs little memory and no new connections, but an
-// abort of any one of the family can leave the others unusable: callers treat the family as one.
+// parent (Split, ncclCommSplit). Children do not share their parent's resources (NcclCommConfig);
+// the backend still treats a world communicator and its children as one family, rebuilt whole
+// after any abort.
 #pragma once
 
 #include <nccl.h>
@@ -25,13 +25,31 @@
 
 namespace autopar::backend {
 
+// The configuration of every communicator made here, world and split alike:
+//  * blocking = 0: every call returns at once (ncclInProgress while NCCL works in the
+//    background), so a stuck one can be given up and aborted;
+//  * splitShare = 0: a split child gets channels, buffers and streams of its own. With
+//    splitShare = 1 it takes its parent's shared resources (NCCL src/init.cc: comm->sharedRes =
+//    parent->sharedRes), among them the strong "deviceStream" that every kernel launch of a
+//    communicator waits on and then advances to its own completion (src/enqueue.cc,
+//    ncclLaunchPrepare / ncclLaunchFinish): all collectives of the family would run one after
+//    another on the device, so a TP all-reduce or CP/PP transfer in the backward would wait for
+//    the overlapped DP reduce-scatter to finish. Megatron's process groups are separate
+//    communicators that run concurrently, and their buffers are part of the memory the real job
+//    holds (measured by NonTensorBytes).
+inline ncclConfig_t NcclCommConfig() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  config.splitShare = 0;
+  return config;
+}
+
 class NcclComm final : public CommWatch {
  public:
   // Collective over the members of `group`: rank 0 makes the unique id and broadcasts it over the
   // group's MPI communicator, then every member polls ncclCommInitRankConfig to completion or the
   // device's deadline. The result must be destroyed before `device`.
-  static StatusOr<std::unique_ptr<NcclComm>> Create(CudaDevice& device, const Group& group,
-                                                    bool share_with_splits = false);
+  static StatusOr<std::unique_ptr<NcclComm>> Create(CudaDevice& device, const Group& group);
   // Collective over every rank of `parent` (ncclCommSplit): ranks passing the same color form a
   // communicator, ordered by key; a negative color (NCCL_SPLIT_NOCOLOR) takes part without
   // joining one and gets nullptr. There must be no NCCL operation of `parent` outstanding:
@@ -65,7 +83,7 @@ class NcclComm final : public CommWatch {
 
  private:
   NcclComm(CudaDevice& device, int rank, int size) : device_(device), rank_(rank), size_(size) {}
-  Status Init(const ncclUniqueId& id, bool share_with_splits);
+  Status Init(const ncclUniqueId& id);
   // The side stream and the device's watch, once comm_ is initialised.
   Status Finish();
 
