@@ -172,10 +172,11 @@ double DualNigRegression::PredictScale(const SparseRow& row, bool with_noise) co
   return std::sqrt(b_ / a() * ((with_noise ? 1.0 : 0.0) + std::max(q, 0.0)));
 }
 
-double DualNigRegression::MarginalSd(int k) const {
+double DualNigRegression::ExplainedVariance(int k) const {
   const double v = prior_variance_[static_cast<size_t>(k)];
   const size_t n = rows_.size();
   std::vector<double> c(n, 0.0);
+  bool touched = false;
   for (size_t j = 0; j < n; ++j) {
     const SparseRow& u = rows_[j];
     if (static_cast<size_t>(k) < u.dense.size()) {
@@ -183,11 +184,23 @@ double DualNigRegression::MarginalSd(int k) const {
     } else if (std::binary_search(u.ones.begin(), u.ones.end(), static_cast<uint32_t>(k))) {
       c[j] = v;
     }
+    touched = touched || c[j] != 0;
   }
+  if (!touched) return 0;
   SolveL(c.data());
-  double q = v;
-  for (double x : c) q -= x * x;
+  double explained = 0;
+  for (double x : c) explained += x * x;
+  return std::min(explained, v);
+}
+
+double DualNigRegression::MarginalSd(int k) const {
+  const double q = prior_variance_[static_cast<size_t>(k)] - ExplainedVariance(k);
   return std::sqrt(ExpectedNoiseVariance() * std::max(q, 0.0));
+}
+
+double DualNigRegression::Determined(int k) const {
+  const double v = prior_variance_[static_cast<size_t>(k)];
+  return v > 0 ? ExplainedVariance(k) / v : 0.0;
 }
 
 double DualNigRegression::LogEvidence() const {

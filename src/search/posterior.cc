@@ -18,6 +18,15 @@ constexpr double kProbeFloorCompute = 0.05;
 constexpr double kProbeFloorCommunication = 0.15;
 constexpr double kMinTheta = 0.05;
 constexpr double kSurpriseOom = 1e-3;
+// Relevance (TimePosterior::Reprofile): re-estimated after every one of the first 30 rows, every
+// 5th up to 100 and every 20th after; a group counts once its coefficients are determined by the
+// data to a sum of 0.5; a quarter of each family's variance stays spread evenly; a rebuild only
+// when a share moves by more than 5%.
+constexpr size_t kReprofileEvery1 = 30;
+constexpr size_t kReprofileEvery5 = 100;
+constexpr double kDeterminedEnough = 0.5;
+constexpr double kEvenShare = 0.25;
+constexpr double kRelevanceTolerance = 0.05;
 
 // Λ₀ = diag(σ₀²/sd_k²): then θ_k | σ² = σ₀² has standard deviation sd_k.
 std::vector<double> DiagonalPrecision(const double* sd, int d, double noise_sd) {
@@ -89,7 +98,7 @@ void TimePrior::Tighten(int feature, const std::vector<double>& ratios) {
 }
 
 TimePosterior::TimePosterior(const TimePrior& prior, const CandidateSet& candidates)
-    : dim_(candidates.num_coefficients()) {
+    : prior_(prior), dim_(candidates.num_coefficients()), num_knobs_(candidates.varying_knobs()) {
   if (prior.level_scales.empty() || prior.interaction_scales.empty()) {
     throw std::invalid_argument("TimePrior: no level or interaction scales");
   }
@@ -100,31 +109,55 @@ TimePosterior::TimePosterior(const TimePrior& prior, const CandidateSet& candida
       }
     }
   }
-  const int levels = candidates.num_levels();
-  const double per_level = 1 / std::sqrt(std::max(candidates.varying_knobs(), 1));
-  const double per_pair = 1 / std::sqrt(std::max(candidates.num_pairs(), 1));
-  // V = Λ₀⁻¹ = sd²/σ₀²: then θ_k | σ² = σ₀² has standard deviation sd_k.
-  const double noise2 = prior.noise_sd * prior.noise_sd;
   if (prior.interaction_weights.size() != prior.interaction_scales.size()) {
     throw std::invalid_argument("TimePrior: one prior weight per interaction scale");
   }
-  for (double level : prior.level_scales) {
-    for (size_t m = 0; m < prior.interaction_scales.size(); ++m) {
-      const double interaction = prior.interaction_scales[m];
-      CheckPositive("interaction scale weight", prior.interaction_weights[m]);
-      log_prior_.push_back(std::log(prior.interaction_weights[m]));
-      std::vector<double> mean(prior.mean.begin(), prior.mean.end());
+  for (double w : prior.interaction_weights) CheckPositive("interaction scale weight", w);
+  // Each level coefficient belongs to its knob, each interaction to its pair of knobs; every one
+  // occurs in some candidate.
+  group_of_.assign(static_cast<size_t>(dim_), -1);
+  const int pairs = candidates.num_pairs();
+  for (int64_t i = 0; i < candidates.size(); ++i) {
+    for (int q = 0; q < num_knobs_; ++q) group_of_[candidates.level_coefficient(i, q)] = q;
+    for (int p = 0; p < pairs; ++p) {
+      group_of_[candidates.interaction_coefficient(i, p)] = num_knobs_ + p;
+    }
+  }
+  // Until the data say otherwise every knob, and every pair, holds an equal share.
+  relevance_.assign(static_cast<size_t>(num_knobs_ + pairs), 0.0);
+  for (int g = 0; g < num_knobs_ + pairs; ++g)
+    relevance_[g] = 1.0 / (g < num_knobs_ ? num_knobs_ : pairs);
+  Build();
+}
+
+void TimePosterior::Build() {
+  models_.clear();
+  hypotheses_.clear();
+  log_prior_.clear();
+  // V = Λ₀⁻¹ = sd²/σ₀²: then θ_k | σ² = σ₀² has standard deviation sd_k.
+  const double noise2 = prior_.noise_sd * prior_.noise_sd;
+  for (double level : prior_.level_scales) {
+    for (size_t m = 0; m < prior_.interaction_scales.size(); ++m) {
+      const double interaction = prior_.interaction_scales[m];
+      log_prior_.push_back(std::log(prior_.interaction_weights[m]));
+      std::vector<double> mean(prior_.mean.begin(), prior_.mean.end());
       std::vector<double> variance(static_cast<size_t>(dim_));
       for (int k = 0; k < dim_; ++k) {
-        const double sd = k < kNumCoefficients            ? prior.sd[k]
-                          : k < kNumCoefficients + levels ? level * per_level
-                                                          : interaction * per_pair;
-        variance[k] = sd * sd / noise2;
+        const int g = group_of_[k];
+        double var = 0;  // a coefficient of no group stays at 0
+        if (k < kNumCoefficients) {
+          var = prior_.sd[k] * prior_.sd[k];
+        } else if (g >= 0) {
+          const double scale = g < num_knobs_ ? level : interaction;
+          var = scale * scale * relevance_[g];
+        }
+        variance[k] = var / noise2;
       }
       mean.resize(dim_, 0.0);
       hypotheses_.push_back({level, interaction});
-      models_.emplace_back(std::move(mean), std::move(variance), prior.noise_a0,
-                           PriorB(prior.noise_sd, prior.noise_a0));
+      models_.emplace_back(std::move(mean), std::move(variance), prior_.noise_a0,
+                           PriorB(prior_.noise_sd, prior_.noise_a0));
+      for (size_t j = 0; j < rows_.size(); ++j) models_.back().Add(rows_[j], z_[j]);
     }
   }
   Refresh();
@@ -144,8 +177,62 @@ double TimePosterior::Observe(const CandidateSet& candidates, int64_t i, double 
   const double z = measured_s / nominal;
   const double error = (z - before.mean) / std::sqrt(std::max(before.variance, 1e-300));
   for (DualNigRegression& m : models_) m.Add(row, z);
+  rows_.push_back(row);
+  z_.push_back(z);
   Refresh();
+  const size_t n = rows_.size();
+  if (n <= kReprofileEvery1 || (n <= kReprofileEvery5 && n % 5 == 0) || n % 20 == 0) Reprofile();
   return error;
+}
+
+void TimePosterior::Reprofile() {
+  std::vector<double> next(relevance_.size());
+  for (const bool levels : {true, false}) {
+    const int first = levels ? 0 : num_knobs_;
+    const int count = levels ? num_knobs_ : static_cast<int>(relevance_.size()) - num_knobs_;
+    if (count < 2) {
+      for (int g = first; g < first + count; ++g) next[g] = relevance_[g];
+      continue;
+    }
+    // The hypothesis of this family (scale > 0) that the data favour most.
+    int ref = -1;
+    for (size_t m = 0; m < models_.size(); ++m) {
+      const double scale = levels ? hypotheses_[m].level_scale : hypotheses_[m].interaction_scale;
+      if (scale > 0 && (ref < 0 || weights_[m] > weights_[ref])) ref = static_cast<int>(m);
+    }
+    if (ref < 0) {
+      for (int g = first; g < first + count; ++g) next[g] = relevance_[g];
+      continue;
+    }
+    const double scale = levels ? hypotheses_[ref].level_scale : hypotheses_[ref].interaction_scale;
+    // MacKay's fixed point per group: v_g = Σ μ_k² / Σ γ_k over its coefficients, γ_k the share
+    // of coefficient k the data determine. A group the data hardly touch keeps its variance.
+    std::vector<double> squares(count, 0.0), determined(count, 0.0);
+    const std::vector<double>& mu = models_[ref].mean();
+    for (int k = kNumCoefficients; k < dim_; ++k) {
+      const int g = group_of_[k] - first;
+      if (g < 0 || g >= count) continue;
+      squares[g] += mu[k] * mu[k];
+      determined[g] += models_[ref].Determined(k);
+    }
+    double total = 0;
+    for (int g = 0; g < count; ++g) {
+      const double current = scale * scale * relevance_[first + g];
+      next[first + g] = determined[g] >= kDeterminedEnough ? squares[g] / determined[g] : current;
+      total += next[first + g];
+    }
+    for (int g = 0; g < count; ++g) {
+      const double share = total > 0 ? next[first + g] / total : 1.0 / count;
+      next[first + g] = (1 - kEvenShare) * share + kEvenShare / count;
+    }
+  }
+  bool moved = false;
+  for (size_t g = 0; g < next.size(); ++g) {
+    moved = moved || std::abs(next[g] - relevance_[g]) > kRelevanceTolerance * relevance_[g];
+  }
+  if (!moved) return;
+  relevance_ = std::move(next);
+  Build();
 }
 
 void TimePosterior::Refresh() {
@@ -215,6 +302,7 @@ double TimePosterior::noise_sd() const {
 }
 
 void TimePosterior::AddToDigest(Hasher* h) const {
+  for (double r : relevance_) h->Add(r);
   for (const DualNigRegression& m : models_) m.AddToDigest(h);
 }
 

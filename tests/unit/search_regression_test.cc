@@ -204,6 +204,34 @@ TEST(DualNigRegression, MatchesThePrimalForm) {
                std::invalid_argument);
 }
 
+// Determined(k) is 1 − posterior/prior variance of coefficient k (per unit σ², the primal
+// form's Λ_n⁻¹ against V): 0 for a coefficient no row has touched or whose prior variance is 0,
+// rising towards 1 as rows pin it down.
+TEST(DualNigRegression, DeterminedIsTheShareOfThePriorVarianceTheDataExplain) {
+  const std::vector<double> mean0 = {1.0, 0.0, 0.0, 0.0};
+  const std::vector<double> variance = {0.5, 0.2, 0.2, 0.0};
+  DualNigRegression dual(mean0, variance, 2.0, 0.02);
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(dual.Determined(k), 0.0) << k;
+  SparseRow row;
+  row.dense = {1.0};
+  row.ones = {1, 3};
+  double previous = 0;
+  for (int n = 0; n < 6; ++n) {
+    dual.Add(row, 1.2);
+    const double d = dual.Determined(1);
+    EXPECT_GT(d, previous);
+    EXPECT_LT(d, 1.0);
+    previous = d;
+  }
+  EXPECT_EQ(dual.Determined(2), 0.0);  // never touched
+  EXPECT_EQ(dual.Determined(3), 0.0);  // prior variance 0
+  // Against the primal posterior covariance: Λ_n = V⁻¹ + ΣuuᵀJ over the coefficients with
+  // variance, here θ₀ and coefficient 1 (2×2), six identical rows.
+  const double a = 1 / variance[0] + 6, b = 6, c = 1 / variance[1] + 6;
+  const double posterior_1 = a / (a * c - b * b);
+  EXPECT_NEAR(dual.Determined(1), 1 - posterior_1 / variance[1], 1e-10);
+}
+
 // Matheron's rule draws from the posterior: over many draws, the mean and spread of every
 // coefficient are the posterior's (a coefficient with prior variance 0 never moves).
 TEST(DualNigRegression, PathwiseDrawsHaveThePosteriorMoments) {

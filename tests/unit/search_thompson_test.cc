@@ -226,6 +226,51 @@ TEST(TimePosterior, LearnsAnInteractionBetweenTwoKnobs) {
   EXPECT_GT(ratio / count, 1.08);
 }
 
+// Automatic relevance determination: the interaction between tp and pp above is one pair of the
+// knobs' 36, and once the data show it the posterior gives that pair a large share of the
+// interactions' prior variance (the other pairs keep at least their floor); a cluster without
+// it does not. Every share is positive and the pairs' shares sum to 1.
+TEST(TimePosterior, RelevanceGoesToThePairOfKnobsThatInteracts) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  const SyntheticTruth truth(cs, 17, /*noise=*/0.01);
+  const TimePrior prior = SearchSettings::Default(cs).time_prior;
+  TimePosterior plain(prior, cs), crossed(prior, cs);
+  auto both = [&](int64_t i) { return cs.config(i).tp == 2 && cs.config(i).pp == 2; };
+  // The group of the pair (tp, pp): the pair whose coefficient for a tp=2·pp=2 candidate is
+  // named so.
+  int tp_pp = -1;
+  for (int64_t i = 0; i < cs.size() && tp_pp < 0; ++i) {
+    if (!both(i)) continue;
+    for (int p = 0; p < cs.num_pairs(); ++p) {
+      const int m =
+          static_cast<int>(cs.interaction_coefficient(i, p)) - kNumCoefficients - cs.num_levels();
+      if (cs.interaction_name(m) == "tp=2*pp=2") tp_pp = cs.varying_knobs() + p;
+    }
+  }
+  ASSERT_GE(tp_pp, 0);
+  Rng pick(5, 0, Purpose::kRandomSearch);
+  std::vector<bool> seen(static_cast<size_t>(cs.size()), false);
+  for (int n = 0; n < 150; ++n) {
+    const int64_t i = static_cast<int64_t>(pick.Below(static_cast<uint64_t>(cs.size())));
+    if (seen[i]) continue;
+    seen[i] = true;
+    plain.Observe(cs, i, truth.step_time_s[i]);
+    crossed.Observe(cs, i, truth.step_time_s[i] * (both(i) ? 1.15 : 1.0));
+  }
+  const double even = 1.0 / cs.num_pairs();
+  double sum = 0;
+  for (int g = cs.varying_knobs(); g < static_cast<int>(crossed.relevance().size()); ++g) {
+    EXPECT_GT(crossed.relevance()[g], 0.2 * even);
+    sum += crossed.relevance()[g];
+  }
+  EXPECT_NEAR(sum, 1.0, 1e-9);
+  // With 16 GPUs, tp and pp fix dp: the pairs (tp, dp) and (pp, dp) carry the same cells and
+  // share the effect, so (tp, pp) is compared with the even share and with the plain cluster.
+  EXPECT_GT(crossed.relevance()[tp_pp], 5 * even);
+  EXPECT_GT(crossed.relevance()[tp_pp], 10 * plain.relevance()[tp_pp]);
+}
+
 // A candidate that may not fit is proposed only in the draws where it does. The same seeds with
 // the capacity set just above the analytic optimum's predicted peak draw the same θ (the time
 // posterior does not see the capacity): wherever the roomy state proposes the optimum, the tight

@@ -69,11 +69,16 @@ class DualNigRegression {
   double PredictScale(const SparseRow& row, bool with_noise) const;
   // Marginal posterior sd of coefficient k: sqrt(E[σ²]·(V_kk − V_kk²·c_kᵀG⁻¹c_k)), c_k column k.
   double MarginalSd(int k) const;
+  // How much the data determine coefficient k: 1 − (posterior variance / prior variance) =
+  // V_kk·c_kᵀG⁻¹c_k, in [0, 1): 0 for a coefficient no row touches (or of prior variance 0).
+  double Determined(int k) const;
   double LogEvidence() const;
   void AddToDigest(Hasher* h) const;
 
  private:
   double Kernel(const SparseRow& x, const SparseRow& y) const;  // xᵀVy
+  // V_kk²·c_kᵀG⁻¹c_k: the part of coefficient k's prior variance (per unit σ²) the data explain.
+  double ExplainedVariance(int k) const;
   double Dot(const SparseRow& x, const double* beta) const;     // xᵀβ
   void CheckRow(const SparseRow& row) const;
   // x ← L⁻¹x and x ← L⁻ᵀx with the packed lower factor.

@@ -1,5 +1,6 @@
-// The two posteriors of the online tuner (docs/search.md §2–§4): one over the time-model coefficients θ, one
-// over a scale/offset correction of the analytic memory model. Both are NigRegression underneath.
+// The two posteriors of the online tuner (docs/search.md §2–§4): one over the time-model
+// coefficients θ, one over a scale/offset correction of the analytic memory model. Both are
+// NigRegression underneath.
 //
 // Defaults (one table, as limbo keeps them):
 //
@@ -16,10 +17,12 @@
 //   relative memory noise σ₀, strength a₀     3%, 2     allocator behaviour varies little
 //   an OOM is a surprise (not imputed) below  1e-3      P(OOM) predicted before it happened
 //   level effects δ: prior sd of their sum    0, 0.05,  a configuration's knob values move its
-//     for one configuration (each δ: / √knobs) 0.1, 0.2 step by a few percent beyond what the
+//     (each δ: × √relevance of its knob)      0.1, 0.2  step by a few percent beyond what the
 //                                                       components say (weighed by evidence)
 //   interactions γ: prior sd of their sum     0, 0.05,  pairs of knob values that a cluster
-//     (each γ: / √pairs)                      0.15      treats unlike the sum of the two
+//     (each γ: × √relevance of its pair)      0.15, 0.3 treats unlike the sum of the two
+//   relevance of a knob / pair: its share     learnt    a cluster's discrepancy sits in a few
+//     of the family's variance (δ, γ)         (ARD)     knobs and pairs (docs/search.md §3)
 //   smallest θ_k a draw may take              0.05      no component of a step takes no time
 // clang-format on
 #pragma once
@@ -42,16 +45,17 @@ struct TimePrior {
   std::array<double, kNumCoefficients> mean{};
   std::array<double, kNumCoefficients> sd{};
   // How far the level effects may move a configuration: the prior sd of its summed effects (each
-  // δ, mean 0, gets scale/√q for the q knobs that vary, so the discrepancy allowed does not grow
-  // with them). The scale is not known in advance: the posterior weighs these hypotheses by their
-  // evidence, 0 being "the components explain everything" (equal prior weights).
+  // δ, mean 0, gets scale·√r for its knob's relevance r, the relevances of the q knobs that vary
+  // summing to 1 (1/q each until the data say otherwise), so the discrepancy allowed does not
+  // grow with them). The scale is not known in advance: the posterior weighs these hypotheses by
+  // their evidence, 0 being "the components explain everything" (equal prior weights).
   std::vector<double> level_scales = {0, 0.05, 0.1, 0.2};
-  // The same for the pairwise interactions γ (each γ gets scale/√pairs): every combination of a
-  // level scale and an interaction scale is one hypothesis.
-  std::vector<double> interaction_scales = {0, 0.05, 0.15};
+  // The same for the pairwise interactions γ (each γ gets scale·√r for its pair's relevance r):
+  // every combination of a level scale and an interaction scale is one hypothesis.
+  std::vector<double> interaction_scales = {0, 0.05, 0.15, 0.3};
   // Their prior weights (relative): interactions must earn their place, so "none" starts with as
   // much weight as the others together (the level scales start equal).
-  std::vector<double> interaction_weights = {2, 1, 1};
+  std::vector<double> interaction_weights = {3, 1, 1, 1};
   double noise_sd = 0.05;  // expected relative noise of a measured step time
   double noise_a0 = 2.0;   // its strength (Inverse-Gamma shape)
 
@@ -118,13 +122,27 @@ class TimePosterior {
   // The hypotheses and their posterior weights (summing to 1).
   const std::vector<Hypothesis>& hypotheses() const { return hypotheses_; }
   const std::vector<double>& weights() const { return weights_; }
+  // The share of its family's prior variance each group holds: the knobs' level effects (sum 1)
+  // and then the pairs' interactions (sum 1), varying_knobs() + num_pairs() values.
+  const std::vector<double>& relevance() const { return relevance_; }
   void AddToDigest(Hasher* h) const;
 
  private:
+  // The regressions of every hypothesis under the current relevance, fed the rows so far.
+  void Build();
   void Refresh();
+  // Re-estimates the relevance from the data (below) and rebuilds when it moved.
+  void Reprofile();
   Relative Mixture(const SparseRow& row, bool with_noise) const;
 
+  TimePrior prior_;
   int dim_ = 0;
+  int num_knobs_ = 0;  // groups [0, num_knobs_) are knobs, the rest pairs
+  // Per coefficient, its group (−1 for θ and θ₀).
+  std::vector<int> group_of_;
+  std::vector<double> relevance_;
+  std::vector<SparseRow> rows_;
+  std::vector<double> z_;
   std::vector<Hypothesis> hypotheses_;
   std::vector<DualNigRegression> models_;
   std::vector<double> log_prior_, weights_, mean_;
