@@ -12,12 +12,15 @@ namespace autopar::kernels::cuda {
 
 enum class Fp8Format : std::uint8_t { kE4M3, kE5M2 };
 
-// Device-side state of one quantized operand: the amax as float bits (|x| of a finite float
-// orders like its bits), then scale and scale_inv.
-struct Fp8Scales {
-  unsigned int amax_bits;
-  float scale;
+// Device-side state of one quantized operand: scale_inv (what the GEMM multiplies by), scale, and
+// the amax as float bits (|x| of a finite float orders like its bits). scale_inv comes first and
+// the struct is 16-byte aligned because cuBLASLt refuses an FP8 matmul whose A/B scale pointer is
+// not 16-byte aligned (CUBLAS_STATUS_NOT_SUPPORTED from cublasLtMatmul, though the heuristic finds
+// an algorithm: seen with cuBLASLt 13.1 on an H200 at offsets 4, 8 and 24; 0 and 16 run).
+struct alignas(16) Fp8Scales {
   float scale_inv;
+  float scale;
+  unsigned int amax_bits;
   float pad;
 };
 

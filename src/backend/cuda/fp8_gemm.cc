@@ -1,6 +1,7 @@
 #include "src/backend/cuda/fp8_gemm.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -19,6 +20,7 @@ namespace {
 // documentation, cublasSetWorkspace); smaller workspaces rule out some FP8 kernels.
 constexpr std::size_t kLtWorkspaceBytes = std::size_t{32} << 20;
 constexpr std::size_t kAlign = 256;  // cuBLASLt's default pointer-alignment assumption
+constexpr std::size_t kLtScaleAlignment = 16;  // what an FP8 scale pointer needs (cuda_fp8.cuh)
 
 constexpr std::size_t AlignUp(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -133,7 +135,10 @@ Status Fp8Gemm::Run(cudaStream_t stream, const GemmDesc& d, kc::Storage ab_t, Te
                                                       sizeof(trans_a)));
   AUTOPAR_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
                                                       sizeof(trans_b)));
-  // The scale pointers take the factor that brings the fp8 data back to range: scale_inv.
+  // The scale pointers take the factor that brings the fp8 data back to range: scale_inv, at a
+  // 16-byte aligned address (cuda_fp8.cuh says why).
+  static_assert(offsetof(kc::Fp8Scales, scale_inv) % kLtScaleAlignment == 0 &&
+                sizeof(kc::Fp8Scales) % kLtScaleAlignment == 0);
   const float* a_scale_inv = &b_scales->scale_inv;
   const float* b_scale_inv = &a_scales->scale_inv;
   AUTOPAR_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
