@@ -127,7 +127,8 @@ TEST(SpecModelPresets, PublishedParameterCounts) {
   EXPECT_EQ(ParameterCount(ModelPreset("llama3-8b")), 8'030'261'248);
   EXPECT_EQ(ParameterCount(ModelPreset("llama3-405b")), 405'853'388'800);
   // Qwen2.5-72B's published 72.7B includes QKV biases (80 x 10240), which the spec leaves out.
-  EXPECT_EQ(ParameterCount(ModelPreset("qwen2.5-72b")) + 80 * (8192 + 2 * 1024), 72'706'203'648);
+  EXPECT_EQ(ParameterCount(ModelPreset("qwen2.5-72b")) + int64_t{80} * (8192 + 2 * 1024),
+            72'706'203'648);
   const double gpt3 = static_cast<double>(ParameterCount(ModelPreset("gpt3-175b")));
   EXPECT_NEAR(gpt3, 174.6e9, 0.2e9);
 }
