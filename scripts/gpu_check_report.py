@@ -44,7 +44,7 @@ MULTI_GPU_TRIALS = ("pp2", "cp2", "tp2")
 
 
 def preset_for(device_name):
-    """The GPU preset (src/spec/presets.cc) of a device name as nvidia-smi or CUDA print it."""
+    """The GPU preset (src/spec/gpu_presets.yaml) of a device name as nvidia-smi or CUDA print it."""
     n = device_name.upper()
     if "H100" in n:
         # The preset is the SXM part; PCIe and NVL boards have less compute and no NVSwitch.

@@ -13,8 +13,8 @@ packages=(
   libgtest-dev libgmock-dev
   python3 python3-matplotlib
   # scripts/format_check.sh and scripts/sanitize.sh: clang-format-diff, clang with its sanitizer
-  # and libFuzzer runtimes.
-  clang-format-14 clang-14 libclang-rt-14-dev
+  # and libFuzzer runtimes; scripts/tidy_check.sh: clang-tidy.
+  clang-format-14 clang-14 libclang-rt-14-dev clang-tidy-14
 )
 
 missing=()

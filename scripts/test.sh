@@ -7,15 +7,16 @@
 # A test with none of the four labels fails this script rather than go unselected.
 #
 # Then the stages of docs/testing.md: the clang-format check of changed lines
-# (scripts/format_check.sh, first, as it takes a second), and after the tests the sanitizer
-# builds (scripts/sanitize.sh: ASan+UBSan with the fuzz targets, ThreadSanitizer with the trials
-# off). The sanitizer stages run when AUTOPAR_SANITIZE_STAGES=1: they add about 40 minutes on 2
+# (scripts/format_check.sh) and the module graph (scripts/check_layering.py), first, as they take
+# a second, and after the tests the sanitizer builds (scripts/sanitize.sh: ASan+UBSan with the
+# fuzz targets, ThreadSanitizer with the trials off). The sanitizer stages run when AUTOPAR_SANITIZE_STAGES=1: they add about 40 minutes on 2
 # cores and have not yet had a verified end-to-end run on a clean clone within CI's limit, so CI
 # (.ci/run) does not set it yet (docs/testing.md).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 "$root/scripts/format_check.sh"
+python3 "$root/scripts/check_layering.py"
 "$root/scripts/build.sh"
 export OMP_NUM_THREADS=1
 cd "${AUTOPAR_BUILD_DIR:-$root/build}"

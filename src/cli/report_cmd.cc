@@ -110,6 +110,7 @@ int RunProgram(const std::vector<std::string>& argv, std::ostream& out, std::ost
     // dup2 onto stdout clears close-on-exec there; the pipe's own ends close at exec.
     rc = posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
     std::vector<char*> args;
+    args.reserve(argv.size() + 1);
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     pid_t pid = -1;
@@ -303,7 +304,7 @@ void PrintTable(std::ostream& out, const std::string& study, const StudyView& v,
       std::snprintf(peak, sizeof peak, "%.4f", t.result.peak_memory_gib());
     }
     std::snprintf(line, sizeof line, "%-5lld %-84s %-10s %3d %11s %11.6f %9s %9.4f\n",
-                  static_cast<long long>(t.index + 1), t.spec.c_str(), StatusOf(t).c_str(),
+                  static_cast<long long>(t.index) + 1, t.spec.c_str(), StatusOf(t).c_str(),
                   t.attempts, measured, t.predicted_step_time_s, peak, t.predicted_memory_gib);
     out << line;
   }

@@ -14,7 +14,7 @@ namespace {
 
 std::string Clock(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "-";
-  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  const int64_t s = std::llround(seconds);
   char buf[32];
   std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
                 static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));

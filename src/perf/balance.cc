@@ -72,7 +72,7 @@ bool MostEvenSplit(ParallelConfig& c, int64_t layers) {
 
 bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) const {
   const int64_t layers = model_.num_layers;
-  if (c.pp * c.vpp > layers || layers % c.vpp != 0) return false;
+  if (int64_t{c.pp} * c.vpp > layers || layers % c.vpp != 0) return false;
   const StageTimeParts parts = TimeParts(c);
   const LayerBytes bytes = LayerBytesOf(c);  // the same for every split and depth
   const double cap = cluster_.gpu.memory_gib * kGiB;

@@ -179,6 +179,7 @@ LayerBytes CostModel::LayerBytesOf(const ParallelConfig& c) const {
       stack.flash_attention || c.recompute == Recompute::kSelective
           ? 0
           : ((stack.dropout ? 1 + 2 * elem : elem)) * c.mbs * (a / c.up) *
+                // NOLINTNEXTLINE(bugprone-integer-division): cp divides the sequence (the space)
                 (train_.seq_length / c.cp) * train_.seq_length;
   // A MoE layer's routed part (dropless, balanced routing): each tp rank routes its 1/tp of the
   // rows to top-k experts; the expert-parallel all-to-all and the etp all-gather (experts are

@@ -27,7 +27,7 @@ constexpr char kDoc[] = "config.json";
 // A config.json being read, with the top-level keys its reader has looked at.
 class Config {
  public:
-  explicit Config(YAML::Node root) : root_(std::move(root)) {}
+  explicit Config(const YAML::Node& root) : root_(root) {}
 
   // JSON null counts as absent: HF writes `"q_lora_rank": null`, `"n_inner": null`.
   bool Has(const char* key) {

@@ -17,6 +17,10 @@
 
 namespace autopar::spec_internal {
 
+// The text of src/spec/gpu_presets.yaml, compiled in by CMakeLists.txt (gpu_presets_data.cc in
+// the build tree), so that the presets need no file at run time.
+extern const char kGpuPresetsYaml[];
+
 std::string Lower(std::string_view text);
 std::string Join(const std::vector<std::string>& items, std::string_view separator);
 

@@ -87,8 +87,8 @@ std::string Validate(const backend::Group& world, const Device& dev, const Model
     return "--config: the pipeline stages: " + split;
   }
   if (t.global_batch_size % (int64_t{c.dp} * c.mbs) != 0) return "dp·mbs must divide the batch";
-  if (const std::string fp8 = Fp8Unsupported(t.precision == Precision::kFP8, dev.SupportsFp8(),
-                                              dev.name());
+  if (std::string fp8 =
+          Fp8Unsupported(t.precision == Precision::kFP8, dev.SupportsFp8(), dev.name());
       !fp8.empty()) {
     return fp8;
   }

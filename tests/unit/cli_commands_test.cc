@@ -32,7 +32,7 @@ std::vector<std::string> Cmd(const std::string& command, std::vector<std::string
 }
 
 std::string TempFile(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + name;
+  std::string path = ::testing::TempDir() + name;
   std::ofstream(path) << text;
   return path;
 }

@@ -16,7 +16,7 @@ namespace autopar::coord {
 namespace {
 
 std::string FreshDir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "coord_" + name + "_" + std::to_string(::getpid());
+  std::string dir = ::testing::TempDir() + "coord_" + name + "_" + std::to_string(::getpid());
   std::string cmd = "rm -rf '" + dir + "'";
   EXPECT_EQ(std::system(cmd.c_str()), 0);
   MakeDirectory(dir);

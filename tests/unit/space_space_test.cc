@@ -311,7 +311,7 @@ TEST(SearchSpace, CheckNamesTheBrokenConstraint) {
 }
 
 TEST(SearchSpace, ImpossibleRestrictionsNameTheFlag) {
-  auto field_of = [](SpaceOptions o) {
+  auto field_of = [](const SpaceOptions& o) {
     try {
       SearchSpace(TinyModel(), SmallTrain(8, 64), SmallCluster(1, 8), o);
     } catch (const InputError& e) {
@@ -488,7 +488,7 @@ TEST(SearchSpace, UlyssesNeedsUpToDivideTheKvHeadsPerTpRank) {
   // With one kv head (MQA) no tp leaves up anything to scatter: --up 2 names the flag.
   m.num_query_groups = 1;
   try {
-    SearchSpace(m, SmallTrain(16, 1024), SmallCluster(2, 8), o);
+    static_cast<void>(SearchSpace(m, SmallTrain(16, 1024), SmallCluster(2, 8), o));
     ADD_FAILURE() << "--up 2 accepted with one kv head";
   } catch (const InputError& e) {
     EXPECT_EQ(e.field(), "--up");
@@ -524,7 +524,7 @@ TEST(SearchSpace, SlidingWindowSplitsTheSequenceByUlyssesOnly) {
   EXPECT_NE(reason.find("sliding-window"), std::string::npos) << reason;
   o.cp = {2};
   try {
-    SearchSpace(m, SmallTrain(8, 64), SmallCluster(2, 4), o);
+    static_cast<void>(SearchSpace(m, SmallTrain(8, 64), SmallCluster(2, 4), o));
     ADD_FAILURE() << "--cp 2 accepted for a sliding-window model";
   } catch (const InputError& e) {
     EXPECT_EQ(e.field(), "--cp");

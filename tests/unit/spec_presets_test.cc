@@ -2,11 +2,15 @@
 // their published parameter counts.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "autopar/common/status.h"
 #include "autopar/spec/parse.h"
+#include "spec_test_util.h"
 
 namespace autopar {
 namespace {
@@ -123,7 +127,8 @@ TEST(SpecModelPresets, PublishedParameterCounts) {
   EXPECT_EQ(ParameterCount(ModelPreset("llama3-8b")), 8'030'261'248);
   EXPECT_EQ(ParameterCount(ModelPreset("llama3-405b")), 405'853'388'800);
   // Qwen2.5-72B's published 72.7B includes QKV biases (80 x 10240), which the spec leaves out.
-  EXPECT_EQ(ParameterCount(ModelPreset("qwen2.5-72b")) + 80 * (8192 + 2 * 1024), 72'706'203'648);
+  EXPECT_EQ(ParameterCount(ModelPreset("qwen2.5-72b")) + int64_t{80} * (8192 + 2 * 1024),
+            72'706'203'648);
   const double gpt3 = static_cast<double>(ParameterCount(ModelPreset("gpt3-175b")));
   EXPECT_NEAR(gpt3, 174.6e9, 0.2e9);
 }
@@ -282,6 +287,48 @@ TEST(SpecGpuPresets, UnknownNameNamesTheFlagAndListsPresets) {
     for (const std::string& name : GpuPresetNames()) {
       EXPECT_NE(what.find(name), std::string::npos) << what;
     }
+  }
+}
+
+// Every field of every GPU preset, one line each, doubles as hexadecimal floats (exact) and in
+// decimal (to read): the golden file tests/data/spec/gpu_presets.golden was written from the
+// presets as C++ code, before they moved to src/spec/gpu_presets.yaml, so a figure that changes by
+// one bit while being edited or moved fails here.
+std::string DumpGpuPresets() {
+  std::ostringstream out;
+  const auto number = [&](const std::string& gpu, const char* field, double v) {
+    char line[160];
+    std::snprintf(line, sizeof line, "%s %s %.17g %a\n", gpu.c_str(), field, v, v);
+    out << line;
+  };
+  for (const std::string& name : GpuPresetNames()) {
+    const GpuSpec g = GpuPreset(name);
+    out << name << " name " << g.name << "\n";
+    number(name, "memory_gib", g.memory_gib);
+    number(name, "peak_flops_bf16", g.peak_flops_bf16);
+    number(name, "peak_flops_fp16", g.peak_flops_fp16);
+    number(name, "peak_flops_fp8", g.peak_flops_fp8);
+    number(name, "peak_flops_fp32", g.peak_flops_fp32);
+    number(name, "hbm_bandwidth", g.hbm_bandwidth);
+    number(name, "intra_node_bandwidth", g.intra_node_bandwidth);
+    number(name, "intra_node_latency_s", g.intra_node_latency_s);
+    number(name, "inter_node_bandwidth", g.inter_node_bandwidth);
+    number(name, "inter_node_latency_s", g.inter_node_latency_s);
+    out << name << " nvlink_domain_gpus " << g.nvlink_domain_gpus << "\n";
+    out << name << " source " << g.source << "\n";
+  }
+  return out.str();
+}
+
+TEST(SpecGpuPresets, EveryFieldMatchesTheGoldenList) {
+  const std::string actual = DumpGpuPresets();
+  const std::string golden = ReadFixture("gpu_presets.golden");
+  if (actual != golden) {
+    // Written next to the test binary so that an intended change is one `cp` away.
+    const std::string path = std::string(AUTOPAR_BINARY_DIR) + "/gpu_presets.actual";
+    std::ofstream(path) << actual;
+    FAIL() << "GPU presets differ from tests/data/spec/gpu_presets.golden; these presets are in "
+           << path << " (diff them; copy over the golden file only for an intended change)";
   }
 }
 

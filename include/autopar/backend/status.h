@@ -105,12 +105,15 @@ const std::string& HostPidTag();  // "host:pid"
 // `AUTOPAR_ASSIGN_OR_RETURN(Buffer buf, device.Allocate(n));` declares or assigns `lhs`.
 #define AUTOPAR_ASSIGN_OR_RETURN(lhs, expr) \
   AUTOPAR_ASSIGN_OR_RETURN_IMPL_(AUTOPAR_STATUS_CONCAT_(autopar_statusor_, __LINE__), lhs, expr)
+// NOLINTBEGIN(bugprone-macro-parentheses): `tmp` is a name and `lhs` a declaration ("Buffer buf");
+// neither can be parenthesised.
 #define AUTOPAR_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr)                             \
   auto tmp = (expr);                                                               \
   if (!tmp.ok()) {                                                                 \
     return ::autopar::backend::Status(tmp.status()).WithFrame(__FILE__, __LINE__); \
   }                                                                                \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
 // An internal invariant: when `cond` is false the program is wrong, and it aborts naming the
 // condition and the place (DieOfBrokenInvariant). Not for input or external calls.
