@@ -80,12 +80,17 @@ AttentionShapeLaw AttentionShapeLawOf(const std::string& gpu_name) {
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   AttentionShapeLaw law;
-  if (name == "cpu") return law;  // the trial's blockwise fp32 attention: set by probe, no law
   // cuDNN's BF16 flash attention forward on an H100 SXM5 (Shah et al. 2024, FlashAttention-3,
   // Fig. 5, 16k tokens per batch): head dim 128 at 512, 1k, 2k, 4k, 8k, 16k keys: 315, 410,
   // 484, 518, 529, 539 TFLOP/s, within 2.5% of 560·n/(n + 380); at 16k keys head dim 64, 128,
-  // 256: 413, 539, 581, within 6% of d/(d + 40). The same law serves every flash GPU until
-  // published curves of the others are taken in.
+  // 256: 413, 539, 581, within 6% of d/(d + 40). Applied to the families whose attention
+  // efficiency is set with it against shared/calibration (Hopper, and Blackwell's cuDNN kernels
+  // of the same design); the others (A100's flash-attn 2, V100's unfused attention, other
+  // vendors, the CPU backend's blockwise attention) keep a flat efficiency until a published
+  // curve of theirs is taken in.
+  const bool hopper = name == "h100" || name == "h800" || name == "h200";
+  const bool blackwell = name == "b200" || name == "b300" || name == "gb200" || name == "gb300";
+  if (!hopper && !blackwell) return law;
   law.half_keys = 380;
   law.half_head_dim = 40;
   return law;

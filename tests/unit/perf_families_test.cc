@@ -93,8 +93,15 @@ TEST(SlidingWindow, CausalKeysPerQuery) {
   EXPECT_NEAR(CausalKeysPerQuery(32768, 32767), 16384, 1e-3);  // continuous at w = s
 }
 
+// Named h100 for the flash kernels' shape law (AttentionShapeLawOf), the rest SmallCluster's.
+ClusterSpec H100NamedNode() {
+  ClusterSpec c = SmallCluster(1, 8);
+  c.gpu.name = "h100";
+  return c;
+}
+
 struct WindowCase : ::testing::Test {
-  ClusterSpec cluster = SmallCluster(1, 8);
+  ClusterSpec cluster = H100NamedNode();
   TrainSpec train = SmallTrain(8, 32768);
   PerfConstants k;
 

@@ -141,7 +141,11 @@ TEST(Fp8Time, Bf16RunsDoNotDependOnTheFp8Traits) {
     const ParallelConfig c = Config(spec);
     const Estimate a = CostModel(m, Train(Precision::kBF16), hopper, k).Evaluate(c);
     const Estimate b = CostModel(m, Train(Precision::kBF16), renamed, k).Evaluate(c);
-    EXPECT_EQ(a.time.features, b.time.features) << spec;
+    // (The attention core differs: the flash kernels' shape law is keyed on the name too.)
+    for (int f = 0; f < kNumFeatures; ++f) {
+      if (f == kAttention) continue;
+      EXPECT_EQ(a.time.features[f], b.time.features[f]) << spec << " " << f;
+    }
     EXPECT_DOUBLE_EQ(a.memory.total(), b.memory.total()) << spec;
   }
 }

@@ -108,7 +108,7 @@ TEST(Memory, BytesPerParameterMatchMegatron) {
 }
 
 // The flash kernels' shape law (docs/models.md §4.2): half the long-call efficiency at
-// `half_keys` keys, the head-dim factor 1 at 128, no law for the CPU backend.
+// `half_keys` keys, the head-dim factor 1 at 128; Hopper and Blackwell only.
 TEST(Time, AttentionEfficiencyFollowsTheKernelShape) {
   const AttentionShapeLaw law = AttentionShapeLawOf("h100");
   EXPECT_DOUBLE_EQ(AttentionShapeFactor(law, law.half_keys, 128), 0.5);
@@ -117,6 +117,8 @@ TEST(Time, AttentionEfficiencyFollowsTheKernelShape) {
   EXPECT_GT(AttentionShapeFactor(law, 1e12, 256), 1);
   EXPECT_LT(AttentionShapeFactor(law, 4096, 128), AttentionShapeFactor(law, 16384, 128));
   EXPECT_EQ(AttentionShapeFactor(AttentionShapeLawOf("cpu"), 64, 16), 1);
+  EXPECT_EQ(AttentionShapeLawOf("a100-80gb").half_keys, 0);  // no published curve taken in
+  EXPECT_EQ(AttentionShapeLawOf("GB200").half_keys, law.half_keys);
 
   // The same tokens at 16k: four times the keys per query, so four times the attention FLOPs, in
   // kernel calls nearer the long-call efficiency.

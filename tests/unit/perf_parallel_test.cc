@@ -19,7 +19,11 @@ ParallelConfig Spec(const std::string& text, int64_t world) {
 // Long sequences: CP and Ulysses split the same attention work; what differs is communication.
 struct LongSequence : ::testing::Test {
   ModelSpec model = ModelPreset("llama3-8b");  // 32 heads, 8 kv heads
-  ClusterSpec cluster = SmallCluster(8, 8);
+  ClusterSpec cluster = [] {
+    ClusterSpec c = SmallCluster(8, 8);
+    c.gpu.name = "h100";  // the flash kernels' shape law (AttentionShapeLawOf)
+    return c;
+  }();
   CostModel cm{model, SmallTrain(64, 131072), cluster, PerfConstants{}};
   TimeBreakdown T(const std::string& spec) { return cm.Time(Spec(spec, 64)); }
   MemoryBreakdown M(const std::string& spec) { return cm.Memory(Spec(spec, 64)); }

@@ -66,8 +66,8 @@ Fp8Traits Fp8TraitsOf(const std::string& gpu_name);
 // so `attention` is the efficiency of long calls at head dim 128. Short calls cannot amortize a
 // tile's prologue (loading Q, the first K/V tiles) and the softmax's epilogue; small heads do
 // less MMA work per byte and per exponential. Derived from the GPU's name (which a study stores)
-// rather than kept with the efficiencies, like Fp8Traits. The CPU backend's blockwise attention
-// has no such law (both 0: factor 1).
+// rather than kept with the efficiencies, like Fp8Traits. Hopper and Blackwell only, the families
+// whose attention efficiency is set with it; elsewhere both are 0 (factor 1).
 struct AttentionShapeLaw {
   double half_keys = 0;
   double half_head_dim = 0;
