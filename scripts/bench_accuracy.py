@@ -140,8 +140,13 @@ SOURCES = {
     # NeMo's llama2/llama3 formulas (= Megatron's, full square). FP8 recipes: hybrid E4M3/E5M2.
     # Not stated, NeMo recipe defaults: mbs 1, no interleaving, no recompute, distributed
     # optimizer, dropout 0; sequence parallel with tp > 1.
+    # H100 (NeMo 24.03, NeMo 1.x's launcher): gradients reduced in bf16, as the launcher's FP8
+    # example for this model does (NVIDIA/NeMo-Framework-Launcher
+    # examples/training/llama/h100/llama2_7b_fp8.sh: +training.model.optim.grad_sync_dtype=bf16,
+    # April 2024); with fp32 gradients Llama-2-7B at tp = 1 (the 4k row) would not fit in 80 GB.
     "NEMO_LONGCTX_H100": Source(
-        "2024", "tflops", STACK_2024 + ["--fp8-format", "hybrid"], preset=True,
+        "2024", "tflops",
+        STACK_2024 + ["--fp8-format", "hybrid", "--fix", "grad_reduce_dtype=bf16"], preset=True,
         flops=lambda r: megatron_flops(r, swiglu=True), mbs=1, sp_when_tp=True, dist_opt="on"),
     # The B200 table prints TP×PP×DP×CP = GPUs/4 on every row; its GBS at 512K and 1024K tokens
     # (8, 4) divides by the printed DP only, so the configuration is taken as printed and the

@@ -23,13 +23,17 @@ PerfConstants DefaultConstants(const std::string& gpu_name) {
     k.eff.attention = 0.55;
     k.eff.attention_unfused = 0.35;
   } else if (name == "h100" || name == "h800" || name == "h200") {
+    // Attention (long calls, head dim 128, fwd + bwd): the NeMo 24.03 long-context runs on H100
+    // (shared/calibration, 4k-1M tokens) ran theirs at a third of the BF16 peak, FA2's class
+    // (measured on an H100 SXM5, causal, 16k keys: flash-attn 2 0.32, cuDNN 9.19 0.54).
     k.eff.gemm = 0.70;
-    k.eff.attention = 0.50;
+    k.eff.attention = 0.34;
     k.eff.attention_unfused = 0.30;
   } else if (name == "b200" || name == "b300" || name == "gb200" || name == "gb300") {
     // Blackwell and Blackwell Ultra share b200's set until published runs on them say otherwise.
+    // Attention: the NeMo 25.04 long-context runs on B200 (shared/calibration).
     k.eff.gemm = 0.65;
-    k.eff.attention = 0.45;
+    k.eff.attention = 0.43;
   } else if (name == "cpu") {
     // The CPU backend: OpenBLAS keeps its efficiency on narrow GEMMs; the blockwise fp32
     // attention runs far below the GEMM peak (both from `autopar-tune probe`). Its budget counts
@@ -50,18 +54,46 @@ Fp8Traits Fp8TraitsOf(const std::string& gpu_name) {
   std::string name = gpu_name;
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  // Transformer Engine's GEMM profiling tutorial (docs/examples/gemm_profiling, 5B-model shapes,
-  // --pre-quantize: kernels only): per-layer GEMM time BF16 31.968 ms against FP8 current
-  // scaling 16.785 ms on an H200 NVL, 1.90x of the 2x the peaks promise; on a B300, 13.102 ms
-  // against 6.812 ms, 1.92x (MXFP8: 7.161 ms, 1.83x).
+  // Kernels: Transformer Engine's GEMM profiling tutorial (docs/examples/gemm_profiling,
+  // 5B-model shapes, --pre-quantize: kernels only): per-layer GEMM time BF16 31.968 ms against
+  // FP8 current scaling 16.785 ms on an H200 NVL, 1.90x of the 2x the peaks promise; on a B300,
+  // 13.102 ms against 6.812 ms, 1.92x (MXFP8: 7.161 ms, 1.83x).
+  // Hopper's FP8 tensor cores accumulate in reduced precision, so TE runs dgrad and wgrad with
+  // split accumulation (promotion to FP32 in the CUDA cores; recipe.py fp8_gemm_dgrad/wgrad
+  // use_split_accumulator=True, fprop False), which costs throughput. Measured on an H100 SXM5
+  // (cuBLASLt through torch._scaled_mm, CUDA 13.0) at Llama-2-7B's shapes (4096 rows; 4096x4096,
+  // x12288, x22016, 11008x4096): FP8 with split accumulation 0.871 of BF16's efficiency, with
+  // fast accumulation 0.934 (the tutorial's 0.95); one fprop to two backward GEMMs: 0.89.
+  // Blackwell: the tutorial's ratio (split accumulation there not measured here).
   Fp8Traits f;
   if (name == "h100" || name == "h800" || name == "h200") {
-    f.gemm_ratio = 1.90 / 2;
+    f.gemm_ratio = 0.89;
   } else if (name == "b200" || name == "b300" || name == "gb200" || name == "gb300") {
     f.gemm_ratio = 1.92 / 2;
     f.transposed_copy = false;  // nvte_is_non_tn_fp8_gemm_supported: sm100
   }
   return f;
+}
+
+AttentionShapeLaw AttentionShapeLawOf(const std::string& gpu_name) {
+  std::string name = gpu_name;
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  AttentionShapeLaw law;
+  // cuDNN's BF16 flash attention forward on an H100 SXM5 (Shah et al. 2024, FlashAttention-3,
+  // Fig. 5, 16k tokens per batch): head dim 128 at 512, 1k, 2k, 4k, 8k, 16k keys: 315, 410,
+  // 484, 518, 529, 539 TFLOP/s, within 2.5% of 560·n/(n + 380); at 16k keys head dim 64, 128,
+  // 256: 413, 539, 581, within 6% of d/(d + 40). Applied to the families whose attention
+  // efficiency is set with it against shared/calibration (Hopper, and Blackwell's cuDNN kernels
+  // of the same design); the others (A100's flash-attn 2, V100's unfused attention, other
+  // vendors, the CPU backend's blockwise attention) keep a flat efficiency until a published
+  // curve of theirs is taken in.
+  const bool hopper = name == "h100" || name == "h800" || name == "h200";
+  const bool blackwell = name == "b200" || name == "b300" || name == "gb200" || name == "gb300";
+  if (!hopper && !blackwell) return law;
+  law.half_keys = 380;
+  law.half_head_dim = 40;
+  return law;
 }
 
 }  // namespace autopar

@@ -29,6 +29,7 @@ CostModel::CostModel(const ModelSpec& model, const TrainSpec& train, const Clust
   // fp8_dpa off, Megatron-LM's --fp8-dot-product-attention is opt-in).
   attention_peak_flops_ = cluster_.gpu.PeakFlops(
       train_.precision == Precision::kFP8 ? Precision::kBF16 : train_.precision);
+  attention_law_ = AttentionShapeLawOf(cluster_.gpu.name);
   fp8_ = train_.precision == Precision::kFP8;
   const Fp8Traits fp8 = Fp8TraitsOf(cluster_.gpu.name);
   gemm_peak_flops_ = peak_flops_ * (fp8_ ? fp8.gemm_ratio : 1.0);

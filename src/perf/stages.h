@@ -65,6 +65,8 @@ struct LayerShape {
   double et = 1, gathered = 1;
   double qk_dim = 0, v_dim = 0, kv_heads = 0, tp_heads = 0, tp_kv = 0;
   double one_expert = 0, window_share = 1;
+  // AttentionShapeFactor of a full and of a windowed layer's attention kernels.
+  double attention_shape = 1, attention_shape_windowed = 1;
 };
 
 // The layers of [first, first + count) by kind: dense or MoE (the MoE ones follow the first

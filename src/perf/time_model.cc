@@ -117,6 +117,17 @@ LayerShape CostModel::ShapeOf(const ParallelConfig& c) const {
   x.window_share = constants_.stack.flash_attention && m.window_size > 0
                        ? CausalKeysPerQuery(x.s, static_cast<double>(m.window_size)) / (0.5 * x.s)
                        : 1.0;
+  // The keys one attention kernel call iterates over: the whole sequence without CP; with the
+  // ring's load-balanced halves (Transformer Engine's AttnFuncWithCP), every step's kernel pairs
+  // the rank's s/cp rows with one half-chunk of s/(2·cp) (or the reverse); a windowed layer's
+  // at most the window.
+  const double keys = c.cp > 1 ? x.s / (2.0 * c.cp) : x.s;
+  x.attention_shape = AttentionShapeFactor(attention_law_, keys, x.qk_dim);
+  x.attention_shape_windowed =
+      m.window_size > 0
+          ? AttentionShapeFactor(attention_law_, std::min(keys, static_cast<double>(m.window_size)),
+                                 x.qk_dim)
+          : x.attention_shape;
   return x;
 }
 
@@ -145,7 +156,8 @@ double CostModel::LayerCompute(const ParallelConfig& c, const LayerShape& x, boo
   double softmax = 0;  // the unfused attention's passes over the score matrix
   if (stack.flash_attention) {
     f[kAttention] = 0.5 * attn_flops * (windowed ? x.window_share : 1.0) /
-                    (attention_peak_flops_ * e.attention);
+                    (attention_peak_flops_ * e.attention *
+                     (windowed ? x.attention_shape_windowed : x.attention_shape));
   } else {
     f[kAttention] = attn_flops / (attention_peak_flops_ * e.attention_unfused);
     // Scale-mask-softmax and dropout over the score matrix, each one read and one write of an

@@ -93,8 +93,15 @@ TEST(SlidingWindow, CausalKeysPerQuery) {
   EXPECT_NEAR(CausalKeysPerQuery(32768, 32767), 16384, 1e-3);  // continuous at w = s
 }
 
+// Named h100 for the flash kernels' shape law (AttentionShapeLawOf), the rest SmallCluster's.
+ClusterSpec H100NamedNode() {
+  ClusterSpec c = SmallCluster(1, 8);
+  c.gpu.name = "h100";
+  return c;
+}
+
 struct WindowCase : ::testing::Test {
-  ClusterSpec cluster = SmallCluster(1, 8);
+  ClusterSpec cluster = H100NamedNode();
   TrainSpec train = SmallTrain(8, 32768);
   PerfConstants k;
 
@@ -109,11 +116,19 @@ TEST_F(WindowCase, MistralAt32kAttendsWithinItsWindow) {
   ASSERT_EQ(windowed.window_size, 4096);
   ModelSpec full = windowed;
   full.window_size = 0;
+  const AttentionShapeLaw law = AttentionShapeLawOf(cluster.gpu.name);
+  const double d = windowed.head_dim();
   for (const char* spec : {"tp=8", "tp=4,cp=2", "tp=2,pp=4"}) {
     const TimeBreakdown w = Time(windowed, spec), f = Time(full, spec);
     EXPECT_LT(w.step_time_s, f.step_time_s) << spec;
-    // Every layer windowed: the attention core does (4096 − 256) / 16384 of the causal work.
-    EXPECT_NEAR(w.features[kAttention] / f.features[kAttention], 3840.0 / 16384, 1e-9) << spec;
+    // Every layer windowed: the attention core does (4096 − 256) / 16384 of the causal work, in
+    // kernel calls over 4096 keys, less efficient than the full layer's over 32768 (8192 per
+    // ring step at cp = 2).
+    const double keys = std::string(spec).find("cp=2") != std::string::npos ? 8192 : 32768;
+    const double slower = AttentionShapeFactor(law, keys, d) / AttentionShapeFactor(law, 4096, d);
+    EXPECT_GT(slower, 1) << spec;
+    EXPECT_NEAR(w.features[kAttention] / f.features[kAttention], 3840.0 / 16384 * slower, 1e-9)
+        << spec;
     EXPECT_DOUBLE_EQ(w.features[kGemm], f.features[kGemm]) << spec;
   }
   EXPECT_LT(ModelFlopsPerStep(windowed, 8, 32768), ModelFlopsPerStep(full, 8, 32768));
@@ -137,7 +152,13 @@ TEST_F(WindowCase, GemmaPatternCountsOnlyTheGlobalLayersAsFull) {
   ModelSpec full = gemma3;
   full.window_size = 0;
   full.window_attn_skip_freq = 0;
-  const double share = CausalKeysPerQuery(32768, 512) / 16384;
+  const AttentionShapeLaw law = AttentionShapeLawOf(cluster.gpu.name);
+  // A windowed layer's work, and its kernels' efficiency over `w` keys against 32768.
+  auto windowed_share = [&](double w, double d) {
+    return CausalKeysPerQuery(32768, w) / 16384 * AttentionShapeFactor(law, 32768, d) /
+           AttentionShapeFactor(law, w, d);
+  };
+  const double share = windowed_share(512, gemma3.head_dim());
   // One stage: 4 global layers of 26 (6, 12, 18, 24 counted from 1).
   TimeBreakdown w = Time(gemma3, "tp=1,dp=8"), f = Time(full, "tp=1,dp=8");
   EXPECT_NEAR(w.features[kAttention] / f.features[kAttention], (4 + 22 * share) / 26, 1e-9);
@@ -151,7 +172,7 @@ TEST_F(WindowCase, GemmaPatternCountsOnlyTheGlobalLayersAsFull) {
   ModelSpec full2 = gemma2;
   full2.window_size = 0;
   full2.window_attn_skip_freq = 0;
-  const double share2 = CausalKeysPerQuery(32768, 4096) / 16384;
+  const double share2 = windowed_share(4096, gemma2.head_dim());
   w = Time(gemma2, "tp=8");
   f = Time(full2, "tp=8");
   EXPECT_NEAR(w.features[kAttention] / f.features[kAttention], (21 + 21 * share2) / 42, 1e-9);

@@ -141,7 +141,11 @@ TEST(Fp8Time, Bf16RunsDoNotDependOnTheFp8Traits) {
     const ParallelConfig c = Config(spec);
     const Estimate a = CostModel(m, Train(Precision::kBF16), hopper, k).Evaluate(c);
     const Estimate b = CostModel(m, Train(Precision::kBF16), renamed, k).Evaluate(c);
-    EXPECT_EQ(a.time.features, b.time.features) << spec;
+    // (The attention core differs: the flash kernels' shape law is keyed on the name too.)
+    for (int f = 0; f < kNumFeatures; ++f) {
+      if (f == kAttention) continue;
+      EXPECT_EQ(a.time.features[f], b.time.features[f]) << spec << " " << f;
+    }
     EXPECT_DOUBLE_EQ(a.memory.total(), b.memory.total()) << spec;
   }
 }
@@ -151,7 +155,7 @@ TEST(Fp8Traits, HopperTransposesBlackwellDoesNot) {
   EXPECT_TRUE(Fp8TraitsOf("H200").transposed_copy);
   EXPECT_FALSE(Fp8TraitsOf("b200").transposed_copy);
   EXPECT_FALSE(Fp8TraitsOf("gb300").transposed_copy);
-  EXPECT_NEAR(Fp8TraitsOf("h100").gemm_ratio, 0.95, 1e-12);
+  EXPECT_NEAR(Fp8TraitsOf("h100").gemm_ratio, 0.89, 1e-12);
   EXPECT_NEAR(Fp8TraitsOf("b200").gemm_ratio, 0.96, 1e-12);
 }
 

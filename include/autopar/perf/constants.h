@@ -60,4 +60,29 @@ struct Fp8Traits {
 };
 Fp8Traits Fp8TraitsOf(const std::string& gpu_name);
 
+// How a flash attention kernel's efficiency depends on its shape (docs/models.md §4.2): a kernel
+// call over `keys` keys per query with head dim `d` runs at
+//   Efficiency::attention · keys/(keys + half_keys) · g(d)/g(128),  g(d) = d/(d + half_head_dim),
+// so `attention` is the efficiency of long calls at head dim 128. Short calls cannot amortize a
+// tile's prologue (loading Q, the first K/V tiles) and the softmax's epilogue; small heads do
+// less MMA work per byte and per exponential. Derived from the GPU's name (which a study stores)
+// rather than kept with the efficiencies, like Fp8Traits. Hopper and Blackwell only, the families
+// whose attention efficiency is set with it; elsewhere both are 0 (factor 1).
+struct AttentionShapeLaw {
+  double half_keys = 0;
+  double half_head_dim = 0;
+};
+AttentionShapeLaw AttentionShapeLawOf(const std::string& gpu_name);
+
+// The factor above; 1 where the law is off.
+inline double AttentionShapeFactor(const AttentionShapeLaw& law, double keys, double head_dim) {
+  const double reference_head_dim = 128;
+  const double by_keys = law.half_keys > 0 ? keys / (keys + law.half_keys) : 1.0;
+  const double by_head = law.half_head_dim > 0
+                             ? head_dim / (head_dim + law.half_head_dim) /
+                                   (reference_head_dim / (reference_head_dim + law.half_head_dim))
+                             : 1.0;
+  return by_keys * by_head;
+}
+
 }  // namespace autopar

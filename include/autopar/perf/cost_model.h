@@ -175,6 +175,7 @@ class CostModel {
   double gemm_peak_flops_ = 0;
   // Attention's and the output layer's: BF16 when training in FP8 (neither is a TE linear layer).
   double attention_peak_flops_ = 0;
+  AttentionShapeLaw attention_law_;   // of the GPU (AttentionShapeLawOf)
   bool fp8_ = false;                  // FP8 training (Transformer Engine, docs/models.md §4.2)
   bool fp8_transposed_copy_ = false;  // Fp8Traits::transposed_copy of the GPU
   // Bytes of a weight or activation element: 2 under mixed precision, 4 in fp32 training.
