@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <string>
 
+#include "autopar/version.h"
+
 namespace autopar::cli {
 namespace {
 
@@ -372,6 +374,6 @@ void WriteCommandHelp(std::ostream& out, const CommandHelp& command) {
   WriteGroup(out, kHelp);
 }
 
-const char* Version() { return AUTOPAR_VERSION; }
+const char* Version() { return AUTOPAR_VERSION_STRING; }
 
 }  // namespace autopar::cli

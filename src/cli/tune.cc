@@ -23,6 +23,7 @@
 #include "autopar/coord/tuner.h"
 #include "autopar/coord/worlds.h"
 #include "autopar/spec/parse.h"
+#include "autopar/version.h"
 #include "tune_report.h"
 
 namespace autopar::cli {
@@ -312,7 +313,7 @@ pb::StudyDescription DescribeStudy(const TuneFlags& flags, const Inputs& in,
   sd.set_stop_delta(flags.tuner.stop.delta);
   sd.set_min_measured(static_cast<int32_t>(flags.tuner.stop.min_measured));
   sd.set_backend(flags.backend);
-  given.set_created_by("autopar-tune 0.1.0");
+  given.set_created_by("autopar-tune " AUTOPAR_VERSION_STRING);
   return given;
 }
 
