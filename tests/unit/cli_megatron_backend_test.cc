@@ -170,6 +170,55 @@ TEST(MegatronBackendCommand, TpCommOverlapGoesWithoutSequenceParallelism) {
   EXPECT_EQ(notes.size(), 1u);
 }
 
+// launcher/megatron_flags.txt, built in: it reads, and a line it cannot read is named.
+TEST(MegatronBackendCommand, TheFlagTableReads) {
+  EXPECT_EQ(CheckMegatronFlagsTable(MegatronFlagsText()), "");
+  EXPECT_NE(std::string(MegatronFlagsText()).find("--tensor-model-parallel-size"),
+            std::string::npos);
+  EXPECT_EQ(CheckMegatronFlagsTable("# a comment\n--a one replaced\n--b switch conditional\n"
+                                    "  needs --a>1|virtual=1 the reason\n"),
+            "");
+  EXPECT_NE(CheckMegatronFlagsTable("--a three replaced\n").find("line 1"), std::string::npos);
+  EXPECT_NE(CheckMegatronFlagsTable("--a one replaced\n--a one read\n").find("line 2"),
+            std::string::npos);
+  EXPECT_NE(CheckMegatronFlagsTable("--a one replaced\n  needs --a>1 why\n").find("line 2"),
+            std::string::npos);
+  EXPECT_NE(CheckMegatronFlagsTable("--b switch conditional\n  needs --c why\n").find("--c"),
+            std::string::npos);
+  EXPECT_NE(CheckMegatronFlagsTable("--a one replaced\n--b switch conditional\n"
+                                    "  needs --a>x why\n")
+                .find("line 3"),
+            std::string::npos);
+}
+
+// The conditions read the candidate's flags: overlap with the optimizer step needs the
+// distributed optimizer, parameter-gather overlap and virtual stages; p2p overlap may only be
+// switched off with virtual stages on more than two pipeline stages.
+TEST(MegatronBackendCommand, ConditionalFlagsFollowTheTable) {
+  const std::vector<std::string> user = {"--overlap-param-gather-with-optimizer-step",
+                                         "--no-overlap-p2p-communication"};
+  std::vector<std::string> notes;
+  auto out = ReplaceParallelFlags(
+      user,
+      SplitWords("--pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2 "
+                 "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"),
+      Config("tp=1,pp=4,vpp=2,dist_opt=on"), &notes);
+  EXPECT_EQ(out[0], "--overlap-param-gather-with-optimizer-step");
+  EXPECT_EQ(out[1], "--no-overlap-p2p-communication");
+  EXPECT_TRUE(notes.empty());
+  out = ReplaceParallelFlags(
+      user, SplitWords("--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2"),
+      Config("tp=1,pp=2,vpp=2"), &notes);
+  EXPECT_EQ(out[0], "--pipeline-model-parallel-size");
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_EQ(notes[0],
+            "dropped --overlap-param-gather-with-optimizer-step: it needs "
+            "--use-distributed-optimizer");
+  EXPECT_EQ(notes[1],
+            "dropped --no-overlap-p2p-communication: virtual pipeline stages without p2p "
+            "overlap need pp > 2");
+}
+
 TEST(MegatronBackendCommand, OneDeviceConnectionWhereMegatronNeedsIt) {
   EXPECT_FALSE(NeedsOneDeviceConnection(Config("tp=1"), {}));
   EXPECT_TRUE(NeedsOneDeviceConnection(Config("tp=2"), {}));
