@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "autopar/cli/megatron_command.h"
 #include "autopar/cli/megatron_log.h"
@@ -178,17 +179,17 @@ TEST(MegatronBackendCommand, TheFlagTableReads) {
   EXPECT_EQ(CheckMegatronFlagsTable("# a comment\n--a one replaced\n--b switch conditional\n"
                                     "  needs --a>1|virtual=1 the reason\n"),
             "");
-  EXPECT_NE(CheckMegatronFlagsTable("--a three replaced\n").find("line 1"), std::string::npos);
-  EXPECT_NE(CheckMegatronFlagsTable("--a one replaced\n--a one read\n").find("line 2"),
-            std::string::npos);
-  EXPECT_NE(CheckMegatronFlagsTable("--a one replaced\n  needs --a>1 why\n").find("line 2"),
-            std::string::npos);
-  EXPECT_NE(CheckMegatronFlagsTable("--b switch conditional\n  needs --c why\n").find("--c"),
-            std::string::npos);
-  EXPECT_NE(CheckMegatronFlagsTable("--a one replaced\n--b switch conditional\n"
-                                    "  needs --a>x why\n")
-                .find("line 3"),
-            std::string::npos);
+  // (table, what its error names)
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"--a three replaced\n", "line 1"},
+      {"--a one replaced\n--a one read\n", "line 2"},
+      {"--a one replaced\n  needs --a>1 why\n", "line 2"},
+      {"--b switch conditional\n  needs --c why\n", "--c"},
+      {"--a one replaced\n--b switch conditional\n  needs --a>x why\n", "line 3"},
+  };
+  for (const auto& [table, named] : bad) {
+    EXPECT_NE(CheckMegatronFlagsTable(table).find(named), std::string::npos) << table;
+  }
 }
 
 // The conditions read the candidate's flags: overlap with the optimizer step needs the
