@@ -12,7 +12,9 @@ flags its ArgumentGroupFactory derives from dataclass fields (megatron/training/
 init=False fields have none). Every line of `plan --format megatron` (or `predict`, for a
 configuration the plan's space does not enumerate) for each setup below must use
 only those flags, each with as many values as it takes and, where Megatron lists choices, one of
-them. Exit 0 when every line passes, 1 when one does not, 2 on bad usage.
+them; and every flag of launcher/megatron_flags.txt that the checkout parses must have the
+table's arity (those it does not parse are listed). Exit 0 when every line passes, 1 when one does
+not, 2 on bad usage.
 """
 import argparse
 import ast
@@ -283,6 +285,25 @@ def check_line(line, flags):
     return problems
 
 
+def check_table(path, flags):
+    """(problems, absent) of launcher/megatron_flags.txt, the rules autopar-train and the
+    Megatron trials share: a flag the checkout parses with another arity is a problem; one it
+    does not parse (an older Megatron-LM's name) is only listed."""
+    problems, absent = [], []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            words = line.split()
+            if len(words) != 3 or not words[0].startswith("--"):
+                continue
+            flag = flags.get(words[0])
+            if flag is None:
+                absent.append(words[0])
+            elif flag.arity != words[1]:
+                problems.append(f"line {number}: {words[0]} is a {flag.arity} in Megatron-LM, "
+                                f"'{words[1]}' in the table")
+    return problems, absent
+
+
 def default_bin(root):
     if os.environ.get("AUTOPAR_BIN"):
         return os.environ["AUTOPAR_BIN"]
@@ -329,6 +350,13 @@ def main(argv):
         for n, line, problems in bad[:5]:
             print(f"     line {n}: {'; '.join(problems)}\n       {line}")
         failed += bool(bad)
+    table = os.path.join(root, "launcher", "megatron_flags.txt")
+    problems, absent = check_table(table, flags)
+    print(f"{'FAIL' if problems else 'ok  '} launcher/megatron_flags.txt: {len(problems)} "
+          f"arities differ; not in this checkout: {' '.join(absent) or 'none'}")
+    for problem in problems:
+        print(f"     {problem}")
+    failed += bool(problems)
     return 1 if failed else 0
 
 

@@ -1,11 +1,17 @@
 #include "autopar/cli/megatron_command.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <set>
 #include <sstream>
 
 namespace autopar::cli {
+
+// launcher/megatron_flags.txt's text, generated into the build (src/cli/CMakeLists.txt).
+extern const char kMegatronFlagsText[];
+
 namespace {
 
 enum class Arity { kSwitch, kOne, kList };
@@ -16,103 +22,124 @@ struct Item {
   std::vector<std::string> words;
 };
 
-// launcher/autopar-train's tables (REPLACED, WHEN_GIVEN, CONDITIONAL, OTHERS), Megatron-LM
-// d98e8a6's arities. Keep the two in step: the megatron_backend fault test compares them.
-const std::map<std::string, Arity>& ParallelArity() {
-  static const std::map<std::string, Arity> table = {
-      {"--tensor-model-parallel-size", Arity::kOne},
-      {"--pipeline-model-parallel-size", Arity::kOne},
-      {"--context-parallel-size", Arity::kOne},
-      {"--expert-model-parallel-size", Arity::kOne},
-      {"--expert-tensor-parallel-size", Arity::kOne},
-      {"--sequence-parallel", Arity::kSwitch},
-      {"--cp-comm-type", Arity::kList},
-      {"--hierarchical-context-parallel-sizes", Arity::kList},
-      {"--num-layers-per-virtual-pipeline-stage", Arity::kOne},
-      {"--num-virtual-stages-per-pipeline-rank", Arity::kOne},
-      {"--microbatch-group-size-per-virtual-pipeline-stage", Arity::kOne},
-      {"--decoder-first-pipeline-num-layers", Arity::kOne},
-      {"--decoder-last-pipeline-num-layers", Arity::kOne},
-      {"--pipeline-model-parallel-layout", Arity::kOne},
-      {"--account-for-embedding-in-pipeline-split", Arity::kSwitch},
-      {"--account-for-loss-in-pipeline-split", Arity::kSwitch},
-      {"--micro-batch-size", Arity::kOne},
-      {"--global-batch-size", Arity::kOne},
-      {"--recompute-activations", Arity::kSwitch},
-      {"--recompute-granularity", Arity::kOne},
-      {"--recompute-method", Arity::kOne},
-      {"--recompute-num-layers", Arity::kOne},
-      {"--recompute-modules", Arity::kList},
-      {"--distribute-saved-activations", Arity::kSwitch},
-      {"--moe-layer-recompute", Arity::kSwitch},
-      {"--use-distributed-optimizer", Arity::kSwitch},
-      {"--num-distributed-optimizer-instances", Arity::kOne},
-      {"--overlap-grad-reduce", Arity::kSwitch},
-      {"--overlap-param-gather", Arity::kSwitch},
-      {"--virtual-pipeline-model-parallel-size", Arity::kOne},
-      {"--model-parallel-size", Arity::kOne},
-      {"--batch-size", Arity::kOne},
-      {"--checkpoint-activations", Arity::kSwitch},
-  };
-  return table;
+// launcher/megatron_flags.txt's kinds: the rule set autopar-train reads too.
+enum class Kind { kReplaced, kWhenGiven, kConditional, kRead, kTrial, kData };
+
+struct Atom {
+  std::string name;  // a flag of the new configuration, or "virtual"
+  char op = 0;       // 0: the value is above 0; '>' or '=': compared with `value`
+  long value = 0;
+};
+
+struct Need {
+  std::vector<Atom> any;  // the need holds when one of them does
+  std::string reason;
+};
+
+struct Rule {
+  Arity arity = Arity::kList;
+  Kind kind = Kind::kRead;
+  std::vector<Need> needs;
+};
+
+using Rules = std::map<std::string, Rule>;
+
+bool ParseAtom(const std::string& text, Atom* atom) {
+  const size_t op = text.find_first_of(">=");
+  atom->name = text.substr(0, op);
+  if (atom->name.empty()) return false;
+  if (op == std::string::npos) return true;
+  atom->op = text[op];
+  const std::string number = text.substr(op + 1);
+  char* end = nullptr;
+  atom->value = std::strtol(number.c_str(), &end, 10);
+  return !number.empty() && *end == '\0';
 }
 
-const std::map<std::string, Arity>& OtherArity() {
-  static const std::map<std::string, Arity> table = {
-      // WHEN_GIVEN and CONDITIONAL
-      {"--moe-token-dispatcher-type", Arity::kOne},
-      {"--tp-comm-overlap", Arity::kSwitch},
-      {"--overlap-param-gather-with-optimizer-step", Arity::kSwitch},
-      {"--no-overlap-p2p-communication", Arity::kSwitch},
-      // OTHERS (read by autopar-train's conflict checks)
-      {"--num-layers", Arity::kOne},
-      {"--decoder-num-layers", Arity::kOne},
-      {"--hybrid-layer-pattern", Arity::kOne},
-      {"--optimizer", Arity::kOne},
-      {"--use-megatron-fsdp", Arity::kSwitch},
-      {"--use-torch-fsdp2", Arity::kSwitch},
-      {"--fp8-param-gather", Arity::kSwitch},
-      {"--hybrid-context-parallel", Arity::kSwitch},
-      {"--tensor-parallel-num-weight-shards", Arity::kOne},
-      {"--expert-tensor-parallel-num-weight-shards", Arity::kOne},
-  };
-  return table;
+// The table's lines (format in its header); "" on success, else the first bad line and why.
+std::string ParseRules(const std::string& text, Rules* rules) {
+  static const std::map<std::string, Arity> arities = {
+      {"switch", Arity::kSwitch}, {"one", Arity::kOne}, {"list", Arity::kList}};
+  static const std::map<std::string, Kind> kinds = {{"replaced", Kind::kReplaced},
+                                                    {"when-given", Kind::kWhenGiven},
+                                                    {"conditional", Kind::kConditional},
+                                                    {"read", Kind::kRead},
+                                                    {"trial", Kind::kTrial},
+                                                    {"data", Kind::kData}};
+  std::istringstream in(text);
+  std::string line, last;
+  for (int number = 1; std::getline(in, line); ++number) {
+    std::istringstream words(line);
+    std::string first, second, third, extra;
+    if (!(words >> first) || first[0] == '#') continue;
+    const std::string where = "line " + std::to_string(number) + ": ";
+    if (first == "needs") {
+      Need need;
+      if (!(words >> second) || !std::getline(words >> std::ws, need.reason)) {
+        return where + "expected `needs CONDITION REASON`";
+      }
+      if (last.empty() || (*rules)[last].kind != Kind::kConditional) {
+        return where + "`needs` follows a conditional flag";
+      }
+      for (size_t at = 0; at <= second.size();) {
+        const size_t bar = std::min(second.find('|', at), second.size());
+        Atom atom;
+        if (!ParseAtom(second.substr(at, bar - at), &atom)) return where + "bad " + second;
+        need.any.push_back(atom);
+        at = bar + 1;
+      }
+      (*rules)[last].needs.push_back(need);
+      continue;
+    }
+    if (!(words >> second >> third) || (words >> extra) || first.rfind("--", 0) != 0 ||
+        !arities.count(second) || !kinds.count(third) || rules->count(first)) {
+      return where + "expected `--FLAG switch|one|list KIND`, each flag once";
+    }
+    (*rules)[first] = {arities.at(second), kinds.at(third), {}};
+    last = first;
+  }
+  for (const auto& [flag, rule] : *rules) {
+    for (const Need& need : rule.needs) {
+      for (const Atom& atom : need.any) {
+        const auto found = rules->find(atom.name);
+        if (atom.name != "virtual" &&
+            (found == rules->end() || found->second.kind != Kind::kReplaced)) {
+          return flag + ": " + atom.name + " is neither `virtual` nor a replaced flag";
+        }
+      }
+    }
+  }
+  return "";
 }
 
-// The flags a trial sets itself (training length, logging, evaluation, checkpoints), and the data
-// sources mock data replaces: Megatron-LM d98e8a6 arguments.py and training_config.py.
-const std::map<std::string, Arity>& TrialArity() {
-  static const std::map<std::string, Arity> table = {
-      {"--train-iters", Arity::kOne},
-      {"--train-samples", Arity::kOne},
-      {"--lr-decay-samples", Arity::kOne},
-      {"--lr-warmup-samples", Arity::kOne},
-      {"--lr-wsd-decay-samples", Arity::kOne},
-      {"--log-interval", Arity::kOne},
-      {"--eval-iters", Arity::kOne},
-      {"--eval-interval", Arity::kOne},
-      {"--exit-interval", Arity::kOne},
-      {"--exit-duration-in-mins", Arity::kOne},
-      {"--log-throughput", Arity::kSwitch},
-      {"--save", Arity::kOne},
-      {"--load", Arity::kOne},
-      {"--skip-train", Arity::kSwitch},
-  };
-  return table;
+// The built-in table, read once. It is part of the binary, so a line that does not read is a
+// build defect: the unit test reads it, and here it stops the program.
+const Rules& TheRules() {
+  static const Rules rules = [] {
+    Rules r;
+    const std::string error = ParseRules(MegatronFlagsText(), &r);
+    if (!error.empty()) {
+      std::fprintf(stderr, "autopar-tune: launcher/megatron_flags.txt: %s\n", error.c_str());
+      std::abort();
+    }
+    return r;
+  }();
+  return rules;
 }
 
-const std::map<std::string, Arity>& DataArity() {
-  static const std::map<std::string, Arity> table = {
-      {"--mock-data", Arity::kSwitch},
-      {"--data-path", Arity::kList},
-      {"--split", Arity::kOne},
-      {"--train-data-path", Arity::kList},
-      {"--valid-data-path", Arity::kList},
-      {"--test-data-path", Arity::kList},
-      {"--data-args-path", Arity::kOne},
-      {"--per-split-data-args-path", Arity::kOne},
-  };
-  return table;
+std::map<std::string, Arity> ArityOf(std::initializer_list<Kind> kinds) {
+  std::map<std::string, Arity> out;
+  for (const auto& [flag, rule] : TheRules()) {
+    for (Kind k : kinds) {
+      if (rule.kind == k) out[flag] = rule.arity;
+    }
+  }
+  return out;
+}
+
+bool IsKind(const std::string& flag, Kind kind) {
+  const auto found = TheRules().find(flag);
+  return found != TheRules().end() && found->second.kind == kind;
 }
 
 // argparse reads "-1" and "-0.5" as values, not options.
@@ -160,29 +187,39 @@ std::vector<Item> SplitOptions(const std::vector<std::string>& words,
   return items;
 }
 
-// autopar-train's allowed(): why the configuration refuses a CONDITIONAL flag, "" when it does
-// not. The new command's parallel flags are the configuration's alone (the user's are replaced).
-std::string Refused(const std::string& flag, const ParallelConfig& c) {
-  if (flag == "--tp-comm-overlap") {
-    if (c.tp <= 1) return "tp communication overlap needs tp > 1";
-    if (!c.sp) return "tp communication overlap needs sequence parallelism";
-  } else if (flag == "--overlap-param-gather-with-optimizer-step") {
-    if (!c.dist_opt) return "it needs --use-distributed-optimizer";
-    if (!c.overlap_param_gather) return "it needs --overlap-param-gather";
-    if (c.vpp <= 1) return "it needs virtual pipeline stages";
-  } else if (flag == "--no-overlap-p2p-communication") {
-    if (c.vpp > 1 && c.pp <= 2) return "virtual pipeline stages without p2p overlap need pp > 2";
+// autopar-train's allowed(): the reason the configuration refuses a conditional flag, "" when
+// it does not. The new command's parallel flags are the candidate's alone (the user's are
+// replaced); a switch counts 1 when given, a size its value (1 when absent).
+std::string Refused(const Rule& rule, const std::vector<Item>& best, const ParallelConfig& c) {
+  const auto value = [&](const std::string& name) -> long {
+    if (name == "virtual") return c.vpp;
+    const bool is_switch = TheRules().at(name).arity == Arity::kSwitch;
+    long v = is_switch ? 0 : 1;
+    for (const Item& b : best) {
+      if (b.name != name) continue;
+      v = is_switch || b.values.empty() ? 1 : std::strtol(b.values[0].c_str(), nullptr, 10);
+    }
+    return v;
+  };
+  for (const Need& need : rule.needs) {
+    bool holds = false;
+    for (const Atom& a : need.any) {
+      const long v = value(a.name);
+      holds = holds || (a.op == '>' ? v > a.value : a.op == '=' ? v == a.value : v > 0);
+    }
+    if (!holds) return need.reason;
   }
   return "";
 }
 
-std::map<std::string, Arity> Merged(std::initializer_list<const std::map<std::string, Arity>*> l) {
-  std::map<std::string, Arity> out;
-  for (const auto* m : l) out.insert(m->begin(), m->end());
-  return out;
-}
-
 }  // namespace
+
+const char* MegatronFlagsText() { return kMegatronFlagsText; }
+
+std::string CheckMegatronFlagsTable(const std::string& text) {
+  Rules rules;
+  return ParseRules(text, &rules);
+}
 
 size_t MegatronScriptStart(const std::vector<std::string>& command) {
   for (size_t i = 0; i < command.size(); ++i) {
@@ -196,7 +233,8 @@ std::vector<std::string> ReplaceParallelFlags(const std::vector<std::string>& us
                                               const std::vector<std::string>& parallel_flags,
                                               const ParallelConfig& config,
                                               std::vector<std::string>* notes) {
-  const std::map<std::string, Arity> known = Merged({&ParallelArity(), &OtherArity()});
+  const std::map<std::string, Arity> known =
+      ArityOf({Kind::kReplaced, Kind::kWhenGiven, Kind::kConditional, Kind::kRead});
   const std::vector<Item> best = SplitOptions(parallel_flags, known);
   std::set<std::string> given;
   std::map<std::string, Arity> arity;
@@ -209,8 +247,10 @@ std::vector<std::string> ReplaceParallelFlags(const std::vector<std::string>& us
   for (const auto& [name, kind] : known) arity[name] = kind;  // the tables win, as in Python
   std::vector<std::string> out;
   for (const Item& item : SplitOptions(user, arity)) {
-    if (ParallelArity().count(item.name) || given.count(item.name)) continue;
-    const std::string why = OtherArity().count(item.name) ? Refused(item.name, config) : "";
+    if (IsKind(item.name, Kind::kReplaced) || given.count(item.name)) continue;
+    const std::string why = IsKind(item.name, Kind::kConditional)
+                                ? Refused(TheRules().at(item.name), best, config)
+                                : "";
     if (!why.empty()) {
       if (notes) notes->push_back("dropped " + item.name + ": " + why);
       continue;
@@ -231,11 +271,12 @@ std::vector<std::string> MegatronTrialCommand(const std::vector<std::string>& tr
       user_args.begin() + static_cast<long>(MegatronScriptStart(user_args)), user_args.end());
   // The flags the trial owns go first, read with every table's arity so their values go too.
   const std::map<std::string, Arity> arity =
-      Merged({&ParallelArity(), &OtherArity(), &TrialArity(), &DataArity()});
+      ArityOf({Kind::kReplaced, Kind::kWhenGiven, Kind::kConditional, Kind::kRead, Kind::kTrial,
+               Kind::kData});
   std::vector<std::string> rest;
   for (const Item& item : SplitOptions(script, arity)) {
     const bool owned =
-        TrialArity().count(item.name) || (settings.mock_data && DataArity().count(item.name));
+        IsKind(item.name, Kind::kTrial) || (settings.mock_data && IsKind(item.name, Kind::kData));
     if (!owned) rest.insert(rest.end(), item.words.begin(), item.words.end());
   }
   std::vector<std::string> out = train_command;

@@ -304,6 +304,34 @@ class AutoparTrain(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("after `--`", r.stderr)
 
+    def test_the_flag_table_beside_the_script(self):
+        """The rules are launcher/megatron_flags.txt's, read from beside the script (through a
+        symlink to it); without the table, or with a line it cannot read, exit 1 naming it."""
+        with open(os.path.join(self.study, "best.args"), "w") as f:
+            f.write(BEST + "\n")
+        source = os.path.join(SOURCE_DIR, "launcher")
+        elsewhere = os.path.join(self.study, "bin")
+        os.makedirs(elsewhere)
+        os.symlink(os.path.join(source, "autopar-train"), os.path.join(elsewhere, "autopar-train"))
+        alone = os.path.join(self.study, "alone")
+        os.makedirs(alone)
+        with open(os.path.join(source, "autopar-train")) as f, \
+                open(os.path.join(alone, "autopar-train"), "w") as g:
+            g.write(f.read())
+        for launcher, rc, said in [(os.path.join(elsewhere, "autopar-train"), 0, ""),
+                                   (os.path.join(alone, "autopar-train"), 1, "megatron_flags.txt")]:
+            r = subprocess.run([sys.executable, launcher, "--study", self.study, "--",
+                                *PREFIX, "--tensor-model-parallel-size", "8"],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, rc, r.stderr)
+            self.assertIn(said, r.stderr)
+        with open(os.path.join(alone, "megatron_flags.txt"), "w") as f:
+            f.write("--tensor-model-parallel-size three replaced\n")
+        r = subprocess.run([sys.executable, os.path.join(alone, "autopar-train"), "--study",
+                            self.study, "--", *PREFIX], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("megatron_flags.txt:1", r.stderr)
+
 
 if __name__ == "__main__":
     SOURCE_DIR = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else

@@ -101,6 +101,17 @@ def main(source_dir):
                 said = cmf.check_line(bad, flags)
                 check(len(said) == 1 and words in said[0], f"{bad}: {said}")
 
+            # The shared flag table: an arity that differs is a problem, an absent flag a note.
+            table = os.path.join(tree, "megatron_flags.txt")
+            write(tree, "megatron_flags.txt",
+                  "# rules\n--tensor-model-parallel-size one replaced\n"
+                  "--sequence-parallel one replaced\n  needs --x why\n"
+                  "--old-spelling one replaced\n")
+            said, absent = cmf.check_table(table, flags)
+            check(len(said) == 1 and "line 3: --sequence-parallel is a switch" in said[0],
+                  f"table: {said}")
+            check(absent == ["--old-spelling"], f"table's absent flags: {absent}")
+
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = cmf.main([])

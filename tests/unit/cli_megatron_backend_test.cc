@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "autopar/cli/megatron_command.h"
 #include "autopar/cli/megatron_log.h"
@@ -168,6 +169,55 @@ TEST(MegatronBackendCommand, TpCommOverlapGoesWithoutSequenceParallelism) {
   EXPECT_EQ(
       out, (std::vector<std::string>{"--seq-length", "4096", "--tensor-model-parallel-size", "1"}));
   EXPECT_EQ(notes.size(), 1u);
+}
+
+// launcher/megatron_flags.txt, built in: it reads, and a line it cannot read is named.
+TEST(MegatronBackendCommand, TheFlagTableReads) {
+  EXPECT_EQ(CheckMegatronFlagsTable(MegatronFlagsText()), "");
+  EXPECT_NE(std::string(MegatronFlagsText()).find("--tensor-model-parallel-size"),
+            std::string::npos);
+  EXPECT_EQ(CheckMegatronFlagsTable("# a comment\n--a one replaced\n--b switch conditional\n"
+                                    "  needs --a>1|virtual=1 the reason\n"),
+            "");
+  // (table, what its error names)
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"--a three replaced\n", "line 1"},
+      {"--a one replaced\n--a one read\n", "line 2"},
+      {"--a one replaced\n  needs --a>1 why\n", "line 2"},
+      {"--b switch conditional\n  needs --c why\n", "--c"},
+      {"--a one replaced\n--b switch conditional\n  needs --a>x why\n", "line 3"},
+  };
+  for (const auto& [table, named] : bad) {
+    EXPECT_NE(CheckMegatronFlagsTable(table).find(named), std::string::npos) << table;
+  }
+}
+
+// The conditions read the candidate's flags: overlap with the optimizer step needs the
+// distributed optimizer, parameter-gather overlap and virtual stages; p2p overlap may only be
+// switched off with virtual stages on more than two pipeline stages.
+TEST(MegatronBackendCommand, ConditionalFlagsFollowTheTable) {
+  const std::vector<std::string> user = {"--overlap-param-gather-with-optimizer-step",
+                                         "--no-overlap-p2p-communication"};
+  std::vector<std::string> notes;
+  auto out = ReplaceParallelFlags(
+      user,
+      SplitWords("--pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2 "
+                 "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"),
+      Config("tp=1,pp=4,vpp=2,dist_opt=on"), &notes);
+  EXPECT_EQ(out[0], "--overlap-param-gather-with-optimizer-step");
+  EXPECT_EQ(out[1], "--no-overlap-p2p-communication");
+  EXPECT_TRUE(notes.empty());
+  out = ReplaceParallelFlags(
+      user, SplitWords("--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2"),
+      Config("tp=1,pp=2,vpp=2"), &notes);
+  EXPECT_EQ(out[0], "--pipeline-model-parallel-size");
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_EQ(notes[0],
+            "dropped --overlap-param-gather-with-optimizer-step: it needs "
+            "--use-distributed-optimizer");
+  EXPECT_EQ(notes[1],
+            "dropped --no-overlap-p2p-communication: virtual pipeline stages without p2p "
+            "overlap need pp > 2");
 }
 
 TEST(MegatronBackendCommand, OneDeviceConnectionWhereMegatronNeedsIt) {

@@ -2,9 +2,10 @@
 // command and Megatron-LM arguments with every parallelism flag replaced by the candidate's, and
 // the trial's own settings. Pure: words in, words out.
 //
-// The replacement follows launcher/autopar-train's rules (its REPLACED, WHEN_GIVEN and
-// CONDITIONAL tables, checked against Megatron-LM d98e8a6), so a trial runs the command
-// `autopar-train --study STUDY -- ...` would give for the same configuration;
+// The rules (which flags are replaced, kept while the configuration allows them, owned by the
+// trial, and how many values each takes) are launcher/megatron_flags.txt's, the file
+// launcher/autopar-train reads too; the build embeds it (src/cli/CMakeLists.txt), so a trial
+// runs the command `autopar-train --study STUDY -- ...` would give for the same configuration.
 // tests/fault/megatron_backend_test.py compares the two on the same inputs.
 #pragma once
 
@@ -55,6 +56,14 @@ std::vector<std::string> MegatronTrialCommand(const std::vector<std::string>& tr
 // arguments: tensor or context parallelism before Blackwell, unless FSDP or MoE all-to-all
 // overlap ask for more connections (arguments.py validate_args).
 bool NeedsOneDeviceConnection(const ParallelConfig& config, const std::vector<std::string>& args);
+
+// launcher/megatron_flags.txt as the build embedded it.
+const char* MegatronFlagsText();
+
+// "" when `text` reads as launcher/megatron_flags.txt's format (every line a flag, an arity and a
+// kind, or a conditional flag's `needs` line naming `virtual` or a replaced flag), else the first
+// line that does not, and why.
+std::string CheckMegatronFlagsTable(const std::string& text);
 
 // Splits MegatronFlags' text (flags and values separated by single spaces) into words.
 std::vector<std::string> SplitWords(const std::string& text);
