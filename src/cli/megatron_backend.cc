@@ -356,23 +356,11 @@ pb::RankTrialResult MegatronRankRunner::RunTrialOrThrow(const pb::TrialRequest& 
 
 std::unique_ptr<coord::TrialBackend> MakeMegatronBackend(const TuneContext& context) {
   const Inputs& in = context.inputs;
-  backend::Group world = StartMpiWorld(in.cluster);
-  const int rank = world.rank();
-  auto trials = world.Duplicate();  // the trials' agreement, apart from the protocol
-  if (!trials.ok()) throw coord::ChannelError(trials.status().ToString());
-  auto channel = std::make_unique<MpiChannel>(std::move(world));
-  auto runner = std::make_unique<MegatronRankRunner>(context, std::move(*trials));
-  const uint64_t fingerprint = coord::Fingerprint(context.study);
-  if (rank != 0) {
-    coord::RunWorkerLoop(*channel, *runner, fingerprint);
-    return nullptr;
-  }
-  coord::ChannelBackend::Options options;
-  options.nnodes = in.cluster.nnodes;
-  options.nproc_per_node = in.cluster.gpus_per_node;
-  options.study_fingerprint = fingerprint;
-  return std::make_unique<CoordinatorBackend>(std::move(channel), std::move(runner), options,
-                                              "megatron");
+  auto make_runner = [&](backend::Group trials) {
+    return std::make_unique<MegatronRankRunner>(context, std::move(trials));
+  };
+  return CoordinateOrServe(StartMpiWorld(in.cluster), in.cluster, coord::Fingerprint(context.study),
+                           make_runner, "megatron");
 }
 
 }  // namespace autopar::cli

@@ -135,23 +135,11 @@ class TrialRankRunner : public coord::RankRunner {
 std::unique_ptr<coord::TrialBackend> MakeMpiBackend(const TuneContext& context) {
   const Inputs& in = context.inputs;
   RankWorker worker = StartRankWorker(context.backend, in.cluster, context.p2p_semantics);
-  const int rank = worker.world.rank();
-  auto trials = worker.world.Duplicate();  // the trials' own communicator
-  if (!trials.ok()) throw coord::ChannelError(trials.status().ToString());
-  auto channel = std::make_unique<MpiChannel>(std::move(worker.world));
-  auto runner =
-      std::make_unique<TrialRankRunner>(context, std::move(*trials), std::move(worker.backend));
-  const uint64_t fingerprint = coord::Fingerprint(context.study);
-  if (rank != 0) {
-    coord::RunWorkerLoop(*channel, *runner, fingerprint);
-    return nullptr;
-  }
-  coord::ChannelBackend::Options options;
-  options.nnodes = in.cluster.nnodes;
-  options.nproc_per_node = in.cluster.gpus_per_node;
-  options.study_fingerprint = fingerprint;
-  return std::make_unique<CoordinatorBackend>(std::move(channel), std::move(runner), options,
-                                              "mpi");
+  auto make_runner = [&](backend::Group trials) {
+    return std::make_unique<TrialRankRunner>(context, std::move(trials), std::move(worker.backend));
+  };
+  return CoordinateOrServe(std::move(worker.world), in.cluster, coord::Fingerprint(context.study),
+                           make_runner, "mpi");
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "autopar/backend/group.h"
 #include "autopar/coord/protocol.h"
+#include "autopar/spec/cluster.h"
 
 namespace autopar::cli {
 
@@ -106,5 +107,32 @@ class CoordinatorBackend : public coord::TrialBackend {
   coord::ChannelBackend protocol_;
   std::string name_;
 };
+
+// What every MPI trial backend does with its world: a duplicate of it for the trials' own
+// agreement (apart from the protocol) and the channel over it. Rank 0 returns the coordinator's
+// TrialBackend named `name`; every other rank serves the trials of the runner that
+// `make_runner(trials)` builds until the coordinator shuts the study down, then returns nullptr.
+template <typename MakeRunner>
+std::unique_ptr<coord::TrialBackend> CoordinateOrServe(backend::Group world,
+                                                       const ClusterSpec& cluster,
+                                                       uint64_t study_fingerprint,
+                                                       const MakeRunner& make_runner,
+                                                       std::string name) {
+  const int rank = world.rank();
+  auto trials = world.Duplicate();
+  if (!trials.ok()) throw coord::ChannelError(trials.status().ToString());
+  auto channel = std::make_unique<MpiChannel>(std::move(world));
+  std::unique_ptr<coord::RankRunner> runner = make_runner(std::move(*trials));
+  if (rank != 0) {
+    coord::RunWorkerLoop(*channel, *runner, study_fingerprint);
+    return nullptr;
+  }
+  coord::ChannelBackend::Options options;
+  options.nnodes = cluster.nnodes;
+  options.nproc_per_node = cluster.gpus_per_node;
+  options.study_fingerprint = study_fingerprint;
+  return std::make_unique<CoordinatorBackend>(std::move(channel), std::move(runner), options,
+                                              std::move(name));
+}
 
 }  // namespace autopar::cli
