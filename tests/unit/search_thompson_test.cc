@@ -186,6 +186,23 @@ TEST(TimePosterior, TheEvidenceDecidesWhetherLevelEffectsAreNeeded) {
   for (double v : theta) EXPECT_NE(v, -1.0);
 }
 
+// Up to `draws` random candidates (repeats skipped), measured by `plain` at the truth and by
+// `crossed` 15% slower where `both` holds; returns which candidates were measured.
+template <typename Both>
+std::vector<bool> ObserveCrossed(const CandidateSet& cs, const SyntheticTruth& truth, int draws,
+                                 const Both& both, TimePosterior& plain, TimePosterior& crossed) {
+  Rng pick(5, 0, Purpose::kRandomSearch);
+  std::vector<bool> seen(static_cast<size_t>(cs.size()), false);
+  for (int n = 0; n < draws; ++n) {
+    const int64_t i = static_cast<int64_t>(pick.Below(static_cast<uint64_t>(cs.size())));
+    if (seen[i]) continue;
+    seen[i] = true;
+    plain.Observe(cs, i, truth.step_time_s[i]);
+    crossed.Observe(cs, i, truth.step_time_s[i] * (both(i) ? 1.15 : 1.0));
+  }
+  return seen;
+}
+
 // A cluster on which two knobs interact (tp=2 with pp=2 is 15% slower, neither alone is): the
 // evidence moves the weight to an interaction scale above 0 and the posterior predicts the effect
 // on configurations it has not measured. Data with no interaction keep most weight on "none".
@@ -196,15 +213,7 @@ TEST(TimePosterior, LearnsAnInteractionBetweenTwoKnobs) {
   const TimePrior prior = SearchSettings::Default(cs).time_prior;
   TimePosterior plain(prior, cs), crossed(prior, cs);
   auto both = [&](int64_t i) { return cs.config(i).tp == 2 && cs.config(i).pp == 2; };
-  Rng pick(5, 0, Purpose::kRandomSearch);
-  std::vector<bool> seen(static_cast<size_t>(cs.size()), false);
-  for (int n = 0; n < 60; ++n) {
-    const int64_t i = static_cast<int64_t>(pick.Below(static_cast<uint64_t>(cs.size())));
-    if (seen[i]) continue;
-    seen[i] = true;
-    plain.Observe(cs, i, truth.step_time_s[i]);
-    crossed.Observe(cs, i, truth.step_time_s[i] * (both(i) ? 1.15 : 1.0));
-  }
+  const std::vector<bool> seen = ObserveCrossed(cs, truth, 60, both, plain, crossed);
   auto interaction_weight = [](const TimePosterior& p) {
     double w = 0;
     for (size_t m = 0; m < p.hypotheses().size(); ++m) {
@@ -249,15 +258,7 @@ TEST(TimePosterior, RelevanceGoesToThePairOfKnobsThatInteracts) {
     }
   }
   ASSERT_GE(tp_pp, 0);
-  Rng pick(5, 0, Purpose::kRandomSearch);
-  std::vector<bool> seen(static_cast<size_t>(cs.size()), false);
-  for (int n = 0; n < 150; ++n) {
-    const int64_t i = static_cast<int64_t>(pick.Below(static_cast<uint64_t>(cs.size())));
-    if (seen[i]) continue;
-    seen[i] = true;
-    plain.Observe(cs, i, truth.step_time_s[i]);
-    crossed.Observe(cs, i, truth.step_time_s[i] * (both(i) ? 1.15 : 1.0));
-  }
+  ObserveCrossed(cs, truth, 150, both, plain, crossed);
   const double even = 1.0 / cs.num_pairs();
   double sum = 0;
   for (int g = cs.varying_knobs(); g < static_cast<int>(crossed.relevance().size()); ++g) {
