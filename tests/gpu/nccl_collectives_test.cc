@@ -167,18 +167,38 @@ TEST_F(NcclCollectivesTest, PointToPointRingAndRequests) {
   for (std::int64_t i = 0; i < n; ++i) want[i] = Value(left, i);
   EXPECT_EQ(Get(recv), want);
 
-  // Non-blocking ring shift and all-reduce, completed by Test and by Wait.
+  // Non-blocking ring shift as one batch (ncclGroupStart/End, as the trial's pipeline and CP ring
+  // transfers): grouped, so it also runs on one rank, which sends to and receives from itself.
   const Tensor recv2 = Put(std::vector<float>(n));
-  StatusOr<std::unique_ptr<Request>> rx = comm_->IRecv(recv2, left, 1);
-  StatusOr<std::unique_ptr<Request>> tx = comm_->ISend(send, right, 1);
-  ASSERT_TRUE(rx.ok() && tx.ok());
+  const P2POp shift[] = {{P2POp::kRecv, recv2, left, 1}, {P2POp::kSend, send, right, 1}};
+  StatusOr<std::unique_ptr<Request>> batch = comm_->IBatchSendRecv(shift);
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
   for (;;) {
-    StatusOr<bool> done = (*rx)->Test();
+    StatusOr<bool> done = (*batch)->Test();
     ASSERT_TRUE(done.ok()) << done.status().ToString();
     if (*done) break;
   }
-  ASSERT_TRUE((*tx)->Wait().ok());
   EXPECT_EQ(Get(recv2), want);
+
+  // Ungrouped sends and receives, in pairs (2k -> 2k+1) so that no cycle of ranks waits on itself:
+  // each is a kernel that blocks its stream until the peer's matching call runs. NCCL refuses an
+  // ungrouped send to or receive from the rank itself, so this part needs two ranks.
+  if (size_ >= 2) {
+    const int peer = rank_ % 2 == 0 ? rank_ + 1 : rank_ - 1;
+    if (peer < size_) {
+      const Tensor recv3 = Put(std::vector<float>(n, -1.0f));
+      StatusOr<std::unique_ptr<Request>> one =
+          rank_ % 2 == 0 ? comm_->ISend(send, peer, 2) : comm_->IRecv(recv3, peer, 2);
+      ASSERT_TRUE(one.ok()) << one.status().ToString();
+      const Status waited = (*one)->Wait();
+      ASSERT_TRUE(waited.ok()) << waited.ToString();
+      std::vector<float> from_peer(n);
+      for (std::int64_t i = 0; i < n; ++i) from_peer[i] = Value(peer, i);
+      if (rank_ % 2 == 1) {
+        EXPECT_EQ(Get(recv3), from_peer);
+      }
+    }
+  }
 
   const Tensor x = Put(Mine(n));
   StatusOr<std::unique_ptr<Request>> ar = comm_->IAllReduce(x, x, ReduceOp::kSum);
@@ -243,6 +263,9 @@ TEST_F(NcclCollectivesTest, RejectsBadArgumentsAsInvalid) {
 // A receive nobody sends to never completes: the wait must give up at the deadline, abort the
 // communicator, and leave the device usable. Run last: it breaks the communicator.
 TEST_F(NcclCollectivesTest, UnmatchedReceiveTimesOutAndAborts) {
+  // On one rank the only peer is the rank itself, whose ungrouped receive NCCL refuses at once.
+  if (size_ < 2) GTEST_SKIP() << "needs 2 ranks: a receive from another rank that never sends";
+  const int peer = (rank_ + 1) % size_;
   comm_.reset();
   CudaBackendOptions options;
   options.timeout_s = 3.0;
@@ -256,7 +279,7 @@ TEST_F(NcclCollectivesTest, UnmatchedReceiveTimesOutAndAborts) {
   {
     StatusOr<Buffer> buf = device.Allocate(16, DType::kF32);
     ASSERT_TRUE(buf.ok());
-    StatusOr<std::unique_ptr<Request>> rx = (*comm)->IRecv(buf->tensor(), 0, 0);
+    StatusOr<std::unique_ptr<Request>> rx = (*comm)->IRecv(buf->tensor(), peer, 0);
     ASSERT_TRUE(rx.ok()) << rx.status().ToString();
     const Status waited = (*rx)->Wait();
     EXPECT_FALSE(waited.ok());

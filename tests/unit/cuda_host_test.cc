@@ -1,11 +1,13 @@
 // Host-side logic of the CUDA backend, checked without a GPU: the row-major -> column-major GEMM
 // mapping, the attention tile plans, the bf16 rounding the GPU tests rely on, the error classes,
-// the NCCL communicator configuration, and that asking for the backend without a GPU is a clean
-// kDeviceError.
+// the NCCL communicator configuration and the ncclInProgress protocol (SettleNcclCall), and that
+// asking for the backend without a GPU is a clean kDeviceError.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -176,6 +178,54 @@ TEST(NcclConfig, NonBlockingAndNoResourcesSharedWithSplits) {
   const ncclConfig_t config = NcclCommConfig();
   EXPECT_EQ(config.blocking, 0);
   EXPECT_EQ(config.splitShare, 0);
+}
+
+// A scripted ncclCommGetAsyncError: the states it answers in turn (the last one repeated).
+struct ScriptedState {
+  std::vector<ncclResult_t> states;
+  int queries = 0;
+  ncclResult_t operator()(ncclResult_t* state) {
+    *state = states[std::min<std::size_t>(queries++, states.size() - 1)];
+    return ncclSuccess;
+  }
+};
+
+TEST(NcclSettle, PollsAfterSuccessUntilTheStateLeavesInProgress) {
+  // ncclCommSplit / ncclCommFinalize: ncclSuccess returned, the state still ncclInProgress.
+  ScriptedState query{{ncclInProgress, ncclInProgress, ncclInProgress, ncclSuccess}};
+  const NcclSettled settled = SettleNcclCall(ncclSuccess, std::ref(query), [] { return false; });
+  EXPECT_EQ(settled.how, NcclSettled::kReady);
+  EXPECT_EQ(query.queries, 4);
+  // A communicator already ready costs one query.
+  ScriptedState ready{{ncclSuccess}};
+  EXPECT_EQ(SettleNcclCall(ncclInProgress, std::ref(ready), [] { return false; }).how,
+            NcclSettled::kReady);
+  EXPECT_EQ(ready.queries, 1);
+}
+
+TEST(NcclSettle, ErrorsAndTheDeadline) {
+  ScriptedState untouched{{ncclSuccess}};
+  NcclSettled settled = SettleNcclCall(ncclInvalidUsage, std::ref(untouched), [] { return false; });
+  EXPECT_EQ(settled.how, NcclSettled::kFailed);
+  EXPECT_EQ(settled.code, ncclInvalidUsage);
+  EXPECT_FALSE(settled.query_failed);
+  EXPECT_EQ(untouched.queries, 0);
+  // The operation failed in the background.
+  ScriptedState failing{{ncclInProgress, ncclRemoteError}};
+  settled = SettleNcclCall(ncclSuccess, std::ref(failing), [] { return false; });
+  EXPECT_EQ(settled.how, NcclSettled::kFailed);
+  EXPECT_EQ(settled.code, ncclRemoteError);
+  // The query itself failed.
+  settled = SettleNcclCall(
+      ncclSuccess, [](ncclResult_t*) { return ncclInvalidArgument; }, [] { return false; });
+  EXPECT_EQ(settled.how, NcclSettled::kFailed);
+  EXPECT_TRUE(settled.query_failed);
+  // Still in progress at the deadline.
+  ScriptedState stuck{{ncclInProgress}};
+  int checks = 0;
+  settled = SettleNcclCall(ncclInProgress, std::ref(stuck), [&] { return ++checks == 3; });
+  EXPECT_EQ(settled.how, NcclSettled::kExpired);
+  EXPECT_EQ(stuck.queries, 3);
 }
 
 TEST(CudaBackend, WithoutAGpuIsADeviceErrorNotACrash) {

@@ -2,7 +2,6 @@
 
 #include <cstdio>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "autopar/backend/mpi_check.h"
@@ -150,16 +149,16 @@ StatusOr<std::unique_ptr<NcclComm>> NcclComm::Split(NcclComm& parent, int color,
   const ncclResult_t rc = ncclCommSplit(parent.comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
                                         &comm->comm_, &config);
   // A non-blocking split is waited for on the parent's state (the split runs as an asynchronous
-  // job of the parent, which stays ncclInProgress until it ends), then on the child's own
-  // initialisation. On any failure the parent is aborted too, which also joins the split's job
-  // (ncclCommAbort -> ncclCommEnsureReady): its owner then rebuilds the family instead of
-  // splitting again from a parent in an unknown state.
+  // job of the parent, which stays ncclInProgress until it ends; ncclCommSplit itself returns
+  // ncclSuccess as soon as the job is launched, so Settle polls whatever it returned), then on
+  // the child's own initialisation. On any failure the parent is aborted too, which also joins the
+  // split's job (ncclCommAbort -> ncclCommEnsureReady): its owner then rebuilds the family instead
+  // of splitting again from a parent in an unknown state.
   Status status = parent.Settle(rc, "ncclCommSplit", __FILE__, __LINE__);
   if (!status.ok()) parent.Abort();  // no-op if Settle already aborted it; the job has ended
   const ncclComm_t child = comm->comm_;
   if (status.ok() && child != nullptr) {
-    status =
-        comm->Settle(ncclInProgress, "ncclCommSplit (child initialisation)", __FILE__, __LINE__);
+    status = comm->Settle(ncclSuccess, "ncclCommSplit (child initialisation)", __FILE__, __LINE__);
   }
   if (status.ok() && child != nullptr) {
     ncclResult_t query = ncclCommUserRank(child, &comm->rank_);
@@ -254,24 +253,24 @@ Status NcclComm::Ready() const {
 }
 
 Status NcclComm::Settle(ncclResult_t rc, const char* call, const char* file, int line) {
-  if (rc == ncclSuccess) return OkStatus();
-  if (rc != ncclInProgress) return NcclError(rc, call, file, line);
   const double started_s = SteadySeconds();
-  for (;;) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
-    if (query != ncclSuccess) return NcclError(query, "ncclCommGetAsyncError", file, line);
-    if (state == ncclSuccess) return OkStatus();
-    if (state != ncclInProgress) return NcclError(state, call, file, line);
-    if (SteadySeconds() - started_s > device_.timeout_s()) {
-      Abort();
-      return Status::Error(Outcome::kTimeout,
-                           std::string(call) + " still in progress after " +
-                               std::to_string(device_.timeout_s()) + " s; communicator aborted",
-                           file, line);
-    }
-    std::this_thread::yield();
+  const NcclSettled settled = SettleNcclCall(
+      rc, [this](ncclResult_t* state) { return ncclCommGetAsyncError(comm_, state); },
+      [&] { return SteadySeconds() - started_s > device_.timeout_s(); });
+  switch (settled.how) {
+    case NcclSettled::kReady:
+      return OkStatus();
+    case NcclSettled::kFailed:
+      return NcclError(settled.code, settled.query_failed ? "ncclCommGetAsyncError" : call, file,
+                       line);
+    case NcclSettled::kExpired:
+      break;
   }
+  Abort();
+  return Status::Error(Outcome::kTimeout,
+                       std::string(call) + " still in progress after " +
+                           std::to_string(device_.timeout_s()) + " s; communicator aborted",
+                       file, line);
 }
 
 Status NcclComm::Grouped(const std::function<ncclResult_t()>& body) {

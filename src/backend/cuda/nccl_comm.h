@@ -18,6 +18,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <thread>
 
 #include "autopar/backend/collectives.h"
 #include "autopar/backend/group.h"
@@ -42,6 +43,35 @@ inline ncclConfig_t NcclCommConfig() {
   config.blocking = 0;
   config.splitShare = 0;
   return config;
+}
+
+// How a call on a non-blocking communicator ended (NcclComm::Settle).
+struct NcclSettled {
+  enum How { kReady, kFailed, kExpired } how;
+  ncclResult_t code = ncclSuccess;  // the failure (kFailed)
+  bool query_failed = false;        // the failure was the state query's own
+};
+
+// Settle's protocol, apart from the communicator so that it is tested on any host: `rc` is the
+// call's return; `query(&state)` reads the communicator's state (ncclCommGetAsyncError);
+// `expired()` says the deadline has passed. ncclSuccess and ncclInProgress are both followed by
+// polling until the state leaves ncclInProgress (NCCL user guide: "If the return code of any NCCL
+// function is ncclInProgress ... users must query the states of the communicators until all the
+// states become ncclSuccess"; ncclCommFinalize returns ncclSuccess and sets the state
+// ncclInProgress; ncclCommSplit returns ncclSuccess once its job is launched, and the guide's
+// split example polls the parent whatever the call returned). One query when already ready.
+template <typename Query, typename Expired>
+NcclSettled SettleNcclCall(ncclResult_t rc, Query&& query, Expired&& expired) {
+  if (rc != ncclSuccess && rc != ncclInProgress) return {NcclSettled::kFailed, rc};
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t queried = query(&state);
+    if (queried != ncclSuccess) return {NcclSettled::kFailed, queried, true};
+    if (state == ncclSuccess) return {NcclSettled::kReady};
+    if (state != ncclInProgress) return {NcclSettled::kFailed, state};
+    if (expired()) return {NcclSettled::kExpired, ncclInProgress};
+    std::this_thread::yield();
+  }
 }
 
 class NcclComm final : public CommWatch {
@@ -71,8 +101,10 @@ class NcclComm final : public CommWatch {
 
   // kCommError once aborted; otherwise makes the device current for the NCCL calls to follow.
   Status Ready() const;
-  // Accepts ncclSuccess; waits out ncclInProgress (the non-blocking communicator is still taking
-  // the call) until the communicator is ready again; anything else is the call's error.
+  // The return of an NCCL call on this communicator: ncclSuccess or ncclInProgress are followed by
+  // polling the communicator's state (ncclCommGetAsyncError) until it leaves ncclInProgress, with
+  // the device's deadline (then aborted); anything else is the call's error. Polled after
+  // ncclSuccess too: ncclCommSplit and ncclCommFinalize return it with their work still running.
   Status Settle(ncclResult_t rc, const char* call, const char* file, int line);
   // ncclGroupStart, `body` (returning its first failure), ncclGroupEnd, settled: the group is
   // closed even when a call inside it failed.
