@@ -4,7 +4,11 @@
 #   0. counts the GPUs (nvidia-smi -L, limited by CUDA_VISIBLE_DEVICES when set); with none it
 #      prints "skipped: no GPU", writes {"verdict": "skipped"} to gpu_check.json and exits 0;
 #   1. builds BUILD_DIR (default build/, or $AUTOPAR_BUILD_DIR): scripts/setup.sh and
-#      scripts/build.sh when it has no build yet, else an incremental `cmake --build`;
+#      scripts/build.sh when it has no build yet, else an incremental `cmake --build`. BUILD_DIR
+#      may instead be a bundle made on another machine by `scripts/gpu_bundle.py make` (a folder
+#      or its .tar.gz), for a GPU machine that cannot build (no network, no Open MPI, protobuf or
+#      yaml-cpp): its programs run with the libraries it carries and the machine's own CUDA
+#      libraries, the gpu-labelled entries by `gpu_bundle.py run`, one rank as an MPI singleton;
 #   2. runs the gpu-labelled tests, `ctest -L '^gpu$' -LE '^bench$'`: every CUDA op against its
 #      host reference, the NCCL collectives on 1 and 2 GPUs, the trial equivalence on 4 (entries
 #      needing more GPUs than there are skip);
@@ -25,7 +29,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(realpath -m "${1:-${AUTOPAR_BUILD_DIR:-$root/build}}")
-out=$(realpath -m "${AUTOPAR_GPU_CHECK_JSON:-$build/gpu_check.json}")
+home=${build%.tar.gz}  # where the report goes: the build, or a bundle archive's unpacked folder
+[[ $home == "$build" ]] || home+=.d
+out=$(realpath -m "${AUTOPAR_GPU_CHECK_JSON:-$home/gpu_check.json}")
 
 # ---- 0. GPUs ----
 gpus=0
@@ -46,14 +52,30 @@ if ((gpus == 0)); then
 fi
 echo "gpu_check: $gpus GPU(s), GPU 0: $device"
 
-# ---- 1. build ----
-if [[ -f $build/CMakeCache.txt && -x $build/autopar-tune ]]; then
+# ---- 1. build (or a bundle made elsewhere: scripts/gpu_bundle.py) ----
+bundle=
+if [[ $build == *.tar.gz && -f $build ]]; then
+  bundle=$home
+  rm -rf "$bundle"
+  mkdir -p "$bundle"
+  tar -xzf "$build" -C "$bundle" --strip-components=1
+  build=$bundle
+elif [[ -f $build/tests.json && -d $build/bin ]]; then
+  bundle=$build
+fi
+tune=$build/autopar-tune
+if [[ -n $bundle ]]; then
+  echo "gpu_check: prebuilt bundle $bundle ($(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['commit'][:12])" "$bundle/tests.json"))"
+  bundle_env=$(python3 "$root/scripts/gpu_bundle.py" env "$bundle")  # fails without CUDA libraries
+  eval "$bundle_env"
+  tune=$bundle/bin/autopar-tune
+elif [[ -f $build/CMakeCache.txt && -x $build/autopar-tune ]]; then
   cmake --build "$build" -j"$(nproc)" >/dev/null
 else
   "$root/scripts/setup.sh"
   AUTOPAR_BUILD_DIR=$build "$root/scripts/build.sh" >/dev/null
 fi
-if [[ -z $(cd "$build" && ctest -N -L '^gpu$' | grep 'Test *#' || true) ]]; then
+if [[ -z $bundle && -z $(cd "$build" && ctest -N -L '^gpu$' | grep 'Test *#' || true) ]]; then
   echo "gpu_check: FAIL: $build has no gpu-labelled tests (configured without CUDA and NCCL?)"
   exit 1
 fi
@@ -67,31 +89,46 @@ preset=${AUTOPAR_GPU:-$(python3 "$root/scripts/gpu_check_report.py" preset "$dev
 export OMP_NUM_THREADS=1
 
 # ---- 2, 3. tests and benchmark, by label (a failure is recorded, not fatal) ----
-echo "== ctest -L gpu"
-(cd "$build" && ctest -L '^gpu$' -LE '^bench$' --output-on-failure --timeout 900 \
-  --output-junit "$work/ctest_gpu.xml") || true
-echo "== ctest -L bench"
-(cd "$build" && AUTOPAR_GPU_BENCH_DIR=$work AUTOPAR_GPU=$preset ctest -L '^bench$' \
-  --output-on-failure --timeout 900 --output-junit "$work/ctest_bench.xml") || true
+if [[ -n $bundle ]]; then
+  echo "== the bundle's gpu-labelled entries"
+  AUTOPAR_GPU=$preset python3 "$root/scripts/gpu_bundle.py" run "$bundle" "$work" --gpus "$gpus" || true
+else
+  echo "== ctest -L gpu"
+  (cd "$build" && ctest -L '^gpu$' -LE '^bench$' --output-on-failure --timeout 900 \
+    --output-junit "$work/ctest_gpu.xml") || true
+  echo "== ctest -L bench"
+  (cd "$build" && AUTOPAR_GPU_BENCH_DIR=$work AUTOPAR_GPU=$preset ctest -L '^bench$' \
+    --output-on-failure --timeout 900 --output-junit "$work/ctest_bench.xml") || true
+fi
 cat "$work"/gpu_bench_np*.json 2>/dev/null || true
 
 # ---- 4, 5. trials ----
 mpi=(mpirun)
 if mpirun --version 2>/dev/null | grep -qE 'Open MPI|OpenRTE'; then
   mpi+=(--oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1)
+  [[ -z $bundle ]] || mpi+=(-x LD_LIBRARY_PATH)
 fi
 job=(--model llama2-7b --num-layers 8 --global-batch-size 8 --seq-length 4096
   --gpu "${preset:-h100}")
 trial() {  # trial NAME RANKS CONFIG
   echo "== trial $1: $3 on $2 GPU(s)"
-  "${mpi[@]}" -np "$2" "$build/autopar-tune" trial --backend cuda --nnodes 1 --nproc-per-node "$2" \
+  local launch=("${mpi[@]}" -np "$2")
+  # A bundle on a machine without mpirun: one rank runs as an MPI singleton; more cannot start.
+  if [[ -n $bundle ]] && ! command -v mpirun >/dev/null; then
+    if (($2 > 1)); then
+      echo "not run: $2 ranks need mpirun, which this machine lacks" >"$work/trial_$1.err"
+      return
+    fi
+    launch=()
+  fi
+  "${launch[@]}" "$tune" trial --backend cuda --nnodes 1 --nproc-per-node "$2" \
     "${job[@]}" --config "$3" --warmup 2 --iters 5 --format json >"$work/trial_$1.json" \
     2>"$work/trial_$1.err" || true
   cat "$work/trial_$1.json"
   grep -m 3 'autopar-tune' "$work/trial_$1.err" >&2 || true
 }
 trial 1gpu 1 mbs=1,recompute=selective
-"$build/autopar-tune" plan "${job[@]}" --nnodes 1 --nproc-per-node 1 --format json \
+"$tune" plan "${job[@]}" --nnodes 1 --nproc-per-node 1 --format json \
   >"$work/plan.json" || true
 if ((gpus >= 2)); then
   for dim in pp cp tp; do trial "${dim}2" 2 "$dim=2,mbs=1,recompute=selective"; done
