@@ -28,4 +28,11 @@ int64_t ToInt(const std::string& flag, const std::string& text, int64_t min_valu
 // A finite number in [0, max_value].
 double ToDouble(const std::string& flag, const std::string& text, double max_value = 1e15);
 
+// An integer from 0 to 2^64 - 1.
+uint64_t ToUnsigned(const std::string& flag, const std::string& text);
+
+// "3600", "90s", "30m", "8h" → seconds; at most 1e9 (~31 years: a deadline past it would
+// overflow the clocks it is added to).
+double ParseDuration(const std::string& flag, const std::string& text);
+
 }  // namespace autopar::cli

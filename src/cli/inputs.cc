@@ -91,7 +91,9 @@ Format ParseFormat(const std::string& text) {
                    "allowed: table, json, csv, megatron, yaml, bridge; got '" + text + "'");
 }
 
-Args::Args(const std::vector<std::string>& argv) {
+Args::Args(const std::vector<std::string>& argv, const std::string& command)
+    : command_(FindCommand(command)) {
+  if (command_ == nullptr) throw std::logic_error("Args: no command '" + command + "'");
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
     if (!IsFlag(a)) throw InputError(a, "unexpected argument (flags start with --)");
@@ -117,17 +119,44 @@ Args::Item* Args::Find(const std::string& flag) {
   return found;
 }
 
+const FlagHelp* Args::Row(const std::string& flag, std::initializer_list<FlagType> types) const {
+  if (!AnyCommandTakes(flag)) {
+    throw std::logic_error("Args: " + flag + " is read but no command's flag table lists it");
+  }
+  const FlagHelp* row = FindFlag(*command_, flag);
+  if (row != nullptr && std::find(types.begin(), types.end(), row->type) == types.end()) {
+    throw std::logic_error("Args: " + flag + " is read as another type than " + command_->name +
+                           "'s flag table gives it");
+  }
+  return row;
+}
+
 std::optional<std::string> Args::Value(const std::string& flag) {
+  const FlagHelp* row = Row(flag, {FlagType::kText, FlagType::kChoice, FlagType::kInt,
+                                   FlagType::kUnsigned, FlagType::kNumber, FlagType::kDuration});
+  if (row == nullptr) return std::nullopt;  // not this command's: left for Finish() to refuse
   Item* item = Find(flag);
   if (item == nullptr) return std::nullopt;
   if (!item->value) throw InputError(flag, "needs a value");
   for (Item& i : items_) {
     if (i.flag == flag) i.used = true;
   }
-  return item->value;
+  const std::string& value = *item->value;
+  if (row->type == FlagType::kChoice) {
+    std::string allowed;
+    bool found = false;
+    std::istringstream words(row->value);
+    for (std::string word; std::getline(words, word, '|');) {
+      found = found || word == value;
+      allowed += (allowed.empty() ? "" : ", ") + word;
+    }
+    if (!found) throw InputError(flag, "allowed: " + allowed + "; got '" + value + "'");
+  }
+  return value;
 }
 
 bool Args::Switch(const std::string& flag) {
+  if (Row(flag, {FlagType::kSwitch}) == nullptr) return false;
   Item* item = Find(flag);
   if (item == nullptr) return false;
   if (item->value) throw InputError(flag, "takes no value, got '" + *item->value + "'");
@@ -135,14 +164,40 @@ bool Args::Switch(const std::string& flag) {
   return true;
 }
 
-int64_t Args::Int(const std::string& flag, int64_t fallback, int64_t min_value, int64_t max_value) {
+int64_t Args::IntOf(const std::string& flag, const std::string& text) const {
+  const FlagHelp* row = Row(flag, {FlagType::kInt});
+  if (row == nullptr) throw std::logic_error("Args: " + flag + " is not " + command_->name + "'s");
+  return ToInt(flag, text, row->min, row->max);
+}
+
+double Args::DoubleOf(const std::string& flag, const std::string& text) const {
+  const FlagHelp* row = Row(flag, {FlagType::kNumber});
+  if (row == nullptr) throw std::logic_error("Args: " + flag + " is not " + command_->name + "'s");
+  return ToDouble(flag, text, row->max_number);
+}
+
+int64_t Args::Int(const std::string& flag, int64_t fallback) {
+  if (Row(flag, {FlagType::kInt}) == nullptr) return fallback;
   const auto v = Value(flag);
-  return v ? ToInt(flag, *v, min_value, max_value) : fallback;
+  return v ? IntOf(flag, *v) : fallback;
+}
+
+std::optional<uint64_t> Args::Unsigned(const std::string& flag) {
+  if (Row(flag, {FlagType::kUnsigned}) == nullptr) return std::nullopt;
+  const auto v = Value(flag);
+  if (!v) return std::nullopt;
+  return ToUnsigned(flag, *v);
 }
 
 double Args::Double(const std::string& flag, double fallback) {
+  if (Row(flag, {FlagType::kNumber}) == nullptr) return fallback;
   const auto v = Value(flag);
-  return v ? ToDouble(flag, *v) : fallback;
+  return v ? DoubleOf(flag, *v) : fallback;
+}
+
+double Args::Duration(const std::string& flag, const std::string& fallback) {
+  if (Row(flag, {FlagType::kDuration}) == nullptr) return ParseDuration(flag, fallback);
+  return ParseDuration(flag, Value(flag).value_or(fallback));
 }
 
 std::vector<std::string> Args::Remaining() const {
@@ -280,7 +335,7 @@ void ReadSpaceOptions(Args& args, SpaceOptions& space) {
   if (args.Switch("--no-overlap-param-gather")) space.overlap_param_gather = {false};
   space.tp_across_nodes = args.Switch("--tp-across-nodes");
   space.sweep_recompute_layers = args.Switch("--sweep-recompute-layers");
-  space.max_mbs = static_cast<int32_t>(args.Int("--max-mbs", space.max_mbs, 1, bounds::kMaxBatch));
+  space.max_mbs = static_cast<int32_t>(args.Int("--max-mbs", space.max_mbs));
 }
 
 // A model and a batch are required; the sequence defaults to the positions (at most 4096).
@@ -354,9 +409,9 @@ Inputs ReadInputs(Args& args) {
   const TorchrunShape launch = TakeTorchrunShape(from_script.unused);
   if (launch.nnodes && !nnodes) in.cluster.nnodes = *launch.nnodes;
   if (launch.nproc_per_node && !nproc) in.cluster.gpus_per_node = *launch.nproc_per_node;
-  if (nnodes) in.cluster.nnodes = ToInt("--nnodes", *nnodes, 1, bounds::kMaxGpus);
-  if (nproc) in.cluster.gpus_per_node = ToInt("--nproc-per-node", *nproc, 1, kMaxGpusPerNode);
-  if (memory) in.cluster.gpu.memory_gib = ToDouble("--device-memory-gib", *memory, 1e6);
+  if (nnodes) in.cluster.nnodes = args.IntOf("--nnodes", *nnodes);
+  if (nproc) in.cluster.gpus_per_node = args.IntOf("--nproc-per-node", *nproc);
+  if (memory) in.cluster.gpu.memory_gib = args.DoubleOf("--device-memory-gib", *memory);
   // The `cpu` device is the CPU backend's rank, which trains in fp32 whatever a script asks: a
   // plan for it, or a replay of its measurements, must count 4-byte activations too.
   if (in.cluster.gpu.name == "cpu") {
@@ -371,7 +426,7 @@ Inputs ReadInputs(Args& args) {
       throw InputError("--host-cores", "only for --gpu cpu (the CPU backend's device), not '" +
                                            in.cluster.gpu.name + "'");
     }
-    in.host_cores = ToInt("--host-cores", *host_cores, 1, 1 << 20);
+    in.host_cores = args.IntOf("--host-cores", *host_cores);
     ShareHostCores(*in.host_cores, in.cluster);
   }
 
