@@ -4,7 +4,7 @@
 
 #include "autopar/cli/commands.h"
 #include "autopar/cli/inputs.h"
-#include "autopar/cli/report.h"
+#include "autopar/cli/plan_format.h"
 #include "autopar/common/status.h"
 #include "autopar/perf/rank.h"
 

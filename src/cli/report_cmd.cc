@@ -22,7 +22,7 @@
 #include "autopar/cli/commands.h"
 #include "autopar/cli/inputs.h"
 #include "autopar/cli/json.h"
-#include "autopar/cli/report.h"
+#include "autopar/cli/plan_format.h"
 #include "autopar/common/status.h"
 #include "autopar/coord/convert.h"
 #include "autopar/coord/files.h"

@@ -13,7 +13,7 @@
 #include <optional>
 #include <sstream>
 
-#include "autopar/cli/report.h"
+#include "autopar/cli/plan_format.h"
 #include "autopar/common/status.h"
 #include "autopar/coord/protocol.h"
 #include "autopar/coord/replay.h"

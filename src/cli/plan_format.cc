@@ -1,4 +1,4 @@
-#include "autopar/cli/report.h"
+#include "autopar/cli/plan_format.h"
 
 #include <algorithm>
 #include <cstdio>
