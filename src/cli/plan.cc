@@ -6,7 +6,7 @@
 #include "autopar/cli/inputs.h"
 #include "autopar/cli/plan_format.h"
 #include "autopar/common/status.h"
-#include "autopar/perf/rank.h"
+#include "autopar/perf/ranking.h"
 
 namespace autopar::cli {
 namespace {

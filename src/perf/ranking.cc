@@ -1,4 +1,4 @@
-#include "autopar/perf/rank.h"
+#include "autopar/perf/ranking.h"
 
 #include <algorithm>
 #include <limits>
