@@ -15,6 +15,7 @@
 #include "autopar/coord/convert.h"
 #include "autopar/coord/protocol.h"
 #include "autopar/coord/study.h"
+#include "autopar/spec/units.h"
 #include "autopar/trial/probe.h"
 #include "autopar/trial/trial.h"
 #include "src/cli/mpi_channel.h"
@@ -22,8 +23,6 @@
 
 namespace autopar::cli {
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 pb::TrialStatus ToStatus(backend::Outcome o) {
   switch (o) {

@@ -8,11 +8,10 @@
 #include "autopar/cli/json.h"
 #include "autopar/cli/pipeline_stages.h"
 #include "autopar/perf/accuracy.h"
+#include "autopar/spec/units.h"
 
 namespace autopar::cli {
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::string Fixed(double v, int digits) {
   std::ostringstream s;

@@ -15,6 +15,7 @@
 #include "autopar/cli/mpi_session.h"
 #include "autopar/common/status.h"
 #include "autopar/perf/cost_model.h"
+#include "autopar/spec/units.h"
 #include "autopar/trial/backend_factory.h"
 #include "autopar/trial/probe.h"
 #include "autopar/trial/trial.h"
@@ -22,8 +23,6 @@
 
 namespace autopar::cli {
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // Flags every MPI command takes besides the planning inputs.
 struct WorkerFlags {

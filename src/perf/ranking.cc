@@ -4,13 +4,14 @@
 #include <limits>
 #include <queue>
 
+#include "autopar/spec/units.h"
+
 namespace autopar {
 
 Ranking RankSpace(const SearchSpace& space, const CostModel& model, int64_t k, double reference_s) {
   Ranking r;
   r.min_memory_gib = std::numeric_limits<double>::infinity();
   const double budget_gib = space.cluster().gpu.memory_gib;
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
   // Max-heap on (step time, enumeration index): the root is the worst of the kept k.
   struct Entry {
