@@ -22,7 +22,7 @@ int RunTrialCommand(const std::vector<std::string>& argv, std::ostream& out, std
 int RunProbeCommand(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
 
 // Installs `tune --backend cpu|cuda`: the coordinator/worker protocol over MPI with real trials
-// (src/cli/mpi_backend.cc). A no-op in a build without the trial runner.
+// (src/cli/mpi_trial_backend.cc). A no-op in a build without the trial runner.
 void RegisterMpiTrialBackends();
 
 }  // namespace autopar::cli

@@ -131,7 +131,7 @@ class TrialRankRunner : public coord::RankRunner {
   std::unique_ptr<backend::Backend> backend_;
 };
 
-std::unique_ptr<coord::TrialBackend> MakeMpiBackend(const TuneContext& context) {
+std::unique_ptr<coord::TrialBackend> MakeMpiTrialBackend(const TuneContext& context) {
   const Inputs& in = context.inputs;
   RankWorker worker = StartRankWorker(context.backend, in.cluster, context.p2p_semantics);
   auto make_runner = [&](backend::Group trials) {
@@ -144,8 +144,8 @@ std::unique_ptr<coord::TrialBackend> MakeMpiBackend(const TuneContext& context) 
 }  // namespace
 
 void RegisterMpiTrialBackends() {
-  RegisterTrialBackend("cpu", MakeMpiBackend);
-  RegisterTrialBackend("cuda", MakeMpiBackend);
+  RegisterTrialBackend("cpu", MakeMpiTrialBackend);
+  RegisterTrialBackend("cuda", MakeMpiTrialBackend);
   RegisterTrialBackend("megatron", MakeMegatronBackend);
 }
 
