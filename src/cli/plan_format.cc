@@ -289,7 +289,7 @@ std::vector<BridgeOverride> BridgeOverrides(const ParallelConfig& c, const Model
   boolean("model.account_for_embedding_in_pipeline_split", false);
   boolean("model.account_for_loss_in_pipeline_split", false);
   // Context parallelism as in MegatronFlags: size cp·up, the comm type says ring, Ulysses or both.
-  number("model.context_parallel_size", c.cp * c.up);
+  number("model.context_parallel_size", int64_t{c.cp} * c.up);
   if (c.cp * c.up > 1) {
     add("model.cp_comm_type", c.up == 1 ? "p2p" : c.cp == 1 ? "a2a" : "a2a+p2p");
   }
