@@ -2,18 +2,17 @@
 
 #include <sched.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
-#include "autopar/cli/pipeline_stages.h"
 #include "autopar/common/status.h"
 #include "autopar/spec/parse.h"
+#include "src/cli/flag_values.h"
+#include "src/cli/megatron_script_reader.h"
 
 namespace autopar::cli {
 namespace {
@@ -28,53 +27,8 @@ int64_t HostCores() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-// Validate(ClusterSpec)'s bound on gpus_per_node, checked where the flag is read.
-constexpr int64_t kMaxGpusPerNode = 1024;
-
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-bool IsFlag(const std::string& s) {
-  // "-5" is a value, "--x" a flag.
-  return s.size() > 2 && s[0] == '-' && s[1] == '-';
-}
-
-// A script's `$NAME` that nothing set stays as written (SplitCommandLine): say so.
-void RefuseUnsetVariable(const std::string& flag, const std::string& text) {
-  if (text.empty() || text[0] != '$') return;
-  throw InputError(flag, "'" + text +
-                             "' is a shell variable nothing sets: give its value with "
-                             "--megatron-env NAME=VALUE (or in the environment)");
-}
-
-// An integer in [min_value, max_value]: out of range (of the bound or of int64) is refused with
-// the range, never wrapped.
-int64_t ToInt(const std::string& flag, const std::string& text, int64_t min_value,
-              int64_t max_value = kMaxIntFlag) {
-  RefuseUnsetVariable(flag, text);
-  int64_t v = 0;
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  if (text.empty() || ec != std::errc() || ptr != end || v < min_value || v > max_value) {
-    throw InputError(flag, "expected an integer from " + std::to_string(min_value) + " to " +
-                               std::to_string(max_value) + ", got '" + text + "'");
-  }
-  return v;
-}
-
-// A finite number in [0, max_value].
-double ToDouble(const std::string& flag, const std::string& text, double max_value = 1e15) {
-  try {
-    size_t used = 0;
-    const double v = std::stod(text, &used);
-    if (used != text.size() || !(v >= 0) || !(v <= max_value)) throw std::invalid_argument(text);
-    return v;
-  } catch (const std::exception&) {
-    std::ostringstream bound;
-    bound << max_value;
-    throw InputError(flag, "expected a number from 0 to " + bound.str() + ", got '" + text + "'");
-  }
 }
 
 ModelSpec LoadModel(const std::string& value) {
@@ -90,269 +44,6 @@ GpuSpec LoadGpu(const std::string& value) {
   if (HasGpuPreset(value)) return GpuPreset(value);
   if (!EndsWith(value, ".yaml") && !EndsWith(value, ".yml")) return GpuPreset(value);
   return GpuFromYaml(ReadTextFile("--gpu", value));
-}
-
-// Megatron's context parallel group of size c.cp (as read from --context-parallel-size) split
-// into our ring (cp) and Ulysses (up) degrees by its communication type
-// (megatron/training/arguments.py, megatron/core/model_parallel_config.py): p2p, the default, is
-// the ring; a2a is Ulysses; a2a+p2p is both, --hierarchical-context-parallel-sizes giving the a2a
-// group's size and then the p2p group's (Megatron asserts that they multiply to the cp size).
-void SplitContextParallel(const std::vector<std::string>& comm_types,
-                          const std::vector<std::string>& hierarchical, ParallelConfig& c) {
-  const std::string comm_flag = "--cp-comm-type",
-                    sizes_flag = "--hierarchical-context-parallel-sizes";
-  std::string type = "p2p";
-  if (!comm_types.empty()) {
-    type = comm_types[0];
-    for (const std::string& t : comm_types) {
-      if (t != type) {
-        throw InputError(
-            comm_flag, "one type for every layer is modelled, got '" + type + "' and '" + t + "'");
-      }
-    }
-  }
-  std::vector<int32_t> sizes;
-  int64_t product = 1;  // at most kMaxGpus², far inside int64: it stops growing past the bound
-  for (const std::string& v : hierarchical) {
-    sizes.push_back(static_cast<int32_t>(ToInt(sizes_flag, v, 1, bounds::kMaxGpus)));
-    product = std::min(product * sizes.back(), bounds::kMaxGpus + 1);
-  }
-  if (!sizes.empty() && product != c.cp) {
-    const std::string what = product > bounds::kMaxGpus
-                                 ? "more than " + std::to_string(bounds::kMaxGpus)
-                                 : std::to_string(product);
-    throw InputError(sizes_flag, "the sizes multiply to " + what +
-                                     " but --context-parallel-size is " + std::to_string(c.cp));
-  }
-  if (type == "p2p") return;  // the ring: cp as read, up = 1
-  if (type == "a2a") {
-    c.up = c.cp;
-    c.cp = 1;
-  } else if (type == "a2a+p2p") {
-    if (sizes.size() != 2) {
-      throw InputError(sizes_flag,
-                       "a2a+p2p needs two sizes, the a2a (Ulysses) group's and then "
-                       "the p2p (ring) group's, e.g. 2 4");
-    }
-    c.up = sizes[0];
-    c.cp = sizes[1];
-  } else {
-    throw InputError(comm_flag, std::string("allowed: p2p, a2a, a2a+p2p (all-gather context ") +
-                                    "parallelism is not modelled); got '" + type + "'");
-  }
-}
-
-// A Megatron flag's sizes are bounded where they are read (include/autopar/spec/bounds.h): a
-// parallel size by the GPUs there can be, a layer count by the layers, a micro-batch by the
-// batch, a DDP bucket (elements) by 2^40.
-constexpr int64_t kGpus = bounds::kMaxGpus, kLayers = bounds::kMaxLayers;
-constexpr int64_t kBucket = int64_t{1} << 40;
-
-// What a Megatron-LM argument list says beyond the configuration's sizes, gathered while reading
-// it and applied once every flag is known (FinishMegatronConfig).
-struct MegatronReading {
-  MegatronStageFlags stages;
-  std::string recompute_method;
-  // Megatron's context parallelism of size --context-parallel-size runs as our ring (p2p, the
-  // default), Ulysses (a2a) or both (a2a+p2p, split by --hierarchical-context-parallel-sizes).
-  std::vector<std::string> cp_comm_types;
-  std::vector<std::string> hierarchical_cp_sizes;
-  // Megatron defaults both overlaps off and reduces bf16 gradients in fp32: a script describes
-  // exactly what it passes (arguments.py: --overlap-grad-reduce, --overlap-param-gather,
-  // --grad-reduce-in-bf16, --accumulate-allreduce-grads-in-fp32).
-  bool overlap_grad_reduce = false, overlap_param_gather = false;
-  std::optional<bool> grad_reduce_in_fp32;
-  // TransformerConfig's dropout defaults (megatron/core/transformer/transformer_config.py).
-  std::optional<double> attention_dropout, hidden_dropout;
-};
-
-// The configuration read from the flags, completed with what the rest of them say: Megatron's
-// defaults, its own corrections (with a note), the pipeline's stages (ApplyMegatronStages).
-// Returns the flag that made the stages uneven ("" when even).
-std::string FinishMegatronConfig(const MegatronReading& r, const ModelSpec& model,
-                                 Precision precision, ParallelConfig& config,
-                                 std::vector<std::string>& notes) {
-  config.overlap_grad_reduce = r.overlap_grad_reduce;
-  config.overlap_param_gather = r.overlap_param_gather;
-  config.grad_reduce_dtype = r.grad_reduce_in_fp32.value_or(precision != Precision::kFP16)
-                                 ? GradReduceDtype::kFP32
-                                 : GradReduceDtype::kBF16;
-  SplitContextParallel(r.cp_comm_types, r.hierarchical_cp_sizes, config);
-  const std::string uneven_flag = ApplyMegatronStages(r.stages, model, config);
-  if (config.sp && config.tp == 1) {  // validate_args in arguments.py does the same
-    config.sp = false;
-    notes.push_back("--sequence-parallel: off at --tensor-model-parallel-size 1, as Megatron-LM "
-                    "turns it off");
-  }
-  // Megatron-core's default expert tensor parallel size is tp (0, the canonical form); a
-  // dense model has no experts for it to split.
-  if (config.etp != 0 && config.etp != config.tp && !model.is_moe()) {
-    notes.push_back("--expert-tensor-parallel-size " + std::to_string(config.etp) + ": ignored, " +
-                    model.name + " has no experts");
-    config.etp = 0;
-  }
-  if (config.etp == config.tp) config.etp = 0;
-  // `uniform` with N layers per checkpoint recomputes every layer; only `block` limits it.
-  if (config.recompute == Recompute::kFull && r.recompute_method != "block") {
-    config.recompute_layers = 0;
-  }
-  if (config.recompute != Recompute::kFull ||
-      config.recompute_layers >= LargestStageLayers(config, model.num_layers)) {
-    config.recompute_layers = 0;  // every layer
-  }
-  return uneven_flag;
-}
-
-// Megatron-LM's parallelism and software-stack flags, taken out of `args` (argv items).
-// Returns the configuration they describe, if any parallel flag was present, and in
-// `uneven_flag` the flag that made its pipeline stages uneven. `precision` decides
-// what an absent reduction-dtype flag means (Megatron reduces bf16 runs' gradients in fp32 and
-// fp16 runs' in fp16 by default).
-// From a pasted script that defines the model (`script`: no --model), Megatron's defaults apply
-// where it is silent (dropout 0.1). Megatron's own corrections are made with a note (sequence
-// parallelism off at tp = 1).
-std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>& args,
-                                                        const ModelSpec& model, Precision precision,
-                                                        bool script, StackOptions& stack,
-                                                        std::vector<std::string>& notes,
-                                                        std::string& uneven_flag) {
-  std::optional<ParallelConfig> config;
-  auto cfg = [&]() -> ParallelConfig& {
-    if (!config) config = ParallelConfig{};
-    return *config;
-  };
-  MegatronReading r;
-  std::vector<std::string> rest;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i];
-    std::optional<std::string> value;
-    if (const size_t eq = flag.find('='); IsFlag(flag) && eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    }
-    auto next = [&]() -> std::string {
-      if (value) return *value;
-      if (i + 1 >= args.size() || IsFlag(args[i + 1])) throw InputError(flag, "needs a value");
-      return args[++i];
-    };
-    auto next_int = [&](int64_t max) { return static_cast<int32_t>(ToInt(flag, next(), 1, max)); };
-    // argparse's nargs='+': `--flag=a` is one value, `--flag a b` every word up to the next flag.
-    auto next_list = [&]() {
-      std::vector<std::string> values = {next()};
-      while (!value && i + 1 < args.size() && !IsFlag(args[i + 1])) values.push_back(args[++i]);
-      return values;
-    };
-    // One flag a line reads as the table it is.
-    // clang-format off
-    if (flag == "--tensor-model-parallel-size") cfg().tp = next_int(kGpus);
-    else if (flag == "--pipeline-model-parallel-size") cfg().pp = next_int(kGpus);
-    else if (flag == "--context-parallel-size") cfg().cp = next_int(kGpus);
-    else if (flag == "--cp-comm-type") r.cp_comm_types = next_list();
-    else if (flag == "--hierarchical-context-parallel-sizes") r.hierarchical_cp_sizes = next_list();
-    else if (flag == "--expert-model-parallel-size") cfg().ep = next_int(kGpus);
-    else if (flag == "--virtual-pipeline-model-parallel-size" ||
-             flag == "--num-virtual-stages-per-pipeline-rank") {
-      cfg().vpp = next_int(kLayers);
-      r.stages.virtual_stages_flag = flag;
-    } else if (flag == "--expert-tensor-parallel-size") cfg().etp = next_int(kGpus);
-    else if (flag == "--moe-token-dispatcher-type") {
-      const std::string v = next();  // the model's experts exchange tokens by all-to-all
-      if (v != "alltoall") notes.push_back(flag + " " + v + " is not modelled: costed as alltoall");
-    } else if (flag == "--num-layers-per-virtual-pipeline-stage") {
-      r.stages.layers_per_virtual_stage = next_int(kLayers);
-    } else if (flag == "--decoder-first-pipeline-num-layers") {
-      r.stages.first_layers = ToInt(flag, next(), 1, kLayers);
-      cfg();
-    } else if (flag == "--decoder-last-pipeline-num-layers") {
-      r.stages.last_layers = ToInt(flag, next(), 1, kLayers);
-      cfg();
-    } else if (flag == "--pipeline-model-parallel-layout") {
-      r.stages.layout = next();
-      RefuseUnsetVariable(flag, *r.stages.layout);
-      cfg();
-    } else if (flag == "--account-for-embedding-in-pipeline-split") {
-      r.stages.account_for_embedding = true;
-    } else if (flag == "--account-for-loss-in-pipeline-split") r.stages.account_for_loss = true;
-    else if (flag == "--micro-batch-size") cfg().mbs = next_int(bounds::kMaxBatch);
-    else if (flag == "--sequence-parallel") cfg().sp = true;
-    else if (flag == "--use-distributed-optimizer") cfg().dist_opt = true;
-    else if (flag == "--recompute-activations") cfg().recompute = Recompute::kSelective;
-    else if (flag == "--recompute-granularity") {
-      const std::string v = next();
-      if (v == "full") cfg().recompute = Recompute::kFull;
-      else if (v == "selective") cfg().recompute = Recompute::kSelective;
-      else throw InputError(flag, "allowed: full, selective; got '" + v + "'");
-    } else if (flag == "--recompute-method") r.recompute_method = next();
-    else if (flag == "--recompute-num-layers") cfg().recompute_layers = next_int(kLayers);
-    else if (flag == "--attention-dropout") r.attention_dropout = ToDouble(flag, next());
-    else if (flag == "--hidden-dropout") r.hidden_dropout = ToDouble(flag, next());
-    else if (flag == "--use-flash-attn") stack.flash_attention = true;
-    else if (flag == "--attention-backend") {
-      // AttnBackend: flash, fused (cuDNN) and auto keep no s² scores; unfused and local do.
-      const std::string v = next();
-      if (v == "flash" || v == "fused" || v == "auto") stack.flash_attention = true;
-      else if (v == "unfused" || v == "local") stack.flash_attention = false;
-      else throw InputError(flag, "allowed: flash, fused, unfused, local, auto; got '" + v + "'");
-    } else if (flag == "--overlap-grad-reduce") r.overlap_grad_reduce = true;
-    else if (flag == "--overlap-param-gather") r.overlap_param_gather = true;
-    else if (flag == "--grad-reduce-in-bf16") r.grad_reduce_in_fp32 = false;
-    else if (flag == "--accumulate-allreduce-grads-in-fp32") r.grad_reduce_in_fp32 = true;
-    else if (flag == "--ddp-bucket-size") stack.ddp_bucket_size = ToInt(flag, next(), 1, kBucket);
-    else {
-      rest.push_back(args[i]);
-    }
-    // clang-format on
-  }
-  args = rest;
-  const double default_dropout = script ? 0.1 : 0.0;
-  if (r.attention_dropout || r.hidden_dropout || script) {
-    stack.dropout = stack.dropout || r.attention_dropout.value_or(default_dropout) > 0 ||
-                    r.hidden_dropout.value_or(default_dropout) > 0;
-  }
-  uneven_flag.clear();
-  if (config) uneven_flag = FinishMegatronConfig(r, model, precision, *config, notes);
-  return config;
-}
-
-// --megatron-env NAME=VALUE[,NAME=VALUE...] and this process's environment: what a pasted
-// script's `$NAME` expands to.
-ShellVariables ScriptVariables(const std::optional<std::string>& overrides) {
-  ShellVariables v;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    const std::string entry = *e;
-    const size_t eq = entry.find('=');
-    if (eq != std::string::npos) v.environment[entry.substr(0, eq)] = entry.substr(eq + 1);
-  }
-  if (!overrides) return v;
-  std::istringstream items(*overrides);
-  std::string item;
-  while (std::getline(items, item, ',')) {
-    const size_t eq = item.find('=');
-    if (eq == 0 || eq == std::string::npos) {
-      throw InputError("--megatron-env", "expected NAME=VALUE[,NAME=VALUE...], got '" + item + "'");
-    }
-    v.overrides[item.substr(0, eq)] = item.substr(eq + 1);
-  }
-  return v;
-}
-
-// torchrun's --nnodes and --nproc-per-node (also spelt --nproc_per_node) in a launch script.
-struct TorchrunShape {
-  std::optional<int64_t> nnodes, nproc_per_node;
-};
-
-TorchrunShape TakeTorchrunShape(const std::vector<std::string>& words) {
-  TorchrunShape shape;
-  for (size_t i = 0; i + 1 < words.size(); ++i) {
-    const std::string& flag = words[i];
-    if (flag == "--nnodes") {
-      shape.nnodes = ToInt("--nnodes (torchrun's)", words[i + 1], 1, bounds::kMaxGpus);
-    }
-    if (flag == "--nproc_per_node" || flag == "--nproc-per-node") {
-      shape.nproc_per_node = ToInt(flag + " (torchrun's)", words[i + 1], 1, kMaxGpusPerNode);
-    }
-  }
-  return shape;
 }
 
 }  // namespace
@@ -400,7 +91,9 @@ Format ParseFormat(const std::string& text) {
                    "allowed: table, json, csv, megatron, yaml, bridge; got '" + text + "'");
 }
 
-Args::Args(const std::vector<std::string>& argv) {
+Args::Args(const std::vector<std::string>& argv, const std::string& command)
+    : command_(FindCommand(command)) {
+  if (command_ == nullptr) throw std::logic_error("Args: no command '" + command + "'");
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
     if (!IsFlag(a)) throw InputError(a, "unexpected argument (flags start with --)");
@@ -426,17 +119,44 @@ Args::Item* Args::Find(const std::string& flag) {
   return found;
 }
 
+const FlagHelp* Args::Row(const std::string& flag, std::initializer_list<FlagType> types) const {
+  if (!AnyCommandTakes(flag)) {
+    throw std::logic_error("Args: " + flag + " is read but no command's flag table lists it");
+  }
+  const FlagHelp* row = FindFlag(*command_, flag);
+  if (row != nullptr && std::find(types.begin(), types.end(), row->type) == types.end()) {
+    throw std::logic_error("Args: " + flag + " is read as another type than " + command_->name +
+                           "'s flag table gives it");
+  }
+  return row;
+}
+
 std::optional<std::string> Args::Value(const std::string& flag) {
+  const FlagHelp* row = Row(flag, {FlagType::kText, FlagType::kChoice, FlagType::kInt,
+                                   FlagType::kUnsigned, FlagType::kNumber, FlagType::kDuration});
+  if (row == nullptr) return std::nullopt;  // not this command's: left for Finish() to refuse
   Item* item = Find(flag);
   if (item == nullptr) return std::nullopt;
   if (!item->value) throw InputError(flag, "needs a value");
   for (Item& i : items_) {
     if (i.flag == flag) i.used = true;
   }
-  return item->value;
+  const std::string& value = *item->value;
+  if (row->type == FlagType::kChoice) {
+    std::string allowed;
+    bool found = false;
+    std::istringstream words(row->value);
+    for (std::string word; std::getline(words, word, '|');) {
+      found = found || word == value;
+      allowed += (allowed.empty() ? "" : ", ") + word;
+    }
+    if (!found) throw InputError(flag, "allowed: " + allowed + "; got '" + value + "'");
+  }
+  return value;
 }
 
 bool Args::Switch(const std::string& flag) {
+  if (Row(flag, {FlagType::kSwitch}) == nullptr) return false;
   Item* item = Find(flag);
   if (item == nullptr) return false;
   if (item->value) throw InputError(flag, "takes no value, got '" + *item->value + "'");
@@ -444,14 +164,40 @@ bool Args::Switch(const std::string& flag) {
   return true;
 }
 
-int64_t Args::Int(const std::string& flag, int64_t fallback, int64_t min_value, int64_t max_value) {
+int64_t Args::IntOf(const std::string& flag, const std::string& text) const {
+  const FlagHelp* row = Row(flag, {FlagType::kInt});
+  if (row == nullptr) throw std::logic_error("Args: " + flag + " is not " + command_->name + "'s");
+  return ToInt(flag, text, row->min, row->max);
+}
+
+double Args::DoubleOf(const std::string& flag, const std::string& text) const {
+  const FlagHelp* row = Row(flag, {FlagType::kNumber});
+  if (row == nullptr) throw std::logic_error("Args: " + flag + " is not " + command_->name + "'s");
+  return ToDouble(flag, text, row->max_number);
+}
+
+int64_t Args::Int(const std::string& flag, int64_t fallback) {
+  if (Row(flag, {FlagType::kInt}) == nullptr) return fallback;
   const auto v = Value(flag);
-  return v ? ToInt(flag, *v, min_value, max_value) : fallback;
+  return v ? IntOf(flag, *v) : fallback;
+}
+
+std::optional<uint64_t> Args::Unsigned(const std::string& flag) {
+  if (Row(flag, {FlagType::kUnsigned}) == nullptr) return std::nullopt;
+  const auto v = Value(flag);
+  if (!v) return std::nullopt;
+  return ToUnsigned(flag, *v);
 }
 
 double Args::Double(const std::string& flag, double fallback) {
+  if (Row(flag, {FlagType::kNumber}) == nullptr) return fallback;
   const auto v = Value(flag);
-  return v ? ToDouble(flag, *v) : fallback;
+  return v ? DoubleOf(flag, *v) : fallback;
+}
+
+double Args::Duration(const std::string& flag, const std::string& fallback) {
+  if (Row(flag, {FlagType::kDuration}) == nullptr) return ParseDuration(flag, fallback);
+  return ParseDuration(flag, Value(flag).value_or(fallback));
 }
 
 std::vector<std::string> Args::Remaining() const {
@@ -589,24 +335,7 @@ void ReadSpaceOptions(Args& args, SpaceOptions& space) {
   if (args.Switch("--no-overlap-param-gather")) space.overlap_param_gather = {false};
   space.tp_across_nodes = args.Switch("--tp-across-nodes");
   space.sweep_recompute_layers = args.Switch("--sweep-recompute-layers");
-  space.max_mbs = static_cast<int32_t>(args.Int("--max-mbs", space.max_mbs, 1, bounds::kMaxBatch));
-}
-
-// One note naming every flag of a pasted script that could change the step and that the model
-// does not read (MegatronFlagAccountedFor lists those that change nothing costed).
-std::optional<std::string> IgnoredNote(const std::vector<std::string>& script_rest) {
-  std::vector<std::string> ignored;
-  for (const std::string& word : script_rest) {
-    const std::string flag = word.substr(0, word.find('='));
-    if (IsFlag(flag) && !MegatronFlagAccountedFor(flag) &&
-        std::find(ignored.begin(), ignored.end(), flag) == ignored.end()) {
-      ignored.push_back(flag);
-    }
-  }
-  if (ignored.empty()) return std::nullopt;
-  std::string line = "ignored (not modelled):";
-  for (const std::string& flag : ignored) line += " " + flag;
-  return line;
+  space.max_mbs = static_cast<int32_t>(args.Int("--max-mbs", space.max_mbs));
 }
 
 // A model and a batch are required; the sequence defaults to the positions (at most 4096).
@@ -680,9 +409,9 @@ Inputs ReadInputs(Args& args) {
   const TorchrunShape launch = TakeTorchrunShape(from_script.unused);
   if (launch.nnodes && !nnodes) in.cluster.nnodes = *launch.nnodes;
   if (launch.nproc_per_node && !nproc) in.cluster.gpus_per_node = *launch.nproc_per_node;
-  if (nnodes) in.cluster.nnodes = ToInt("--nnodes", *nnodes, 1, bounds::kMaxGpus);
-  if (nproc) in.cluster.gpus_per_node = ToInt("--nproc-per-node", *nproc, 1, kMaxGpusPerNode);
-  if (memory) in.cluster.gpu.memory_gib = ToDouble("--device-memory-gib", *memory, 1e6);
+  if (nnodes) in.cluster.nnodes = args.IntOf("--nnodes", *nnodes);
+  if (nproc) in.cluster.gpus_per_node = args.IntOf("--nproc-per-node", *nproc);
+  if (memory) in.cluster.gpu.memory_gib = args.DoubleOf("--device-memory-gib", *memory);
   // The `cpu` device is the CPU backend's rank, which trains in fp32 whatever a script asks: a
   // plan for it, or a replay of its measurements, must count 4-byte activations too.
   if (in.cluster.gpu.name == "cpu") {
@@ -697,7 +426,7 @@ Inputs ReadInputs(Args& args) {
       throw InputError("--host-cores", "only for --gpu cpu (the CPU backend's device), not '" +
                                            in.cluster.gpu.name + "'");
     }
-    in.host_cores = ToInt("--host-cores", *host_cores, 1, 1 << 20);
+    in.host_cores = args.IntOf("--host-cores", *host_cores);
     ShareHostCores(*in.host_cores, in.cluster);
   }
 

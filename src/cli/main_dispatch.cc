@@ -86,7 +86,7 @@ int Main(const std::vector<std::string>& argv, std::ostream& out, std::ostream& 
     if (command == "probe") return RunProbeCommand(rest, out, err);
 #endif
     if (command == "presets") {
-      Args(rest).Finish();
+      Args(rest, "presets").Finish();
       out << "models:";
       for (const auto& n : ModelPresetNames()) out << " " << n;
       out << "\ngpus:";

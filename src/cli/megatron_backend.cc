@@ -26,7 +26,7 @@
 
 #include "autopar/cli/megatron_command.h"
 #include "autopar/cli/megatron_log.h"
-#include "autopar/cli/report.h"
+#include "autopar/cli/plan_format.h"
 #include "autopar/cli/tune.h"
 #include "autopar/common/status.h"
 #include "autopar/coord/convert.h"

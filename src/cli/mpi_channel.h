@@ -1,5 +1,5 @@
 // The MPI transport of the coordinator/worker protocol (include/autopar/coord/protocol.h) and rank
-// 0's TrialBackend over it, shared by the trial-runner backends (cpu, cuda: mpi_backend.cc) and
+// 0's TrialBackend over it, shared by the cpu/cuda trial backends (mpi_trial_backend.cc) and
 // the Megatron one (megatron_backend.cc). Internal to src/cli; needs MPI.
 #pragma once
 

@@ -4,9 +4,9 @@
 
 #include "autopar/cli/commands.h"
 #include "autopar/cli/inputs.h"
-#include "autopar/cli/report.h"
+#include "autopar/cli/plan_format.h"
 #include "autopar/common/status.h"
-#include "autopar/perf/rank.h"
+#include "autopar/perf/ranking.h"
 
 namespace autopar::cli {
 namespace {
@@ -72,7 +72,7 @@ void WriteStagesNote(std::ostream& err, const char* command, const CostModel& mo
 }  // namespace
 
 int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
-  Args args(argv);
+  Args args(argv, "plan");
   const int64_t top = args.Int("--top", 5);
   const bool breakdown = args.Switch("--breakdown");
   Inputs in = ReadInputs(args);
@@ -149,7 +149,7 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
 }
 
 int RunPredict(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
-  Args args(argv);
+  Args args(argv, "predict");
   const auto spec = args.Value("--config");
   Inputs in = ReadInputs(args);
   WriteNotes(err, "predict", in);

@@ -1,6 +1,6 @@
-// `autopar-tune report --study DIR [--output OUT] [--top K] [--format table|json|csv] [--plot]`:
-// the summary and trial table of a finished, running or interrupted study, read from study.pb and
-// the journal without taking the lock. Writes OUT (default DIR/report)/{trials.csv,summary.json,
+// `autopar-tune report --study DIR` (its flags: the flag table, help.h; docs/cli.md §8): the
+// summary and trial table of a finished, running or interrupted study, read from study.pb and the
+// journal without taking the lock. Writes OUT (default DIR/report)/{trials.csv,summary.json,
 // breakdown.csv}; --plot draws them with scripts/plot_study.py (matplotlib) into OUT/plots/,
 // run without a shell.
 #include <fcntl.h>
@@ -22,7 +22,7 @@
 #include "autopar/cli/commands.h"
 #include "autopar/cli/inputs.h"
 #include "autopar/cli/json.h"
-#include "autopar/cli/report.h"
+#include "autopar/cli/plan_format.h"
 #include "autopar/common/status.h"
 #include "autopar/coord/convert.h"
 #include "autopar/coord/files.h"
@@ -314,7 +314,7 @@ void PrintTable(std::ostream& out, const std::string& study, const StudyView& v,
 }  // namespace
 
 int RunReport(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
-  Args args(argv);
+  Args args(argv, "report");
   const ReportFlags f = ReadReportFlags(args);
   try {
     if (!coord::FileExists(f.study + "/study.pb")) {

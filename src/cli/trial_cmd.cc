@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <limits>
 #include <sstream>
 #include <stdexcept>
 
@@ -16,6 +15,7 @@
 #include "autopar/cli/mpi_session.h"
 #include "autopar/common/status.h"
 #include "autopar/perf/cost_model.h"
+#include "autopar/spec/units.h"
 #include "autopar/trial/backend_factory.h"
 #include "autopar/trial/probe.h"
 #include "autopar/trial/trial.h"
@@ -23,8 +23,6 @@
 
 namespace autopar::cli {
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // Flags every MPI command takes besides the planning inputs.
 struct WorkerFlags {
@@ -35,22 +33,18 @@ struct WorkerFlags {
 
 WorkerFlags ReadWorkerFlags(Args& args) {
   WorkerFlags f;
-  if (const auto b = args.Value("--backend")) {
-    if (*b != "cpu" && *b != "cuda") throw InputError("--backend", "allowed: cpu, cuda; got '" + *b + "'");
-    f.backend = *b;
-  }
+  f.backend = args.Value("--backend").value_or(f.backend);  // cpu or cuda, as the table allows
   f.p2p_semantics = ReadP2PSemantics(args, f.backend);
   f.options.timeout_s = args.Double("--trial-timeout", 600);
   if (f.options.timeout_s > 1e9) throw InputError("--trial-timeout", "at most 1e9 seconds");
-  f.options.warmup_iterations = static_cast<int>(args.Int("--warmup", 1, 0));
-  f.options.timed_iterations = static_cast<int>(args.Int("--iters", 3, 1));
+  f.options.warmup_iterations = static_cast<int>(args.Int("--warmup", 1));
+  f.options.timed_iterations = static_cast<int>(args.Int("--iters", 3));
   f.options.min_timed_s = args.Double("--min-timed-seconds", 0);
   if (!(f.options.min_timed_s >= 0) || !std::isfinite(f.options.min_timed_s)) {
     throw InputError("--min-timed-seconds", "must be a non-negative number of seconds");
   }
-  f.options.max_microbatches = static_cast<int>(args.Int("--max-microbatches", 0, -1));
-  f.options.seed =
-      static_cast<uint64_t>(args.Int("--seed", 1234, 0, std::numeric_limits<int64_t>::max()));
+  f.options.max_microbatches = static_cast<int>(args.Int("--max-microbatches", 0));
+  f.options.seed = static_cast<uint64_t>(args.Int("--seed", 1234));
   // Test hook of the fault tests: this world rank stalls.
   if (const char* stall = std::getenv("AUTOPAR_TEST_STALL_RANK")) f.options.stall_rank = std::atoi(stall);
   return f;
@@ -147,7 +141,7 @@ RankWorker StartRankWorker(const std::string& name, const ClusterSpec& cluster,
 
 int RunTrialCommand(const std::vector<std::string>& argv_in, std::ostream& out,
                     std::ostream& err) {
-  Args args(WithCpuBackendDefaults(argv_in));
+  Args args(WithCpuBackendDefaults(argv_in), "trial");
   const auto spec = args.Value("--config");
   WorkerFlags flags = ReadWorkerFlags(args);
   Inputs in = ReadInputs(args);
@@ -170,7 +164,7 @@ int RunTrialCommand(const std::vector<std::string>& argv_in, std::ostream& out,
 
 int RunProbeCommand(const std::vector<std::string>& argv_in, std::ostream& out,
                     std::ostream& err) {
-  Args args(WithCpuBackendDefaults(argv_in));
+  Args args(WithCpuBackendDefaults(argv_in), "probe");
   WorkerFlags flags = ReadWorkerFlags(args);
   const int64_t repetitions = args.Int("--repetitions", 5);
   Inputs in = ReadInputs(args);

@@ -5,17 +5,15 @@
 
 #include <unistd.h>
 
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
 
-#include "autopar/cli/report.h"
+#include "autopar/cli/plan_format.h"
 #include "autopar/common/status.h"
 #include "autopar/coord/protocol.h"
 #include "autopar/coord/replay.h"
@@ -32,27 +30,6 @@ namespace {
 std::map<std::string, TrialBackendFactory>& Registry() {
   static std::map<std::string, TrialBackendFactory> factories;
   return factories;
-}
-
-// "3600", "90s", "30m", "8h" → seconds.
-double ParseDuration(const std::string& flag, const std::string& text) {
-  double scale = 1;
-  std::string number = text;
-  if (!number.empty() && (number.back() == 's' || number.back() == 'm' || number.back() == 'h')) {
-    scale = number.back() == 'h' ? 3600 : number.back() == 'm' ? 60 : 1;
-    number.pop_back();
-  }
-  char* end = nullptr;
-  const double v = std::strtod(number.c_str(), &end);
-  // At most ~31 years: a deadline past it would overflow the clocks it is added to.
-  constexpr double kMaxSeconds = 1e9;
-  if (number.empty() || *end != '\0' || !std::isfinite(v) || v < 0 || v * scale > kMaxSeconds) {
-    throw InputError(flag,
-                     "expected seconds (at most 1e9) or a duration such as 90s, 30m, 8h; "
-                     "got '" +
-                         text + "'");
-  }
-  return v * scale;
 }
 
 double Fraction(Args& args, const std::string& flag, double fallback, bool closed_above) {
@@ -105,29 +82,16 @@ TuneFlags ReadTuneFlags(Args& args) {
                      "only with --resume: it continues a study whose journal is "
                      "corrupt from every valid record (docs/journal.md §9)");
   }
-  if (const auto seed = args.Value("--seed")) {
-    uint64_t v = 0;
-    const char* end = seed->data() + seed->size();
-    const auto [ptr, ec] = std::from_chars(seed->data(), end, v);
-    if (seed->empty() || ec != std::errc() || ptr != end) {
-      throw InputError("--seed",
-                       "expected an integer from 0 to 18446744073709551615, got '" + *seed + "'");
-    }
-    f.seed = v;
-  }
+  f.seed = args.Unsigned("--seed");
   f.replay_table = args.Value("--replay-table");
+  // cpu, cuda, replay or megatron, as the flag table allows.
   f.backend = args.Value("--backend").value_or(f.replay_table ? "replay" : "cpu");
-  if (f.backend != "cpu" && f.backend != "cuda" && f.backend != "replay" &&
-      f.backend != "megatron") {
-    throw InputError("--backend", "allowed: cpu, cuda, replay, megatron; got '" + f.backend + "'");
-  }
   ReadMegatronFlags(args, f);
   f.tuner.reserve_trial_time = f.backend == "megatron";
   f.p2p_semantics = ReadP2PSemantics(args, f.backend);
   f.status_addr = args.Value("--status-addr").value_or(f.status_addr);
   // -1: no endpoint, 0: any free port.
-  f.status_port =
-      static_cast<int>(args.Int("--status-port", f.backend == "replay" ? -1 : 8642, -1, 65535));
+  f.status_port = static_cast<int>(args.Int("--status-port", f.backend == "replay" ? -1 : 8642));
   if (f.backend == "replay" && !f.replay_table) {
     throw InputError("--replay-table", "required with --backend replay (a CSV of measured trials)");
   }
@@ -139,18 +103,17 @@ TuneFlags ReadTuneFlags(Args& args) {
   f.top = args.Int("--top", 10);
   f.quiet = args.Switch("--quiet");
   coord::TunerOptions& t = f.tuner;
-  t.trial_timeout_s =
-      ParseDuration("--trial-timeout", args.Value("--trial-timeout").value_or("600"));
-  t.warmup_iterations = static_cast<int>(args.Int("--warmup-iterations", 2, 0));
-  t.timed_iterations = static_cast<int>(args.Int("--timed-iterations", 5, 1));
+  t.trial_timeout_s = args.Duration("--trial-timeout", "600");
+  t.warmup_iterations = static_cast<int>(args.Int("--warmup-iterations", 2));
+  t.timed_iterations = static_cast<int>(args.Int("--timed-iterations", 5));
   t.min_timed_s = args.Double("--min-timed-seconds", t.min_timed_s);
   if (!(t.min_timed_s >= 0) || !std::isfinite(t.min_timed_s)) {
     throw InputError("--min-timed-seconds", "must be a non-negative number of seconds");
   }
-  t.stop.budget_s = ParseDuration("--budget", args.Value("--budget").value_or("8h"));
-  t.stop.max_trials = args.Int("--max-trials", 0, 0);
+  t.stop.budget_s = args.Duration("--budget", "8h");
+  t.stop.max_trials = args.Int("--max-trials", 0);
   // Each stop check draws this many posterior samples over every candidate: bounded work.
-  t.stop.draws = static_cast<int>(args.Int("--stop-draws", 200, 1, 1'000'000));
+  t.stop.draws = static_cast<int>(args.Int("--stop-draws", 200));
   t.stop.converged_fraction = Fraction(args, "--stop-fraction", 0.95, true);
   t.stop.epsilon = args.Double("--stop-epsilon", 0.02);
   if (t.stop.epsilon >= 1) throw InputError("--stop-epsilon", "expected a number in [0, 1)");
@@ -476,7 +439,7 @@ void RegisterTrialBackend(const std::string& name, TrialBackendFactory factory) 
 }
 
 int RunTune(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
-  Args args(WithCpuBackendDefaults(argv));
+  Args args(WithCpuBackendDefaults(argv), "tune");
   TuneFlags flags = ReadTuneFlags(args);
   Inputs in = ReadInputs(args);
   ApplyBackend(flags.backend, in);
@@ -515,7 +478,7 @@ void RequireMeasurements(const coord::ReplayTable& table) {
 }
 
 int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
-  Args args(argv);
+  Args args(argv, "make-replay-table");
   const auto output = args.Value("--output");
   const std::string world_name = args.Value("--world").value_or("scaled");
   const std::optional<coord::WorldFamily> world = coord::ParseWorldFamily(world_name);
@@ -524,8 +487,7 @@ int RunMakeReplayTable(const std::vector<std::string>& argv, std::ostream& out, 
                                     world_name + "'");
   }
   coord::SyntheticTruth truth;
-  truth.seed =
-      static_cast<uint64_t>(args.Int("--truth-seed", 1, 0, std::numeric_limits<int64_t>::max()));
+  truth.seed = static_cast<uint64_t>(args.Int("--truth-seed", 1));
   auto range = [&](const std::string& flag, double* lo, double* hi) {
     const auto v = args.Value(flag);
     if (!v) return;

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "autopar/cli/json.h"
-#include "autopar/cli/report.h"
+#include "autopar/cli/plan_format.h"
 #include "autopar/coord/convert.h"
 
 namespace autopar::cli {

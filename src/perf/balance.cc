@@ -7,12 +7,11 @@
 #include <vector>
 
 #include "autopar/perf/cost_model.h"
+#include "autopar/spec/units.h"
 #include "stages.h"
 
 namespace autopar {
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // Calls fn(first, last) once for every split of `layers` over c.pp stages and c.vpp chunks that
 // Megatron-core accepts, in canonical form; `skip(first, middle, last)` may rule out a split (or,

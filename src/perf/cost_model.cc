@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "autopar/spec/units.h"
 #include "fp8.h"
 #include "stages.h"
 
 namespace autopar {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 }  // namespace
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "autopar/perf/cost_model.h"
+#include "autopar/spec/units.h"
 #include "fp8.h"
 #include "stages.h"
 
@@ -332,7 +333,7 @@ std::vector<CostModel::StageEstimate> CostModel::Stages(const ParallelConfig& c)
     const StageLayout layout = LayoutOf(model_, c, stage, before);
     const LayerCost cost = StageTime(time_parts, c, layout, stage);
     out.push_back({layout.layers(), cost.forward() + cost.backward(),
-                   StageMemory(c, bytes, layout, stage).total() / (1024.0 * 1024.0 * 1024.0)});
+                   StageMemory(c, bytes, layout, stage).total() / kGiB});
     before += layout.per_chunk;
   }
   return out;
@@ -516,7 +517,7 @@ Estimate CostModel::Evaluate(const ParallelConfig& c) const {
   est.model_tflops_per_gpu =
       model_flops_per_step_ / est.time.step_time_s / cluster_.world_size() / 1e12;
   est.mfu = est.model_tflops_per_gpu * 1e12 / peak_flops_;
-  est.peak_memory_gib = est.memory.total() / (1024.0 * 1024.0 * 1024.0);
+  est.peak_memory_gib = est.memory.total() / kGiB;
   est.fits = est.peak_memory_gib <= cluster_.gpu.memory_gib;
   return est;
 }

@@ -10,6 +10,7 @@
 
 #include "autopar/common/status.h"
 #include "autopar/spec/parse.h"
+#include "autopar/spec/units.h"
 #include "internal.h"
 
 namespace autopar {
@@ -113,7 +114,7 @@ struct GpuKey {
   const char* field;  // the name Validate(GpuSpec) uses
 };
 
-constexpr double kGiBPerGB = 1e9 / (1024.0 * 1024.0 * 1024.0);
+constexpr double kGiBPerGB = 1e9 / kGiB;
 
 constexpr GpuKey kGpuKeys[] = {
     {"memory_gib", &GpuSpec::memory_gib, 1.0, "memory_gib"},

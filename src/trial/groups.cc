@@ -1,8 +1,8 @@
 // A rank's place in a configuration: coordinates, process groups, shapes, and what the trial
 // runner can express.
-#include <algorithm>
+#include "src/trial/groups.h"
 
-#include "src/trial/shard.h"
+#include <algorithm>
 
 namespace autopar::trial {
 

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "autopar/backend/timer.h"
+#include "autopar/spec/units.h"
 
 namespace autopar::trial {
 namespace {
@@ -221,7 +222,7 @@ Status Prober::Overheads(ProbeOverheads& overheads) {
   AUTOPAR_ASSIGN_OR_RETURN(overheads.comm_setup_first_s, Slowest(world_, setup_first_s_));
   AUTOPAR_ASSIGN_OR_RETURN(overheads.comm_setup_cached_s, Slowest(world_, setup_cached_s_));
   AUTOPAR_ASSIGN_OR_RETURN(const double gib,
-                           Slowest(world_, static_cast<double>(non_tensor) / (1u << 30)));
+                           Slowest(world_, static_cast<double>(non_tensor) / kGiB));
   overheads.non_tensor_gib = gib;
   return OkStatus();
 }

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "autopar/backend/timer.h"
+#include "autopar/spec/units.h"
 #include "autopar/trial/schedule.h"
 #include "autopar/trial/trial.h"
 #include "src/trial/program.h"
@@ -17,7 +18,6 @@ namespace {
 using backend::OkStatus;
 using backend::Outcome;
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // After the deadline, ranks still get this long to agree on the outcome.
 constexpr double kAgreementGraceS = 3.0;
 

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "autopar/cli/report.h"
+#include "autopar/cli/plan_format.h"
 #include "autopar/perf/cost_model.h"
 #include "autopar/spec/parse.h"
 #include "autopar/trial/trial.h"

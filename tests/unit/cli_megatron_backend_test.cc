@@ -9,7 +9,7 @@
 
 #include "autopar/cli/megatron_command.h"
 #include "autopar/cli/megatron_log.h"
-#include "autopar/cli/report.h"
+#include "autopar/cli/plan_format.h"
 #include "autopar/space/config.h"
 #include "autopar/spec/model.h"
 #include "autopar/spec/train.h"

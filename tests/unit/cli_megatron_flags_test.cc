@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "autopar/cli/commands.h"
-#include "autopar/cli/report.h"
+#include "autopar/cli/plan_format.h"
 #include "autopar/space/space.h"
 #include "autopar/spec/parse.h"
 

@@ -4,7 +4,7 @@
 
 #include "autopar/perf/accuracy.h"
 #include "autopar/perf/cost_model.h"
-#include "autopar/perf/rank.h"
+#include "autopar/perf/ranking.h"
 #include "autopar/spec/parse.h"
 #include "space_test_util.h"
 

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "autopar/perf/cost_model.h"
-#include "autopar/perf/rank.h"
+#include "autopar/perf/ranking.h"
 #include "autopar/spec/parse.h"
 
 namespace autopar {

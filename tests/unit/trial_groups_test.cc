@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "autopar/spec/parse.h"
+#include "src/trial/groups.h"
 #include "src/trial/linear.h"
-#include "src/trial/shard.h"
 
 namespace autopar::trial {
 namespace {

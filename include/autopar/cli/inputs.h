@@ -2,6 +2,7 @@
 // user's restrictions of the space and the output format (docs/cli.md §2–§5).
 #pragma once
 
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "autopar/backend/p2p_semantics.h"
+#include "autopar/cli/help.h"
 #include "autopar/perf/constants.h"
 #include "autopar/space/config.h"
 #include "autopar/space/space.h"
@@ -19,23 +21,29 @@
 
 namespace autopar::cli {
 
-inline constexpr int64_t kMaxIntFlag = 2147483647;
-
 enum class Format { kTable, kJson, kCsv, kMegatron, kYaml, kBridge };
 
-// argv after the subcommand, split into `--flag value` / `--flag=value` / `--switch` items.
-// Flags are looked up by the subcommand; Finish() rejects any flag nobody asked for.
+// argv after the subcommand, split into `--flag value` / `--flag=value` / `--switch` items, read
+// by the subcommand through its flag table (help.h): a flag the command's table does not list is
+// not taken (Finish(), or the Megatron flag parsers after Remaining(), call it unknown), and a
+// value is checked as the table says (a choice's allowed values, an integer's range), the
+// InputError naming the flag. Reading a flag no command's table lists, or as another type than
+// its row's, is a bug: std::logic_error.
 class Args {
  public:
-  explicit Args(const std::vector<std::string>& argv);
+  // `command`: a name of Commands().
+  Args(const std::vector<std::string>& argv, const std::string& command);
 
-  std::optional<std::string> Value(const std::string& flag);  // consumes it
-  bool Switch(const std::string& flag);                       // consumes it
-  // An integer flag in [min_value, max_value], else InputError naming the flag and the range.
-  // The default bound is int's: the counts flags set are ints, and a larger value would wrap.
-  int64_t Int(const std::string& flag, int64_t fallback, int64_t min_value = 1,
-              int64_t max_value = kMaxIntFlag);
-  double Double(const std::string& flag, double fallback);
+  // A kText, kChoice, kInt, kUnsigned, kNumber or kDuration flag's text; consumes it.
+  std::optional<std::string> Value(const std::string& flag);
+  bool Switch(const std::string& flag);                       // kSwitch; consumes it
+  int64_t Int(const std::string& flag, int64_t fallback);     // kInt, in the row's range
+  std::optional<uint64_t> Unsigned(const std::string& flag);  // kUnsigned
+  double Double(const std::string& flag, double fallback);    // kNumber, from 0 to its max
+  double Duration(const std::string& flag, const std::string& fallback);  // kDuration, seconds
+  // `text` (a Value() read earlier) as kInt / kNumber flag `flag`'s row allows.
+  int64_t IntOf(const std::string& flag, const std::string& text) const;
+  double DoubleOf(const std::string& flag, const std::string& text) const;
   // Leftover flags, in order, as argv items (for the Megatron flag parser).
   std::vector<std::string> Remaining() const;
   // Throws InputError naming the first flag nobody consumed.
@@ -52,6 +60,10 @@ class Args {
     bool used = false;
   };
   Item* Find(const std::string& flag);
+  // The command's row of `flag`, nullptr when the command does not take it; throws
+  // std::logic_error when no command takes it or its row's type is not one of `types`.
+  const FlagHelp* Row(const std::string& flag, std::initializer_list<FlagType> types) const;
+  const CommandHelp* command_;
   std::vector<Item> items_;
 };
 

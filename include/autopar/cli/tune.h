@@ -1,23 +1,15 @@
 // `autopar-tune tune` (the default command) and `autopar-tune make-replay-table` (docs/cli.md §6,
-// §9).
+// §9). Their flags are the flag table's (help.h; `autopar-tune tune --help`).
 //
-// tune: the online search. Reads the planning inputs (model, train, cluster, space) plus
-//   --study DIR (required)  --resume [--salvage]  --seed N  --budget SECONDS|30m|8h  --max-trials N
-//   --trial-timeout SECONDS  --backend cpu|cuda|replay|megatron  --replay-table FILE.csv
-//   --train-command "PROGRAM SCRIPT" --real-data (megatron)
-//   --searcher thompson|random|grid|analytic  --max-p-oom P  --top K  --quiet
-//   --status-addr ADDR (127.0.0.1)  --status-port N (8642 for cpu/cuda, off for replay; 0: any)
-//   --stop-draws N --stop-fraction F --stop-epsilon E --stop-delta D --min-measured N
-// prints a progress line per trial on stderr and the final table (or --format json|csv|megatron|
-// yaml) on stdout, and writes DIR/result.json, DIR/trials.csv and DIR/best.args atomically.
-// Exit codes: 0 ok, 1 I/O or backend failure, 2 bad input, 3 no configuration could be measured,
-// 4 study locked or mismatched.
+// tune: the online search. Reads the planning inputs (model, train, cluster, space) and its own
+// flags, prints a progress line per trial on stderr and the final table (or --format) on stdout,
+// and writes DIR/result.json, DIR/trials.csv and DIR/best.args atomically. Exit codes: 0 ok, 1
+// I/O or backend failure, 2 bad input, 3 no configuration could be measured, 4 study locked or
+// mismatched.
 //
 // make-replay-table: enumerates the space with the analytic model and writes a synthetic replay
 // table whose truth is the model mis-specified (coord::SyntheticTruth), or a world built on it
-// (coord::WorldFamily, worlds.h):
-//   --output FILE.csv  --truth-seed N  --world FAMILY (scaled)  --compute-range LO,HI
-//   --comm-range LO,HI  --noise S  --memory-noise S  --memory-scale-range LO,HI  --surprise-oom P
+// (coord::WorldFamily, worlds.h).
 #pragma once
 
 #include <functional>

@@ -1,4 +1,4 @@
-#include "autopar/cli/report.h"
+#include "autopar/cli/plan_format.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -8,11 +8,10 @@
 #include "autopar/cli/json.h"
 #include "autopar/cli/pipeline_stages.h"
 #include "autopar/perf/accuracy.h"
+#include "autopar/spec/units.h"
 
 namespace autopar::cli {
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::string Fixed(double v, int digits) {
   std::ostringstream s;
@@ -290,7 +289,7 @@ std::vector<BridgeOverride> BridgeOverrides(const ParallelConfig& c, const Model
   boolean("model.account_for_embedding_in_pipeline_split", false);
   boolean("model.account_for_loss_in_pipeline_split", false);
   // Context parallelism as in MegatronFlags: size cp·up, the comm type says ring, Ulysses or both.
-  number("model.context_parallel_size", c.cp * c.up);
+  number("model.context_parallel_size", int64_t{c.cp} * c.up);
   if (c.cp * c.up > 1) {
     add("model.cp_comm_type", c.up == 1 ? "p2p" : c.cp == 1 ? "a2a" : "a2a+p2p");
   }

@@ -1,8 +1,10 @@
-#include "autopar/perf/rank.h"
+#include "autopar/perf/ranking.h"
 
 #include <algorithm>
 #include <limits>
 #include <queue>
+
+#include "autopar/spec/units.h"
 
 namespace autopar {
 
@@ -10,7 +12,6 @@ Ranking RankSpace(const SearchSpace& space, const CostModel& model, int64_t k, d
   Ranking r;
   r.min_memory_gib = std::numeric_limits<double>::infinity();
   const double budget_gib = space.cluster().gpu.memory_gib;
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
   // Max-heap on (step time, enumeration index): the root is the worst of the kept k.
   struct Entry {

@@ -15,6 +15,7 @@
 #include "autopar/coord/convert.h"
 #include "autopar/coord/protocol.h"
 #include "autopar/coord/study.h"
+#include "autopar/spec/units.h"
 #include "autopar/trial/probe.h"
 #include "autopar/trial/trial.h"
 #include "src/cli/mpi_channel.h"
@@ -22,8 +23,6 @@
 
 namespace autopar::cli {
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 pb::TrialStatus ToStatus(backend::Outcome o) {
   switch (o) {
@@ -132,7 +131,7 @@ class TrialRankRunner : public coord::RankRunner {
   std::unique_ptr<backend::Backend> backend_;
 };
 
-std::unique_ptr<coord::TrialBackend> MakeMpiBackend(const TuneContext& context) {
+std::unique_ptr<coord::TrialBackend> MakeMpiTrialBackend(const TuneContext& context) {
   const Inputs& in = context.inputs;
   RankWorker worker = StartRankWorker(context.backend, in.cluster, context.p2p_semantics);
   auto make_runner = [&](backend::Group trials) {
@@ -145,8 +144,8 @@ std::unique_ptr<coord::TrialBackend> MakeMpiBackend(const TuneContext& context) 
 }  // namespace
 
 void RegisterMpiTrialBackends() {
-  RegisterTrialBackend("cpu", MakeMpiBackend);
-  RegisterTrialBackend("cuda", MakeMpiBackend);
+  RegisterTrialBackend("cpu", MakeMpiTrialBackend);
+  RegisterTrialBackend("cuda", MakeMpiTrialBackend);
   RegisterTrialBackend("megatron", MakeMegatronBackend);
 }
 
