@@ -379,6 +379,27 @@ std::vector<int32_t> SearchSpace::MbsValues(int64_t batch_per_replica) const {
                 [&](int32_t m) { return batch_per_replica % m == 0; });
 }
 
+SearchSpace::KnobValues SearchSpace::Knobs() const {
+  // An empty option is every value for the searched knobs and the default for the others
+  // (SpaceOptions: overlap on, fp32 reduction).
+  auto or_else = [](const auto& given, auto all) { return given.empty() ? all : given; };
+  KnobValues k;
+  // A sliding-window model splits its sequence by Ulysses only (WindowRingReason).
+  k.cp = model_.window_size > 0 ? std::vector<int32_t>{1} : SeqSplitValues(options_.cp);
+  k.up = SeqSplitValues(options_.up);
+  k.sp = or_else(options_.sp, std::vector<bool>{false, true});
+  k.dist_opt = or_else(options_.dist_opt, std::vector<bool>{false, true});
+  k.recompute =
+      or_else(options_.recompute,
+              std::vector<Recompute>{Recompute::kNone, Recompute::kSelective, Recompute::kFull});
+  k.overlap_grad_reduce = or_else(options_.overlap_grad_reduce, std::vector<bool>{true});
+  k.overlap_param_gather = or_else(options_.overlap_param_gather, std::vector<bool>{true});
+  k.grad_reduce_dtype =
+      or_else(options_.grad_reduce_dtype, std::vector<GradReduceDtype>{GradReduceDtype::kFP32});
+  k.choose_depth = options_.recompute_layers.empty() && !options_.sweep_recompute_layers;
+  return k;
+}
+
 std::vector<int32_t> SearchSpace::RecomputeLayerValues(int32_t layers_per_stage) const {
   std::vector<int32_t> defaults = {0};
   if (options_.sweep_recompute_layers) {

@@ -98,6 +98,20 @@ class SearchSpace {
   std::vector<int32_t> VppValues(int32_t pp) const;
   std::vector<int32_t> MbsValues(int64_t batch_per_replica) const;
   std::vector<int32_t> RecomputeLayerValues(int32_t layers_per_stage) const;
+  // The values of the knobs that do not shape the layout (the options, or every value / the
+  // default where a list is empty), and the sequence splits, taken once per ForEach.
+  struct KnobValues {
+    std::vector<int32_t> cp, up;
+    std::vector<bool> sp, dist_opt, overlap_grad_reduce, overlap_param_gather;
+    std::vector<Recompute> recompute;
+    std::vector<GradReduceDtype> grad_reduce_dtype;
+    bool choose_depth = false;  // the splitter chooses the full-recompute depth
+  };
+  KnobValues Knobs() const;
+  // ForEach's inner nest: every knob combination over the layout c already holds.
+  template <class Fn>
+  void ForEachKnob(ParallelConfig c, const KnobValues& knobs,
+                   const std::vector<int32_t>& full_layer_counts, Fn& fn) const;
   void ValidateOptions() const;
   bool UlyssesKvFits(int32_t tp, int32_t up) const;
 
@@ -119,52 +133,30 @@ inline bool Contains(const std::vector<int32_t>& values, int64_t v) {
 
 template <class Fn>
 void SearchSpace::ForEach(Fn&& fn) const {
+  const KnobValues knobs = Knobs();
   const int64_t world = cluster_.world_size();
-  const std::vector<bool> bools = {false, true};
-  const std::vector<bool>& sp_values = options_.sp.empty() ? bools : options_.sp;
-  const std::vector<bool>& dist_opt_values = options_.dist_opt.empty() ? bools : options_.dist_opt;
-  const std::vector<Recompute> all_recompute = {Recompute::kNone, Recompute::kSelective,
-                                                Recompute::kFull};
-  const std::vector<Recompute>& recompute_values =
-      options_.recompute.empty() ? all_recompute : options_.recompute;
-  // A sliding-window model splits its sequence by Ulysses only (WindowRingReason in space.cc).
-  const std::vector<int32_t> cp_values =
-      model_.window_size > 0 ? std::vector<int32_t>{1} : SeqSplitValues(options_.cp);
-  const std::vector<int32_t> up_values = SeqSplitValues(options_.up);
-  const std::vector<int32_t> kEveryLayer = {0};
-  const std::vector<bool> on = {true};
-  const std::vector<bool>& grad_overlap_values =
-      options_.overlap_grad_reduce.empty() ? on : options_.overlap_grad_reduce;
-  const std::vector<bool>& gather_overlap_values =
-      options_.overlap_param_gather.empty() ? on : options_.overlap_param_gather;
-  const std::vector<GradReduceDtype> fp32 = {GradReduceDtype::kFP32};
-  const std::vector<GradReduceDtype>& dtype_values =
-      options_.grad_reduce_dtype.empty() ? fp32 : options_.grad_reduce_dtype;
-  const std::vector<bool> off = {false};
-  const bool choose_depth = options_.recompute_layers.empty() && !options_.sweep_recompute_layers;
-
   ParallelConfig c;
   for (int32_t tp : TpValues()) {
     c.tp = tp;
-    for (int32_t up : up_values) {
+    for (int32_t up : knobs.up) {
       c.up = up;
       if (world % (int64_t{tp} * up) != 0) continue;
       if (model_.num_attention_heads % (int64_t{tp} * up) != 0) continue;
       if (!UlyssesKvFits(tp, up)) continue;
-      for (int32_t cp : cp_values) {
+      for (int32_t cp : knobs.cp) {
         c.cp = cp;
         const int64_t seq_split = int64_t{cp} * up;
         if (seq_split > 1 && train_.seq_length % (2 * seq_split) != 0) continue;
         for (int32_t pp : PpValues()) {
           c.pp = pp;
-          const std::vector<int32_t> full_layer_counts =
-              RecomputeLayerValues(static_cast<int32_t>(model_.num_layers / pp));
           const int64_t mp = int64_t{tp} * up * cp * pp;
           if (world % mp != 0) continue;
           const int64_t dp = world / mp;
           if (!options_.dp.empty() && !space_detail::Contains(options_.dp, dp)) continue;
           if (train_.global_batch_size % dp != 0) continue;
           c.dp = static_cast<int32_t>(dp);
+          const std::vector<int32_t> full_layer_counts =
+              RecomputeLayerValues(static_cast<int32_t>(model_.num_layers / pp));
           const int64_t batch_per_replica = train_.global_batch_size / dp;
           for (const ExpertSplit& split : ExpertSplits(tp, int64_t{tp} * cp * dp)) {
             c.etp = split.etp;
@@ -176,45 +168,51 @@ void SearchSpace::ForEach(Fn&& fn) const {
                 // Megatron's interleaved schedule runs micro-batches in groups of pp.
                 if (vpp > 1 && microbatches % pp != 0) continue;
                 c.vpp = vpp;
-                for (bool sp : sp_values) {
-                  if (sp && tp == 1) continue;
-                  // Megatron-core runs MoE layers under tensor parallelism only with SP.
-                  if (!sp && tp > 1 && model_.is_moe()) continue;
-                  c.sp = sp;
-                  for (Recompute r : recompute_values) {
-                    c.recompute = r;
-                    const std::vector<int32_t>& layer_counts =
-                        r == Recompute::kFull ? full_layer_counts : kEveryLayer;
-                    for (int32_t layers : layer_counts) {
-                      c.recompute_layers = layers;
-                      for (bool dist_opt : dist_opt_values) {
-                        // With one replica (Megatron shards over dp·cp, its cp being cp·up)
-                        // there is nothing to distribute over.
-                        if (dist_opt && dp * cp * up == 1) continue;
-                        c.dist_opt = dist_opt;
-                        for (bool grad_overlap : grad_overlap_values) {
-                          c.overlap_grad_reduce = grad_overlap;
-                          // Where Megatron refuses --overlap-param-gather, the gather is not
-                          // overlapped whatever the option says.
-                          for (bool gather_overlap :
-                               OverlapParamGatherAllowed(c) ? gather_overlap_values : off) {
-                            c.overlap_param_gather = gather_overlap;
-                            for (GradReduceDtype dtype : dtype_values) {
-                              c.grad_reduce_dtype = dtype;
-                              if (splitter_ == nullptr) {
-                                fn(static_cast<const ParallelConfig&>(c));
-                                continue;
-                              }
-                              ParallelConfig staged = c;
-                              if (splitter_->Split(staged, choose_depth)) {
-                                fn(static_cast<const ParallelConfig&>(staged));
-                              }
-                            }
-                          }
-                        }
-                      }
-                    }
-                  }
+                ForEachKnob(c, knobs, full_layer_counts, fn);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+template <class Fn>
+void SearchSpace::ForEachKnob(ParallelConfig c, const KnobValues& knobs,
+                              const std::vector<int32_t>& full_layer_counts, Fn& fn) const {
+  static const std::vector<int32_t> kEveryLayer = {0};
+  static const std::vector<bool> kOff = {false};
+  for (bool sp : knobs.sp) {
+    if (sp && c.tp == 1) continue;
+    // Megatron-core runs MoE layers under tensor parallelism only with SP.
+    if (!sp && c.tp > 1 && model_.is_moe()) continue;
+    c.sp = sp;
+    for (Recompute r : knobs.recompute) {
+      c.recompute = r;
+      for (int32_t layers : r == Recompute::kFull ? full_layer_counts : kEveryLayer) {
+        c.recompute_layers = layers;
+        for (bool dist_opt : knobs.dist_opt) {
+          // With one replica (Megatron shards over dp·cp, its cp being cp·up) there is nothing
+          // to distribute over.
+          if (dist_opt && int64_t{c.dp} * c.cp * c.up == 1) continue;
+          c.dist_opt = dist_opt;
+          for (bool grad_overlap : knobs.overlap_grad_reduce) {
+            c.overlap_grad_reduce = grad_overlap;
+            // Where Megatron refuses --overlap-param-gather, the gather is not overlapped
+            // whatever the option says.
+            for (bool gather_overlap :
+                 OverlapParamGatherAllowed(c) ? knobs.overlap_param_gather : kOff) {
+              c.overlap_param_gather = gather_overlap;
+              for (GradReduceDtype dtype : knobs.grad_reduce_dtype) {
+                c.grad_reduce_dtype = dtype;
+                if (splitter_ == nullptr) {
+                  fn(static_cast<const ParallelConfig&>(c));
+                  continue;
+                }
+                ParallelConfig staged = c;
+                if (splitter_->Split(staged, knobs.choose_depth)) {
+                  fn(static_cast<const ParallelConfig&>(staged));
                 }
               }
             }
