@@ -194,7 +194,7 @@ std::vector<std::string> MegatronRankRunner::Environment(const ParallelConfig& c
 std::string MegatronRankRunner::PrepareLog(const pb::TrialRequest& request) const {
   const std::string dir = TrialDir(request);
   coord::MakeDirectory(dir);
-  const std::string path = dir + "/rank-" + std::to_string(trials_.rank()) + ".log";
+  std::string path = dir + "/rank-" + std::to_string(trials_.rank()) + ".log";
   if (coord::FileExists(path)) {
     const std::string kept = dir + "/rank-" + std::to_string(trials_.rank()) + ".attempt-" +
                              std::to_string(std::max(1, request.attempt() - 1)) + ".log";
@@ -224,7 +224,7 @@ Ending MegatronRankRunner::Watch(ChildProcess& child, const std::string& log_pat
     mine[kRunning] = exit ? 0 : 1;
     mine[kFailed] = (exit && !exit->ok()) || log.out_of_memory || log.nonfinite_loss;
     mine[kEnough] = MedianIsStable(times, timed, kStableTolerance) ||
-                    times.size() >= static_cast<size_t>(kMaxTimedFactor * timed);
+                    times.size() >= static_cast<size_t>(kMaxTimedFactor) * static_cast<size_t>(timed);
     mine[kTimedOut] = Now() - start > request.deadline_s();
     // A stable median stops the children only once every memory report is in.
     mine[kMemoryPending] = !exit && log.max_reserved_mb == 0 &&
@@ -304,7 +304,7 @@ pb::RankTrialResult MegatronRankRunner::RunTrial(const pb::TrialRequest& request
     return RunTrialOrThrow(request);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "autopar-tune: rank %d: trial %lld: %s; aborting the job\n",
-                 trials_.rank(), static_cast<long long>(request.trial_index() + 1), e.what());
+                 trials_.rank(), static_cast<long long>(request.trial_index()) + 1, e.what());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
     throw;
