@@ -187,8 +187,7 @@ const FlagGroup kTuneFormat = {
                "best measured configuration as Megatron-Bridge overrides"),
     }};
 
-// trial, probe and report print a table for the formats they do not name (ParseFormat reads it).
-const FlagGroup kWorkerFormat = {"output", {Text("--format", "table|json", "table")}};
+const FlagGroup kWorkerFormat = {"output", {Choice("--format", "table|json", "table")}};
 
 // ---- each command's own flags ----
 
@@ -272,7 +271,7 @@ const FlagGroup kReport = {"report (docs/cli.md §8)",
                                Text("--study", "DIR", "the study directory (required)"),
                                Text("--output", "DIR", "where the report files go (STUDY/report)"),
                                Int("--top", "K", "(5)"),
-                               Text("--format", "table|json|csv", "(table)"),
+                               Choice("--format", "table|json|csv", "(table)"),
                                Switch("--plot", "PNGs into STUDY/plots, or --output's plots/"),
                            }};
 
