@@ -177,8 +177,8 @@ AttentionDesc ContextAttention::PairDesc(int qc, int src, int kc) const {
   d.heads_kv = s_.ul_kv_heads;
   d.head_dim = s_.head_dim;
   d.seq_q = d.seq_kv = s_.chunk;
-  d.q_position_offset = ChunkStart(g_.at.cp, qc);
-  d.kv_position_offset = ChunkStart(src, kc);
+  d.q_offset = ChunkStart(g_.at.cp, qc);
+  d.kv_offset = ChunkStart(src, kc);
   d.q_stride = s_.ul_cols;
   d.kv_stride = 2 * s_.ul_kv_heads * s_.head_dim;
   return d;

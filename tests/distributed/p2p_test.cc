@@ -153,8 +153,8 @@ TEST_F(DistributedP2p, ContextParallelAttentionRingOverlapsTransfers) {
     }
     AttentionDesc pair = full;
     pair.seq_q = pair.seq_kv = len;
-    pair.q_position_offset = rank() * len;
-    pair.kv_position_offset = owner * len;
+    pair.q_offset = rank() * len;
+    pair.kv_offset = owner * len;
     ASSERT_TRUE(dev()
                     .AttentionForward(pair, my_q, current.Slice(0, len * kv_tok),
                                       current.Slice(len * kv_tok, len * kv_tok), part_out, part_lse)

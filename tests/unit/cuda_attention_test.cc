@@ -31,8 +31,8 @@ kernels::ref::AttentionShape ToShape(const AttentionDesc& d) {
   s.seq_q = d.seq_q;
   s.seq_kv = d.seq_kv;
   s.causal = d.causal;
-  s.q_offset = d.q_position_offset;
-  s.kv_offset = d.kv_position_offset;
+  s.q_offset = d.q_offset;
+  s.kv_offset = d.kv_offset;
   s.scale = d.scale;
   s.q_stride = d.q_stride;
   s.kv_stride = d.kv_stride;
@@ -50,8 +50,8 @@ AttentionDesc Desc(std::int64_t batch, std::int64_t hq, std::int64_t hkv, std::i
   d.seq_q = sq;
   d.seq_kv = skv;
   d.causal = causal;
-  d.q_position_offset = q_off;
-  d.kv_position_offset = kv_off;
+  d.q_offset = q_off;
+  d.kv_offset = kv_off;
   if (pad) {  // q, k, v as views into a fused [tokens, (hq + 2 hkv) * dim + pad] buffer
     d.q_stride = (hq + 2 * hkv) * dim + pad;
     d.kv_stride = d.q_stride;
@@ -186,8 +186,8 @@ TEST_P(CudaAttentionRing, ChunksReproduceFullAttention) {
     AttentionDesc d = full;
     d.seq_q = len;
     d.seq_kv = len;
-    d.q_position_offset = i * len;
-    d.kv_position_offset = j * len;
+    d.q_offset = i * len;
+    d.kv_offset = j * len;
     return d;
   };
   auto qs = [&](Tensor t, std::int64_t i) { return t.Slice(i * len * q_tok, len * q_tok); };

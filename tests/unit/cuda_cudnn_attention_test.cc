@@ -36,8 +36,8 @@ kernels::ref::AttentionShape ToShape(const AttentionDesc& d) {
   s.seq_q = d.seq_q;
   s.seq_kv = d.seq_kv;
   s.causal = d.causal;
-  s.q_offset = d.q_position_offset;
-  s.kv_offset = d.kv_position_offset;
+  s.q_offset = d.q_offset;
+  s.kv_offset = d.kv_offset;
   s.scale = d.scale;
   s.q_stride = d.q_stride;
   s.kv_stride = d.kv_stride;
@@ -56,8 +56,8 @@ AttentionDesc Desc(std::int64_t batch, std::int64_t hq, std::int64_t hkv, std::i
   d.seq_q = sq;
   d.seq_kv = skv;
   d.causal = causal;
-  d.q_position_offset = q_off;
-  d.kv_position_offset = kv_off;
+  d.q_offset = q_off;
+  d.kv_offset = kv_off;
   if (pad) {
     d.q_stride = (hq + 2 * hkv) * dim + pad;
     d.kv_stride = d.q_stride;

@@ -29,8 +29,8 @@ AttentionDesc Resolved(std::int64_t batch, std::int64_t hq, std::int64_t hkv, st
   d.seq_q = sq;
   d.seq_kv = skv;
   d.causal = causal;
-  d.q_position_offset = q_off;
-  d.kv_position_offset = kv_off;
+  d.q_offset = q_off;
+  d.kv_offset = kv_off;
   d.scale = 0.125f;
   d.q_stride = q_stride ? q_stride : hq * dim;
   d.kv_stride = kv_stride ? kv_stride : hkv * dim;

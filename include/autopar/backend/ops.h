@@ -78,7 +78,7 @@ struct RopeDesc {
 //   q, dq [seq_q, batch, heads_q, head_dim] with row stride q_stride (0: heads_q * head_dim);
 //   k, v, dk, dv [seq_kv, batch, heads_kv, head_dim] with row stride kv_stride (0: packed);
 //   out, dout [seq_q, batch, heads_q, head_dim] packed; lse [seq_q, batch, heads_q] fp32.
-// With `causal`, key j is visible to query i iff kv_position_offset + j <= q_position_offset + i,
+// With `causal`, key j is visible to query i iff kv_offset + j <= q_offset + i,
 // so a context-parallel ring computes any chunk pair from global positions. A query that sees no
 // key gets out = 0 and lse = -inf, which AttentionMerge treats as an empty part.
 struct AttentionDesc {
@@ -89,8 +89,8 @@ struct AttentionDesc {
   std::int64_t seq_q = 0;
   std::int64_t seq_kv = 0;
   bool causal = true;
-  std::int64_t q_position_offset = 0;
-  std::int64_t kv_position_offset = 0;
+  std::int64_t q_offset = 0;
+  std::int64_t kv_offset = 0;
   float scale = 0.0f;  // 0: 1 / sqrt(head_dim)
   std::int64_t q_stride = 0;
   std::int64_t kv_stride = 0;

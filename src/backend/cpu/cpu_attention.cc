@@ -28,21 +28,21 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Number of keys [j0, j0 + nk) visible to query i (the visible ones are a prefix).
 std::int64_t VisibleKeys(const AttentionDesc& d, std::int64_t i, std::int64_t j0, std::int64_t nk) {
   if (!d.causal) return nk;
-  const std::int64_t last = d.q_position_offset + i - d.kv_position_offset - j0;  // last visible
+  const std::int64_t last = d.q_offset + i - d.kv_offset - j0;  // last visible
   return std::clamp<std::int64_t>(last + 1, 0, nk);
 }
 
 // Keys [0, end) can be visible to queries [0, i_end); later keys are masked for all of them.
 std::int64_t KeyEnd(const AttentionDesc& d, std::int64_t i_end) {
   if (!d.causal) return d.seq_kv;
-  const std::int64_t last = d.q_position_offset + i_end - 1 - d.kv_position_offset;
+  const std::int64_t last = d.q_offset + i_end - 1 - d.kv_offset;
   return std::clamp<std::int64_t>(last + 1, 0, d.seq_kv);
 }
 
 // Queries [start, seq_q) can see some key at or after j0; earlier ones see none of them.
 std::int64_t QueryStart(const AttentionDesc& d, std::int64_t j0) {
   if (!d.causal) return 0;
-  return std::clamp<std::int64_t>(d.kv_position_offset + j0 - d.q_position_offset, 0, d.seq_q);
+  return std::clamp<std::int64_t>(d.kv_offset + j0 - d.q_offset, 0, d.seq_q);
 }
 
 // S = scale * Q_tile K_tile^T, [nq, nk] packed.

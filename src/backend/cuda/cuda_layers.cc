@@ -27,9 +27,8 @@ Status CheckCrossEntropy(const CrossEntropyDesc& d) {
 }
 
 kc::AttentionArgs ToArgs(const AttentionDesc& d) {
-  return kc::AttentionArgs{
-      d.batch,  d.heads_q,           d.heads_kv,           d.head_dim, d.seq_q,    d.seq_kv,
-      d.causal, d.q_position_offset, d.kv_position_offset, d.scale,    d.q_stride, d.kv_stride};
+  return kc::AttentionArgs{d.batch,  d.heads_q,  d.heads_kv,  d.head_dim, d.seq_q,    d.seq_kv,
+                           d.causal, d.q_offset, d.kv_offset, d.scale,    d.q_stride, d.kv_stride};
 }
 
 }  // namespace

@@ -68,14 +68,13 @@ SdpaDecision DecideSdpa(const AttentionDesc& d, DType dtype, SdpaDirection direc
 
   SdpaMask mask = SdpaMask::kNone;
   if (d.causal) {
-    if (d.kv_position_offset == d.q_position_offset) {
+    if (d.kv_offset == d.q_offset) {
       mask = SdpaMask::kCausalTopLeft;
-    } else if (d.kv_position_offset + d.seq_kv - 1 <= d.q_position_offset) {
+    } else if (d.kv_offset + d.seq_kv - 1 <= d.q_offset) {
       mask = SdpaMask::kNone;  // every key precedes every query: all visible
     } else {
-      return no("causal with partly overlapping positions (q at " +
-                std::to_string(d.q_position_offset) + ", kv at " +
-                std::to_string(d.kv_position_offset) + ")");
+      return no("causal with partly overlapping positions (q at " + std::to_string(d.q_offset) +
+                ", kv at " + std::to_string(d.kv_offset) + ")");
     }
   }
   out.use_cudnn = true;

@@ -6,7 +6,7 @@
 // The cuDNN graph follows cudnn-frontend's composite SDPA lowering for backends before 9.21
 // (matmul -> scale -> [causal mask] -> softmax with stats -> matmul, and the matching backward).
 // Its masks are top-left aligned: query row i sees key column j iff j <= i. Our AttentionDesc
-// masks by global positions (kv_position_offset + j <= q_position_offset + i), which is that mask
+// masks by global positions (kv_offset + j <= q_offset + i), which is that mask
 // exactly when the offsets are equal, and no mask at all when the whole key block lies at or before
 // the first query. Partial overlaps would need a shifted diagonal and rows that see no key (lse =
 // -inf), which the fused kernels do not promise to handle; those calls stay on the CUDA-core
