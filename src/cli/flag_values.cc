@@ -6,7 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 
 namespace autopar::cli {
 

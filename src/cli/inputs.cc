@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/spec/parse.h"
 #include "src/cli/flag_values.h"
 #include "src/cli/megatron_script_reader.h"

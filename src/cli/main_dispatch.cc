@@ -10,7 +10,7 @@
 #include "autopar/cli/inputs.h"
 #include "autopar/cli/trial_cmd.h"
 #include "autopar/cli/tune.h"
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/spec/parse.h"
 
 namespace autopar::cli {

@@ -28,7 +28,7 @@
 #include "autopar/cli/megatron_log.h"
 #include "autopar/cli/plan_format.h"
 #include "autopar/cli/tune.h"
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/coord/convert.h"
 #include "autopar/coord/files.h"
 #include "autopar/coord/protocol.h"

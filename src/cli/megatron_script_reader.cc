@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "autopar/cli/pipeline_stages.h"
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/spec/bounds.h"
 #include "src/cli/flag_values.h"
 

@@ -11,7 +11,7 @@
 #include <memory>
 
 #include "autopar/cli/tune.h"
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/coord/convert.h"
 #include "autopar/coord/protocol.h"
 #include "autopar/coord/study.h"

@@ -4,7 +4,7 @@
 #include <charconv>
 #include <regex>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 
 namespace autopar::cli {
 namespace {

@@ -5,7 +5,7 @@
 #include "autopar/cli/commands.h"
 #include "autopar/cli/inputs.h"
 #include "autopar/cli/plan_format.h"
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/perf/ranking.h"
 
 namespace autopar::cli {

@@ -23,7 +23,7 @@
 #include "autopar/cli/inputs.h"
 #include "autopar/cli/json.h"
 #include "autopar/cli/plan_format.h"
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/coord/convert.h"
 #include "autopar/coord/files.h"
 #include "autopar/coord/study_read.h"

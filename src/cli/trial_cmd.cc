@@ -13,7 +13,7 @@
 #include "autopar/cli/inputs.h"
 #include "autopar/cli/json.h"
 #include "autopar/cli/mpi_session.h"
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/perf/cost_model.h"
 #include "autopar/spec/units.h"
 #include "autopar/trial/backend_factory.h"

@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include "autopar/cli/plan_format.h"
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/coord/protocol.h"
 #include "autopar/coord/replay.h"
 #include "autopar/coord/study.h"

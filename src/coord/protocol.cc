@@ -4,7 +4,7 @@
 #include <cmath>
 #include <map>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/coord/files.h"
 
 namespace autopar::coord {

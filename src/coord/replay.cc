@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/coord/convert.h"
 #include "autopar/search/rng.h"
 

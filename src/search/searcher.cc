@@ -4,7 +4,7 @@
 #include <limits>
 #include <numeric>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/search/rng.h"
 
 namespace autopar::search {

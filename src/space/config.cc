@@ -3,7 +3,7 @@
 #include <charconv>
 #include <sstream>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 
 namespace autopar {
 namespace {

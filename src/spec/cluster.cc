@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "internal.h"
 
 namespace autopar {

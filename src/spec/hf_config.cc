@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/spec/parse.h"
 #include "internal.h"
 

@@ -6,7 +6,7 @@
 #include <system_error>
 #include <utility>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 
 namespace autopar::spec_internal {
 

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/spec/bounds.h"
 #include "autopar/spec/model.h"
 

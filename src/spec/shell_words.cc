@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/spec/parse.h"
 
 namespace autopar {

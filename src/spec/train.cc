@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "internal.h"
 
 namespace autopar {

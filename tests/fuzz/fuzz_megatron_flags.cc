@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/spec/parse.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

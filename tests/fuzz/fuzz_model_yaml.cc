@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/spec/parse.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

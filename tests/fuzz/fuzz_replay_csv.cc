@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/coord/replay.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

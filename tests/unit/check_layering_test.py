@@ -42,11 +42,11 @@ def expect(name, ok, detail):
 
 # Allowed edges only: down the graph, own private headers, a header next to the file.
 CLEAN = {
-    "include/autopar/spec/model.h": '#include "autopar/common/status.h"\n',
+    "include/autopar/spec/model.h": '#include "autopar/common/errors.h"\n',
     "include/autopar/search/rng.h": '#include "autopar/perf/cost_model.h"\n',
     "include/autopar/perf/cost_model.h": '#include "autopar/space/config.h"\n',
     "include/autopar/space/config.h": '#include "autopar/spec/model.h"\n',
-    "include/autopar/common/status.h": "#include <string>\n",
+    "include/autopar/common/errors.h": "#include <string>\n",
     "src/spec/internal.h": "#pragma once\n",
     "src/spec/yaml.cc": '#include "internal.h"\n#include "src/spec/internal.h"\n',
     "src/coord/tuner.cc": '#include "autopar/search/rng.h"\n#include "proto/autopar.pb.h"\n'

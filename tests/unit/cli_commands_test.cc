@@ -12,7 +12,7 @@
 
 #include "autopar/cli/commands.h"
 #include "autopar/cli/help.h"
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "cli_test_util.h"
 
 namespace autopar::cli {

@@ -10,7 +10,7 @@
 
 #include "autopar/cli/help.h"
 #include "autopar/cli/inputs.h"
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "cli_test_util.h"
 
 namespace autopar::cli {

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "autopar/cli/inputs.h"
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 
 namespace autopar::cli {
 namespace {

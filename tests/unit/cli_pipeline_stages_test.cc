@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "autopar/cli/pipeline_stages.h"
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/spec/parse.h"
 #include "cli_test_util.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "autopar/cli/commands.h"
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "cli_test_util.h"
 
 namespace autopar::cli {

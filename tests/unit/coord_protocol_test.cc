@@ -4,7 +4,7 @@
 #include <thread>
 #include <vector>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/coord/fake_channel.h"
 #include "autopar/coord/files.h"
 #include "autopar/coord/protocol.h"

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/coord/replay.h"
 #include "search_test_util.h"
 

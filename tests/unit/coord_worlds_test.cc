@@ -7,7 +7,7 @@
 #include <map>
 #include <tuple>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/coord/worlds.h"
 #include "search_test_util.h"
 

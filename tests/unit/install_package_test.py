@@ -64,7 +64,7 @@ with tempfile.TemporaryDirectory() as tmp:
     expect("bin/autopar-srun is a link to autopar-mpirun",
            os.path.islink(srun) and os.readlink(srun) == "autopar-mpirun")
     for rel in ("include/autopar/perf/cost_model.h", "include/autopar/spec/model.h",
-                "include/autopar/common/status.h", "include/autopar/version.h",
+                "include/autopar/common/errors.h", "include/autopar/version.h",
                 "lib/cmake/autopar-tune/autopar-tuneConfig.cmake",
                 "lib/cmake/autopar-tune/autopar-tuneConfigVersion.cmake"):
         expect(f"{rel} is installed", os.path.isfile(os.path.join(prefix, rel)))

@@ -5,7 +5,7 @@
 #include <random>
 #include <vector>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/search/searcher.h"
 #include "autopar/search/stop.h"
 #include "search_test_util.h"

@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/spec/parse.h"
 #include "space_test_util.h"
 

@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/spec/parse.h"
 #include "spec_test_util.h"
 

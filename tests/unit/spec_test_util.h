@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 
 namespace autopar {
 

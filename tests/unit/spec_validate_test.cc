@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "autopar/common/status.h"
+#include "autopar/common/errors.h"
 #include "autopar/spec/cluster.h"
 #include "autopar/spec/model.h"
 #include "autopar/spec/parse.h"
