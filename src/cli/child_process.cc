@@ -86,7 +86,7 @@ std::string FindProgram(const std::string& name) {
   std::istringstream dirs(path ? path : "/usr/bin:/bin");
   std::string dir;
   while (std::getline(dirs, dir, ':')) {
-    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return "";

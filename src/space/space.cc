@@ -366,9 +366,10 @@ std::vector<int32_t> SearchSpace::VppValues(int32_t pp) const {
     return Select(options_.vpp, {1}, [](int32_t v) { return v == 1; });
   }
   if (splitter_ != nullptr) {  // chunks of equal size need vpp to divide the layers
-    return Select(
-        options_.vpp, Divisors(model_.num_layers, model_.num_layers / pp),
-        [&](int32_t v) { return model_.num_layers % v == 0 && v * pp <= model_.num_layers; });
+    return Select(options_.vpp, Divisors(model_.num_layers, model_.num_layers / pp),
+                  [&](int32_t v) {
+                    return model_.num_layers % v == 0 && int64_t{v} * pp <= model_.num_layers;
+                  });
   }
   return Select(options_.vpp, Divisors(layers_per_stage, layers_per_stage),
                 [&](int32_t v) { return layers_per_stage % v == 0; });

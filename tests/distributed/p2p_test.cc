@@ -114,7 +114,7 @@ TEST_F(DistributedP2p, ContextParallelAttentionRingOverlapsTransfers) {
   full.heads_q = 4;
   full.heads_kv = 2;
   full.head_dim = 8;
-  full.seq_q = full.seq_kv = 8 * size();
+  full.seq_q = full.seq_kv = 8 * std::int64_t{size()};
   const std::int64_t len = 8;
   const std::int64_t q_tok = full.batch * full.heads_q * full.head_dim;
   const std::int64_t kv_tok = full.batch * full.heads_kv * full.head_dim;

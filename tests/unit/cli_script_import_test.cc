@@ -130,18 +130,16 @@ TEST(CliScriptImport, PlanSaysWhereTheScriptsConfigurationRanks) {
 }
 
 TEST(CliScriptImport, AnUnsetVariableIsNamed) {
-  const Result r = RunCli({"predict", "--megatron-args",
-                           "--num-layers $LAYERS --hidden-size 64 --num-attention-heads 4 "
-                           "--vocab-size 256 --seq-length 64 --global-batch-size 8",
-                           "--gpu", "a100-80gb", "--nproc-per-node", "1", "--config", "tp=1"});
+  const std::string script =
+      "--num-layers $LAYERS --hidden-size 64 --num-attention-heads 4 "
+      "--vocab-size 256 --seq-length 64 --global-batch-size 8";
+  const Result r = RunCli({"predict", "--megatron-args", script, "--gpu", "a100-80gb",
+                           "--nproc-per-node", "1", "--config", "tp=1"});
   EXPECT_EQ(r.code, kExitBadInput);
   EXPECT_TRUE(Has(r.err, "--num-layers")) << r.err;
   EXPECT_TRUE(Has(r.err, "$LAYERS")) << r.err;
-  const Result given = RunCli({"predict", "--megatron-args",
-                               "--num-layers $LAYERS --hidden-size 64 --num-attention-heads 4 "
-                               "--vocab-size 256 --seq-length 64 --global-batch-size 8",
-                               "--megatron-env", "LAYERS=2", "--gpu", "a100-80gb",
-                               "--nproc-per-node", "1", "--config", "tp=1"});
+  const Result given = RunCli({"predict", "--megatron-args", script, "--megatron-env", "LAYERS=2",
+                               "--gpu", "a100-80gb", "--nproc-per-node", "1", "--config", "tp=1"});
   EXPECT_EQ(given.code, kExitOk) << given.err;
   const Result bad = RunCli({"predict", "--megatron-env", "LAYERS", "--model", "tiny",
                              "--global-batch-size", "8", "--config", "tp=1"});

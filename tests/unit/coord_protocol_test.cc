@@ -214,6 +214,7 @@ TEST(Protocol, TheTunerRunsOverTheChannel) {
   const int world = 4;
   FakeChannelHub hub(world);
   std::vector<std::unique_ptr<TableRunner>> runners;
+  runners.reserve(world);
   for (int r = 0; r < world; ++r) runners.push_back(std::make_unique<TableRunner>(table, r));
   std::vector<std::thread> workers;
   for (int r = 1; r < world; ++r) {

@@ -157,7 +157,7 @@ TEST(DualNigRegression, MatchesThePrimalForm) {
   const int d = 7;  // 3 dense coefficients, 4 indicators
   const std::vector<double> mean0 = {1.0, 0.5, 0.0, 0.0, 0.0, 0.1, 0.0};
   const std::vector<double> variance = {0.3, 2.0, 0.5, 0.05, 0.05, 0.2, 0.01};
-  std::vector<double> precision(d * d, 0.0);
+  std::vector<double> precision(static_cast<std::size_t>(d) * d, 0.0);
   for (int k = 0; k < d; ++k) precision[k * d + k] = 1 / variance[k];
   DualNigRegression dual(mean0, variance, 2.0, 0.02);
   NigRegression primal(mean0, precision, 2.0, 0.02);
