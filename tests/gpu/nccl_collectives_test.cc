@@ -70,7 +70,9 @@ class NcclCollectivesTest : public ::testing::Test {
     return host.ok() ? *host : std::vector<float>{};
   }
   // Element i of rank r's data: a pure function, so every rank knows every other's.
-  static float Value(int r, std::int64_t i) { return static_cast<float>(r * 1000 + i); }
+  static float Value(int r, std::int64_t i) {
+    return static_cast<float>(std::int64_t{r} * 1000 + i);
+  }
   std::vector<float> Mine(std::int64_t n) const {
     std::vector<float> v(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) v[i] = Value(rank_, i);
@@ -227,7 +229,7 @@ TEST_F(NcclCollectivesTest, PointToPointRingAndRequests) {
 
 TEST_F(NcclCollectivesTest, VariableAllToAllPacksBlocksInRankOrder) {
   // Rank i sends i + j + 1 elements to rank j, so every pair's counts agree.
-  auto count = [](int from, int to) { return static_cast<std::int64_t>(from + to + 1); };
+  auto count = [](int from, int to) { return std::int64_t{from} + to + 1; };
   std::vector<std::int64_t> send_counts(size_), recv_counts(size_);
   std::int64_t send_total = 0, recv_total = 0;
   for (int j = 0; j < size_; ++j) {

@@ -323,7 +323,7 @@ TEST_F(CudnnAttentionTest, UnsupportedShapeFallsBackAndIsNoted) {
   const DType dt = DType::kBF16;
   const AttentionDesc d = Desc(1, 2, 2, 64, 40, 40, true, 0, 20);  // rows 0..19 see no key
   const kernels::ref::AttentionShape shape = ToShape(d);
-  const std::int64_t n = 40 * 2 * 64, nstat = 40 * 2;
+  const std::int64_t n = std::int64_t{40} * 2 * 64, nstat = std::int64_t{40} * 2;
   const std::vector<float> q = Stored(dt, Random(1, n)), k = Stored(dt, Random(2, n));
   const std::vector<float> v = Stored(dt, Random(3, n));
   const Tensor tq = Put(dt, q), tk = Put(dt, k), tv = Put(dt, v);
@@ -356,7 +356,8 @@ TEST_F(CudnnAttentionTest, UnsupportedShapeFallsBackAndIsNoted) {
 TEST_F(CudnnAttentionTest, ScratchCountsInTheBudget) {
   const DType dt = DType::kBF16;
   const AttentionDesc d = Desc(1, 8, 2, 64, 256, 256, true);
-  const std::int64_t nq = 256 * 8 * 64, nkv = 256 * 2 * 64, nstat = 256 * 8;
+  const std::int64_t nq = std::int64_t{256} * 8 * 64, nkv = std::int64_t{256} * 2 * 64,
+                     nstat = std::int64_t{256} * 8;
   const Tensor tq = Put(dt, Random(1, nq)), tk = Put(dt, Random(2, nkv));
   const Tensor tv = Put(dt, Random(3, nkv));
   const Tensor tout = Zeros(dt, nq), tlse = Zeros(DType::kF32, nstat);

@@ -257,13 +257,14 @@ TEST(CudnnAttentionLayout, ScoresAndAccumulatorsArePacked) {
       DecideSdpa(Resolved(2, 8, 2, 64, 32, 48, true), DType::kBF16, SdpaDirection::kBackward, true)
           .key;
   EXPECT_EQ(SdpaScoreLayout(k).dims, (std::array<std::int64_t, 4>{2, 8, 32, 48}));
-  EXPECT_EQ(SdpaScoreLayout(k).strides, (std::array<std::int64_t, 4>{8 * 32 * 48, 32 * 48, 48, 1}));
+  EXPECT_EQ(SdpaScoreLayout(k).strides,
+            (std::array<std::int64_t, 4>{std::int64_t{8} * 32 * 48, std::int64_t{32} * 48, 48, 1}));
   // P^T is the same memory read [b, h, s_kv, s_q].
   EXPECT_EQ(SdpaScoreTransposedLayout(k).dims, (std::array<std::int64_t, 4>{2, 8, 48, 32}));
   EXPECT_EQ(SdpaScoreTransposedLayout(k).strides,
-            (std::array<std::int64_t, 4>{8 * 32 * 48, 32 * 48, 1, 48}));
+            (std::array<std::int64_t, 4>{std::int64_t{8} * 32 * 48, std::int64_t{32} * 48, 1, 48}));
   EXPECT_EQ(SdpaDqAccumLayout(k).strides,
-            (std::array<std::int64_t, 4>{8 * 32 * 64, 32 * 64, 64, 1}));
+            (std::array<std::int64_t, 4>{std::int64_t{8} * 32 * 64, std::int64_t{32} * 64, 64, 1}));
   EXPECT_EQ(SdpaFullHeadKvGradLayout(k).dims, (std::array<std::int64_t, 4>{2, 8, 48, 64}));
   EXPECT_EQ(SdpaScalarLayout().dims, (std::array<std::int64_t, 4>{1, 1, 1, 1}));
 }
@@ -273,7 +274,7 @@ TEST(CudnnAttentionScratch, PartsAreAlignedDisjointAndSized) {
       Resolved(2, 8, 2, 64, 100, 100, true, 0, 0, 8 * 64 + 2 * 2 * 64, 8 * 64 + 2 * 2 * 64);
   const SdpaKey fwd = Decide(d).key;
   const SdpaKey bwd = DecideSdpa(d, DType::kBF16, SdpaDirection::kBackward, true, true).key;
-  const std::size_t rows_bytes = 2 * 8 * 100 * sizeof(float);
+  const std::size_t rows_bytes = std::size_t{2} * 8 * 100 * sizeof(float);
 
   const SdpaScratch f = PlanSdpaScratch(fwd, 1000, false);
   EXPECT_EQ(f.workspace, 0u);
