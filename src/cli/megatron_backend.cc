@@ -223,8 +223,9 @@ Ending MegatronRankRunner::Watch(ChildProcess& child, const std::string& log_pat
     std::array<int, kFlags> mine{};
     mine[kRunning] = exit ? 0 : 1;
     mine[kFailed] = (exit && !exit->ok()) || log.out_of_memory || log.nonfinite_loss;
-    mine[kEnough] = MedianIsStable(times, timed, kStableTolerance) ||
-                    times.size() >= static_cast<size_t>(kMaxTimedFactor) * static_cast<size_t>(timed);
+    mine[kEnough] =
+        MedianIsStable(times, timed, kStableTolerance) ||
+        times.size() >= static_cast<size_t>(kMaxTimedFactor) * static_cast<size_t>(timed);
     mine[kTimedOut] = Now() - start > request.deadline_s();
     // A stable median stops the children only once every memory report is in.
     mine[kMemoryPending] = !exit && log.max_reserved_mb == 0 &&
