@@ -24,9 +24,10 @@ Suites (--suite):
   worlds (default)  4 models x 6 world families of `make-replay-table --world` (interactions,
                     kernel, memory, noisy, near_memory, mixed; include/autopar/coord/worlds.h) x 3
                     world seeds. --world-seeds held-out (default) uses seeds 101-103, the tables to
-                    report on; --world-seeds tune uses 1-3, the tables to tune the search on (never
-                    report the held-out ones as tuned). A model's tables use truth seed
-                    seed + 10 x (model index), so no two models share a world's parameters.
+                    report on; --world-seeds tune uses 1-3 and tune-extra 4-6, the tables to tune
+                    the search on (never report the held-out ones as tuned). A model's tables use
+                    truth seed seed + 10 x (model index), so no two models share a world's
+                    parameters.
                     Targets per table (issue 13): Thompson median to 2% <= 15, p90 <= 40, regret
                     at stop median 0% and max <= 2%, OOM trials <= 20%.
   today             the (a) tables of before (the scaled truth: per-table compute 0.8-1.2 and
@@ -67,7 +68,7 @@ MODELS = [
      "--seq-length 4096", 4),
 ]
 FAMILIES = ["interactions", "kernel", "memory", "noisy", "near_memory", "mixed"]
-WORLD_SEEDS = {"tune": [1, 2, 3], "held-out": [101, 102, 103]}
+WORLD_SEEDS = {"tune": [1, 2, 3], "tune-extra": [4, 5, 6], "held-out": [101, 102, 103]}
 SEEDLESS = {"grid", "analytic"}  # same proposals whatever the seed: run once
 MODEL_STOPS = {"converged", "no_likely_improvement", "noise_limited"}
 # Every column that tells two configurations apart (the uneven stages and etp included: a key
@@ -138,8 +139,10 @@ def run_study(binary, table, searcher, seed, study, max_trials):
         trials.append((row["status"], key_of(row), chosen))
     shutil.rmtree(study, ignore_errors=True)
     p = result.get("stop_p_improvement")
+    e = result.get("stop_recent_error")
     return {"trials": trials, "stop_reason": result["stop_reason"],
             "p_improvement": p if isinstance(p, (int, float)) else None,
+            "recent_error": e if isinstance(e, (int, float)) else None,
             "proposal_ms": result["timing"]["proposal_ms_median"]}
 
 
@@ -152,7 +155,7 @@ def evaluate(run, table):
     return {"regret": regret, "to2": to2, "final": regret[-1] if regret else math.inf,
             "n": len(regret), "oom": sum(s == "oom" for s, _, _ in run["trials"]),
             "stop": run["stop_reason"], "p_improvement": run["p_improvement"],
-            "proposal_ms": run["proposal_ms"]}
+            "recent_error": run.get("recent_error"), "proposal_ms": run["proposal_ms"]}
 
 
 def median(values):
@@ -319,6 +322,16 @@ def report_calibration(tables, evals):
     print("stops: " + ", ".join(f"{r} {n}" for r, n in sorted(reasons.items())))
 
 
+def dump_record(t, searcher, seed, e):
+    """One run as --dump writes it (infinite figures as null)."""
+    def finite(v):
+        return v if isinstance(v, (int, float)) and math.isfinite(v) else None
+    return {"table": t.name, "family": t.family, "searcher": searcher, "seed": seed,
+            "stop": e["stop"], "p_improvement": e["p_improvement"],
+            "recent_error": e["recent_error"], "trials": e["n"], "to2": finite(e["to2"]),
+            "regret": finite(e["final"]), "oom": e["oom"]}
+
+
 def make_table(binary, t, world):
     cmd = [binary, "make-replay-table", *t.flags.split(), "--truth-seed", str(t.truth_seed),
            "--output", t.path]
@@ -348,6 +361,10 @@ def main():
     ap.add_argument("--only", default=None,
                     help="comma-separated terms; run the tables whose name contains every one "
                          "(a model such as llama2_70b, a family such as near_memory, a seed)")
+    ap.add_argument("--dump", default=None,
+                    help="write one JSON line per run (table, family, searcher, seed, stop "
+                         "reason, claimed P(improvement), trials, trials to 2%%, final regret, "
+                         "OOM trials) to this file, for analyses beyond the tables")
     a = ap.parse_args()
     searchers = (a.searchers.split(",") if a.searchers else
                  ["thompson", "random", "analytic"] if a.suite == "worlds" else
@@ -392,6 +409,7 @@ def main():
           f"({', '.join(searchers)}; grid and analytic-only ignore the seed and run once)"
           + (f", at most {cap} trials per run" if cap else ""))
     evals, futures = {}, {}
+    dump = open(a.dump, "w") if a.dump else None
     try:
         for t in tables:
             make_table(a.bin, t, worlds.get(t.name))
@@ -404,10 +422,14 @@ def main():
                     for seed in ([1] if s in SEEDLESS else seeds):
                         study = os.path.join(a.work, "studies", f"{t.name}.{s}.{seed}")
                         job = pool.submit(run_study, a.bin, t, s, seed, study, cap)
-                        futures[job] = (t, s)
+                        futures[job] = (t, s, seed)
             for done, f in enumerate(concurrent.futures.as_completed(futures), 1):
-                t, s = futures[f]
-                evals.setdefault((t.name, s), []).append(evaluate(f.result(), t))
+                t, s, seed = futures[f]
+                e = evaluate(f.result(), t)
+                evals.setdefault((t.name, s), []).append(e)
+                if dump:
+                    dump.write(json.dumps(dump_record(t, s, seed, e)) + "\n")
+                    dump.flush()
                 if done % 100 == 0 or done == len(futures):
                     print(f"{done}/{len(futures)} studies, {time.monotonic() - start:.0f} s",
                           file=sys.stderr, flush=True)
@@ -424,6 +446,8 @@ def main():
             report_calibration(tables, evals)
     finally:
         shutil.rmtree(a.work, ignore_errors=True)
+        if dump:
+            dump.close()
     print(f"\n{len(tables)} tables, {len(futures)} studies, {time.monotonic() - start:.0f} s wall "
           f"with --jobs {a.jobs}")
     if failed:

@@ -5,12 +5,14 @@
 #                       `make-replay-table --world` x truth seeds 101-103 (+10 per model), against
 #                       issue 13's targets (median to 2% <= 15, p90 <= 40, regret at stop median 0%
 #                       and max <= 2%, OOM trials <= 20%) and the stop rule's calibration
-#   --world-seeds tune  the same on the tuning worlds (seeds 1-3): tune the search on these only
+#   --world-seeds tune  the same on the tuning worlds (seeds 1-3; tune-extra: 4-6): tune the
+#                       search on these only
 #   --suite today       the tables of before: (a) the scaled truth of `make-replay-table`, (b)
 #                       tests/data/replay/cpu_tiny_4ranks.csv, an exhaustive CPU measurement made
 #                       with the trial runner (used when present, skipped otherwise), with grid too
 # Other arguments go to the helper: --seeds N, --jobs N, --only TERM[,TERM] (model, family or
-# seed), --searchers LIST, --max-trials N (worlds: 300), --cpu-table FILE.
+# seed), --searchers LIST, --max-trials N (worlds: 300), --cpu-table FILE, --dump FILE (one JSON
+# line per run).
 # A full held-out suite is 72 tables and 2,952 studies: 13-19 minutes with --jobs 2 on 2 cores shared
 # with other work (--only and --seeds make a quicker look).
 # Exit status 1 when a target is missed (see scripts/bench_search.py).

@@ -253,11 +253,20 @@ void TimePosterior::Refresh() {
   }
 }
 
-double TimePosterior::Draw(Rng& rng, double* theta) const {
+double TimePosterior::Draw(Rng& rng, double* theta, bool any_hypothesis, double widen) const {
   double u = rng.Uniform();
   size_t pick = 0;
-  while (pick + 1 < models_.size() && u >= weights_[pick]) u -= weights_[pick++];
+  if (any_hypothesis) {
+    pick =
+        std::min(models_.size() - 1, static_cast<size_t>(u * static_cast<double>(models_.size())));
+  } else {
+    while (pick + 1 < models_.size() && u >= weights_[pick]) u -= weights_[pick++];
+  }
   const double sigma2 = models_[pick].Draw(rng, theta);
+  if (widen != 1) {
+    const std::vector<double>& mu = models_[pick].mean();
+    for (int k = 0; k < dim_; ++k) theta[k] = mu[k] + widen * (theta[k] - mu[k]);
+  }
   for (int k = 0; k < kNumFeatures; ++k) theta[k] = std::max(theta[k], kMinTheta);
   return std::sqrt(sigma2);
 }

@@ -37,7 +37,11 @@ std::optional<int64_t> ThompsonSearcher::Propose(const SearchState& state, uint6
   }
   Rng rng(seed, trial_index, Purpose::kProposal);
   std::vector<double> theta(static_cast<size_t>(state.time().dim()));
-  state.time().Draw(rng, theta.data());
+  // A check trial (state.h): from a draw check_temper times wider, so the errors of what it
+  // measures test the posterior where its own picks do not go (the stop rule's calibration).
+  const bool check = state.IsCheckTrial(trial_index);
+  state.time().Draw(rng, theta.data(), check && settings.check_any_hypothesis,
+                    check ? settings.check_temper : 1.0);
   // A contender worth measuring again takes part with a draw of its estimate: it is
   // measured again with the probability that it is the fastest.
   int64_t repeat = -1;

@@ -53,6 +53,11 @@ SearchSettings SearchSettings::Default(const CandidateSet& candidates) {
   return s;
 }
 
+bool SearchState::IsCheckTrial(int64_t trial) const {
+  return settings_.check_every > 0 && trial >= settings_.check_from &&
+         (trial - settings_.check_from) % settings_.check_every == settings_.check_every - 1;
+}
+
 bool NeedsAtLeastAsMuchMemory(const ParallelConfig& a, const ParallelConfig& b) {
   // The layout decides how weights and activations are split: only compare within one layout.
   if (a.tp != b.tp || a.pp != b.pp || a.dp != b.dp || a.cp != b.cp || a.up != b.up ||
@@ -81,6 +86,9 @@ SearchState::SearchState(const CandidateSet& candidates, SearchSettings settings
         settings_.contender_margin >= 0 && settings_.resolution >= 0)) {
     throw std::invalid_argument(
         "noise prior sd and dof must be > 0, contender margin and resolution >= 0");
+  }
+  if (settings_.check_every < 0 || settings_.check_from < 0 || !(settings_.check_temper >= 1)) {
+    throw std::invalid_argument("check_every and check_from must be >= 0, check_temper >= 1");
   }
   const size_t n = static_cast<size_t>(candidates_.size());
   flags_.assign(n, 0);
@@ -214,6 +222,7 @@ void SearchState::Observe(const Observation& o) {
       // instead, below, and Estimated() combines the two).
       if (settings_.learn_time && measurements_[i] == 0) {
         time_errors_.push_back(time_.Observe(candidates_, i, o.step_time_s));
+        if (IsCheckTrial(trials())) check_errors_.push_back(time_errors_.back());
       }
       {
         const double x = std::log(o.step_time_s);

@@ -22,6 +22,9 @@ void Validate(const StopSettings& s) {
   if (!(s.epsilon >= 0 && s.epsilon < 1)) throw std::invalid_argument("epsilon must be in [0, 1)");
   if (!(s.delta > 0 && s.delta <= 1)) throw std::invalid_argument("delta must be in (0, 1]");
   if (s.recent < 0) throw std::invalid_argument("recent must be >= 0");
+  if (s.min_checks < 0) throw std::invalid_argument("min_checks must be >= 0");
+  if (s.calibration_window < 1) throw std::invalid_argument("calibration_window must be >= 1");
+  if (!(s.calibration_dof > 0)) throw std::invalid_argument("calibration_dof must be > 0");
   if (!(s.recent_bound > 0)) throw std::invalid_argument("recent_bound must be > 0");
 }
 
@@ -47,6 +50,13 @@ const char* ToString(StopReason r) {
   return "?";
 }
 
+double CalibrationScale(const std::vector<double>& errors, int window, double dof) {
+  const size_t n = std::min<size_t>(errors.size(), static_cast<size_t>(std::max(window, 0)));
+  double sum = dof;
+  for (size_t k = errors.size() - n; k < errors.size(); ++k) sum += errors[k] * errors[k];
+  return std::max(1.0, std::sqrt(sum / (dof + static_cast<double>(n))));
+}
+
 StopCheck EvaluateDraws(const SearchState& state, const StopSettings& settings, uint64_t seed,
                         int64_t trials_done) {
   StopCheck check;
@@ -62,8 +72,12 @@ StopCheck EvaluateDraws(const SearchState& state, const StopSettings& settings, 
   // configuration may deviate from the model by is the residual less the noise σ_m (a floor of a
   // tenth of it keeps the rule from trusting the model exactly).
   const double noise = state.measurement_noise_sd();
+  // Each draw widened about the posterior mean by what the check trials show (stop.h).
+  const double widen =
+      CalibrationScale(state.check_errors(), settings.calibration_window, settings.calibration_dof);
+  check.calibration = widen;
   for (int j = 0; j < draws; ++j) {
-    const double s = state.time().Draw(rng, one.data());
+    const double s = widen * state.time().Draw(rng, one.data(), false, widen);
     sigma[j] = std::sqrt(std::max(s * s - noise * noise, 0.01 * s * s));
     for (int k = 0; k < d; ++k) theta[static_cast<size_t>(k) * draws + j] = one[k];
   }
@@ -164,6 +178,11 @@ StopCheck CheckStop(const SearchState& state, const StopSettings& settings, bool
   // would stop on one lucky measurement.
   if (state.settings().learn_time && state.repeats() < state.settings().confirm_repeats &&
       state.repeatable(state.best())) {
+    return check;
+  }
+  // Nor before the check trials that test the posterior away from its own picks (stop.h).
+  if (state.settings().learn_time && state.settings().check_every > 0 &&
+      static_cast<int64_t>(state.check_errors().size()) < settings.min_checks) {
     return check;
   }
   check = EvaluateDraws(state, settings, seed, trials_done);

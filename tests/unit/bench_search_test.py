@@ -3,7 +3,8 @@
 and the recommendation's spec text name one configuration by one key (etp left out of a spec
 where the experts follow tp, uneven stages 0 when not given), two configurations that differ only
 in etp or in their uneven stages have different keys, and a table with two rows of one key is
-refused rather than read as one configuration.
+refused rather than read as one configuration; --dump's record of a run, and the tuning world
+seeds kept apart from the held-out ones.
 
 usage: bench_search_test.py SOURCE_DIR
 """
@@ -72,6 +73,26 @@ class KeyTest(unittest.TestCase):
             t.load()
             self.assertEqual(len(t.time), 2)
             self.assertAlmostEqual(t.best, 3.1)
+
+
+
+class DumpTest(unittest.TestCase):
+    def test_a_run_that_never_got_within_2_percent_dumps_null(self):
+        t = bench.Table("m.interactions.4", "m", "", "unused", "interactions", 4)
+        t.time = {"a": 1.0, "b": 1.5}
+        t.best = 1.0
+        run = {"trials": [("ok", "b", "b"), ("oom", "a", "b")], "stop_reason": "converged",
+               "p_improvement": 0.01, "recent_error": 0.5, "proposal_ms": 1.0}
+        e = bench.evaluate(run, t)
+        r = bench.dump_record(t, "thompson", 3, e)
+        self.assertEqual(r["to2"], None)
+        self.assertAlmostEqual(r["regret"], 0.5)
+        self.assertEqual((r["trials"], r["oom"], r["seed"], r["family"]), (2, 1, 3, "interactions"))
+        self.assertEqual(r["stop"], "converged")
+
+    def test_tuning_seeds_are_apart_from_the_held_out_ones(self):
+        tuning = set(bench.WORLD_SEEDS["tune"]) | set(bench.WORLD_SEEDS["tune-extra"])
+        self.assertFalse(tuning & set(bench.WORLD_SEEDS["held-out"]))
 
 
 if __name__ == "__main__":

@@ -147,6 +147,39 @@ TEST(SearchState, RepeatsTellTheNoiseAndTheRecommendation) {
   EXPECT_NEAR(exact.best_time_s(), 0.99 * cs.nominal_time_s(a), 0.003 * cs.nominal_time_s(a));
 }
 
+// Every third trial from check_from on is a check trial; the errors of those that measured a
+// configuration the first time are kept apart for the stop rule (a repeat has no error).
+TEST(SearchState, CheckTrialsKeepTheirErrors) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  SearchSettings settings = SearchSettings::Default(cs);
+  ASSERT_EQ(settings.check_from, 5);
+  ASSERT_EQ(settings.check_every, 3);
+  SearchState s(cs, settings);
+  std::vector<int64_t> checks;
+  for (int64_t t = 0; t < 20; ++t) {
+    if (s.IsCheckTrial(t)) checks.push_back(t);
+  }
+  EXPECT_EQ(checks, (std::vector<int64_t>{7, 10, 13, 16, 19}));
+  int64_t next = 0;
+  for (int64_t t = 0; t < 14; ++t) {
+    if (t == 10) {  // a repeat at a check trial: no error
+      s.Observe({s.best(), Outcome::kOk, s.measured_time_s(s.best())});
+      continue;
+    }
+    while (!s.eligible(next)) ++next;
+    s.Observe({next, Outcome::kOk, (t == 7 ? 1.3 : 1.0) * cs.nominal_time_s(next)});
+  }
+  ASSERT_EQ(s.time_errors().size(), 13u);
+  ASSERT_EQ(s.check_errors().size(), 2u);  // trials 7 and 13
+  EXPECT_EQ(s.check_errors()[0], s.time_errors()[7]);
+  EXPECT_EQ(s.check_errors()[1], s.time_errors()[12]);
+  EXPECT_GT(s.check_errors()[0], 2);  // 30% slower than the model said
+  settings.check_every = 0;
+  SearchState none(cs, settings);
+  EXPECT_FALSE(none.IsCheckTrial(7));
+}
+
 TEST(SearchState, BadMeasurementsAreRejectedLoudly) {
   Llama7bCase c;
   const CandidateSet& cs = *c.candidates;

@@ -172,6 +172,57 @@ TEST(Stop, NoiseLimitedOnceOnlySettledContendersAreInDoubt) {
   EXPECT_LT(settled.p_improvement_open, settled.p_improvement);
 }
 
+TEST(Stop, CalibrationScaleOfTheChecks) {
+  EXPECT_EQ(CalibrationScale({}, 5, 2), 1);
+  EXPECT_EQ(CalibrationScale({0.5, -0.3, 0.1}, 5, 2), 1);  // within the intervals: never < 1
+  // √((2 + 5·9)/(2 + 5)) over the last five, the older error left out.
+  EXPECT_NEAR(CalibrationScale({100, 3, -3, 3, -3, 3}, 5, 2), std::sqrt(47.0 / 7), 1e-12);
+}
+
+// The model rules wait for the check trials, and a posterior whose checks fall outside its
+// intervals is widened by them: the same measurements elsewhere, it no longer stops.
+TEST(Stop, ChecksOutsideTheIntervalsHoldTheStop) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  const std::vector<int64_t> order = FastestFirst(cs);
+  StopSettings st;
+  st.min_measured = 1;
+  auto run = [&](double check_factor, int trials_wanted) {
+    SearchState s(cs, SearchSettings::Default(cs));
+    // The checks measure configurations far down the analytic order, the others the fastest.
+    size_t fast = 0, slow = order.size() / 2;
+    for (int64_t t = 0; t < trials_wanted; ++t) {
+      if (t == 5 || t == 11) {  // the repeats that tell the noise
+        s.Observe(
+            {s.best(), Outcome::kOk, s.measured_time_s(s.best()), cs.nominal_memory_gib(s.best())});
+        continue;
+      }
+      size_t& k = s.IsCheckTrial(t) ? slow : fast;
+      while (!s.eligible(order[k])) ++k;
+      const int64_t i = order[k];
+      const double factor = s.IsCheckTrial(t) ? (t % 2 ? check_factor : 1 / check_factor) : 1.0;
+      s.Observe({i, Outcome::kOk, factor * cs.nominal_time_s(i), cs.nominal_memory_gib(i)});
+    }
+    return CheckStop(s, st, true, 1, trials_wanted, 0);
+  };
+  // Before the second check (trial 10) the model rules are not evaluated.
+  const StopCheck early = run(1.0, 9);
+  EXPECT_EQ(early.reason, StopReason::kNone);
+  EXPECT_TRUE(std::isnan(early.on_measured));
+  const StopCheck calm = run(1.0, 30);
+  EXPECT_NE(calm.reason, StopReason::kNone)
+      << "on_measured " << calm.on_measured << " p_improvement " << calm.p_improvement;
+  EXPECT_EQ(calm.calibration, 1);
+  const StopCheck wrong = run(1.25, 30);  // the checks 25% off the model, either way
+  EXPECT_GT(wrong.calibration, 2);
+  EXPECT_EQ(wrong.reason, StopReason::kNone)
+      << "on_measured " << wrong.on_measured << " p_improvement " << wrong.p_improvement;
+  EXPECT_GT(wrong.p_improvement, calm.p_improvement);
+  st.min_checks = -1;
+  EXPECT_THROW(CheckStop(SearchState(cs, SearchSettings::Default(cs)), st, true, 0, 0, 0),
+               std::invalid_argument);
+}
+
 TEST(Stop, ReasonNames) {
   EXPECT_STREQ(ToString(StopReason::kConverged), "converged");
   EXPECT_STREQ(ToString(StopReason::kNoLikelyImprovement), "no_likely_improvement");

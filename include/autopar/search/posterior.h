@@ -102,8 +102,10 @@ class TimePosterior {
 
   // One draw of θ (dim() values, zeros where the picked hypothesis has scale 0; feature
   // coefficients floored at 0.05). Returns the draw's relative noise σ: a step time is then
-  // N(t(θ), (σ·ŷ)²).
-  double Draw(Rng& rng, double* theta) const;
+  // N(t(θ), (σ·ŷ)²). `any_hypothesis`: the hypothesis is picked uniformly, not by its weight;
+  // `widen` (≥ 1): θ is spread that many times wider about the picked regression's mean (a check
+  // trial's draw, and the stop rule's under the calibration of the checks, stop.h); σ is not.
+  double Draw(Rng& rng, double* theta, bool any_hypothesis = false, double widen = 1) const;
   int dim() const { return dim_; }
   // The posterior mean and marginal sd of θ over the mixture.
   const std::vector<double>& mean() const { return mean_; }

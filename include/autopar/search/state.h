@@ -96,6 +96,14 @@ struct SearchSettings {
   double contender_margin = 0.02;
   // The relative sd of a measured mean below which it is known well enough (worth_repeating).
   double resolution = 0.005;
+  // Check trials (docs/search.md §8): every `check_every`-th trial from trial `check_from` on
+  // (0: none), Thompson proposes from a draw spread `check_temper` times wider about the
+  // posterior mean, its hypothesis (scales of the discrepancy) picked uniformly where
+  // `check_any_hypothesis`; the errors of what they measure calibrate the stop rule.
+  double check_temper = 3;
+  int64_t check_every = 3;
+  int64_t check_from = 5;
+  bool check_any_hypothesis = true;
 
   // Defaults for a candidate set: the time prior's θ₀ scale follows its median step time.
   static SearchSettings Default(const CandidateSet& candidates);
@@ -159,6 +167,10 @@ class SearchState {
   // Per ok trial, in order: the standardised error of its step time under the predictive before
   // it was learnt (TimePosterior::Observe).
   const std::vector<double>& time_errors() const { return time_errors_; }
+  // Whether trial `trial` is a check trial (SearchSettings::check_every), and the standardised
+  // errors of the check trials that measured a configuration the first time.
+  bool IsCheckTrial(int64_t trial) const;
+  const std::vector<double>& check_errors() const { return check_errors_; }
 
   uint64_t Digest() const;
 
@@ -179,7 +191,7 @@ class SearchState {
   double noise_ss_ = 0;          // pooled within-configuration Σ (log y − mean)²
   int64_t repeats_ = 0;
   std::vector<int64_t> contenders_;
-  std::vector<double> time_errors_;
+  std::vector<double> time_errors_, check_errors_;
   std::vector<Observation> history_;
   int64_t eligible_count_ = 0;
   int64_t measured_count_ = 0;

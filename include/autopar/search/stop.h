@@ -32,6 +32,17 @@
 // had before it was learnt (SearchState::time_errors). A cluster that differs from the model in a
 // way the posterior has not yet taken in shows up there first, while the draws still look sure.
 //
+// Nor do they trust the posterior's spread more than its checks do. The errors of the
+// configurations Thompson proposes say little about the ones it never proposes: a posterior that
+// has the cluster wrong where it has not measured (a pair of knob values 25% faster than any
+// measured cell suggests) predicts its own picks well and stops, confident, on the wrong
+// configuration. So every third trial is a check trial (SearchSettings::check_every) proposed
+// from a draw three times wider, and its standardised error tells how far the posterior's
+// intervals hold away from its own picks. The model rules wait for `min_checks` (2) of them, and
+// their draws are spread about their regression's mean by the calibration scale
+// c = max(1, √((ν + Σ e²)/(ν + n))) of the last `calibration_window` (5) check errors e, with ν
+// (2) pseudo-errors of 1: a posterior whose checks fall outside its intervals claims less.
+//
 // The first two model rules are complementary: `converged` asks for near-certainty that nothing is
 // better at all, `no_likely_improvement` for near-certainty that nothing is better by a margin
 // that matters.
@@ -39,6 +50,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "autopar/search/state.h"
 
@@ -69,6 +81,9 @@ struct StopSettings {
   int64_t min_measured = 5;
   int recent = 3;
   double recent_bound = 2.0;
+  int64_t min_checks = 2;
+  int calibration_window = 5;
+  double calibration_dof = 2.0;
 };
 
 struct StopCheck {
@@ -82,7 +97,13 @@ struct StopCheck {
   double p_improvement_open = std::numeric_limits<double>::quiet_NaN();
   // The largest |standardised error| of the last `recent` measurements (NaN when not checked).
   double recent_error = std::numeric_limits<double>::quiet_NaN();
+  // The calibration scale the draws were widened by (1 when they were not evaluated).
+  double calibration = 1;
 };
+
+// max(1, √((ν + Σ e²)/(ν + n))) over the last `window` (n at most) of `errors`: how many times
+// wider than the posterior's the spread is that its checks show, ν pseudo-errors of 1 its prior.
+double CalibrationScale(const std::vector<double>& errors, int window, double dof);
 
 // `trials_done` is the number of finished trials, `elapsed_s` the study's tuning time so far.
 // Throws std::invalid_argument on settings out of range.
