@@ -124,7 +124,7 @@ TimePosterior::TimePosterior(const TimePrior& prior, const CandidateSet& candida
     }
   }
   // Until the data say otherwise every knob, and every pair, holds an equal share.
-  relevance_.assign(static_cast<size_t>(num_knobs_ + pairs), 0.0);
+  relevance_.assign(static_cast<size_t>(num_knobs_) + static_cast<size_t>(pairs), 0.0);
   for (int g = 0; g < num_knobs_ + pairs; ++g)
     relevance_[g] = 1.0 / (g < num_knobs_ ? num_knobs_ : pairs);
   Build();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <stdexcept>
 #include <vector>
 
@@ -123,8 +124,8 @@ StopCheck EvaluateDraws(const SearchState& state, const StopSettings& settings, 
   std::vector<double> t(draws);
   for (int64_t i = 0; i < cs.size(); ++i) {
     if (!state.eligible(i)) continue;
-    std::copy(theta.begin() + kIntercept * draws, theta.begin() + (kIntercept + 1) * draws,
-              t.begin());
+    std::copy(theta.begin() + std::ptrdiff_t{kIntercept} * draws,
+              theta.begin() + std::ptrdiff_t{kIntercept + 1} * draws, t.begin());
     const double scale = cs.nominal_time_s(i);
     // It can only beat τ if it fits.
     const double p_fit = 1 - state.POom(i);

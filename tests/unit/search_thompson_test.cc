@@ -323,6 +323,7 @@ TEST(Baselines, GridRandomAnalyticOrders) {
 
   RandomSearcher random;
   std::vector<int64_t> picks;
+  picks.reserve(20);
   for (int t = 0; t < 20; ++t) picks.push_back(*random.Propose(state, 5, t));
   std::sort(picks.begin(), picks.end());
   EXPECT_GT(std::unique(picks.begin(), picks.end()) - picks.begin(), 10);
