@@ -2,7 +2,8 @@
 # clang-tidy (14) with the checked-in .clang-tidy (bugprone-*, performance-*, less the checks it
 # says are noise here) on the C++ sources changed since the baseline commit of
 # scripts/format_check.sh, committed or not: the same rule as the format check, so the tree is
-# held to it as it is touched rather than in one sweeping commit (docs/testing.md §4).
+# held to it as it is touched rather than in one sweeping commit (docs/testing.md §7). CI's tidy
+# stage (scripts/test.sh) runs it on build/ right after the build and its tests.
 #
 #   scripts/tidy_check.sh [BUILD_DIR]      BUILD_DIR: a configured and built tree with
 #                                          compile_commands.json (default $AUTOPAR_BUILD_DIR or build/)
@@ -18,6 +19,10 @@ tidy=${CLANG_TIDY:-clang-tidy-14}
 baseline=$(sed -n 's/^baseline=\([0-9a-f]*\)$/\1/p' scripts/format_check.sh)
 db=$build/compile_commands.json
 
+if ! command -v "$tidy" >/dev/null; then
+  echo "tidy_check.sh: $tidy not found; scripts/setup.sh installs it (Debian package clang-tidy-14)"
+  exit 1
+fi
 if [[ ! -f $db ]]; then
   echo "tidy_check.sh: no $db; configure and build first (CMAKE_EXPORT_COMPILE_COMMANDS is on)"
   exit 1
