@@ -26,7 +26,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 stages=("$@")
 if ((${#stages[@]} == 0)); then stages=(asan fuzz tsan); fi
-jobs=$(nproc)
+jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc honours both
 export OMP_NUM_THREADS=1
 export CC=${AUTOPAR_SANITIZE_CC:-clang-14} CXX=${AUTOPAR_SANITIZE_CXX:-clang++-14}
 asan_options=allocator_may_return_null=1:check_initialization_order=1:strict_init_order=1

@@ -25,7 +25,10 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${AUTOPAR_BUILD_DIR:-$root/build}
-export OMP_NUM_THREADS=1
+# Not exported: nproc honours OMP_NUM_THREADS, and the build, clang-tidy and the sanitizer stages
+# size their parallelism with it. The tests get OMP_NUM_THREADS=1 (tests()).
+unset OMP_NUM_THREADS OMP_THREAD_LIMIT
+jobs=$(nproc)
 
 summary=()
 failed=()
@@ -68,7 +71,8 @@ tests() {
     echo "test.sh: the tests above have none of the labels unit, distributed, fault, gpu"
     return 1
   fi
-  ctest --test-dir "$build" -L "$labels" --output-on-failure -j"$(nproc)" --timeout 900
+  OMP_NUM_THREADS=1 ctest --test-dir "$build" -L "$labels" --output-on-failure -j"$jobs" \
+    --timeout 900
 }
 
 stage setup "$root/scripts/setup.sh" || report

@@ -18,6 +18,7 @@ build=${1:-${AUTOPAR_BUILD_DIR:-$root/build}}
 tidy=${CLANG_TIDY:-clang-tidy-14}
 baseline=$(sed -n 's/^baseline=\([0-9a-f]*\)$/\1/p' scripts/format_check.sh)
 db=$build/compile_commands.json
+jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc honours both
 
 if ! command -v "$tidy" >/dev/null; then
   echo "tidy_check.sh: $tidy not found; scripts/setup.sh installs it (Debian package clang-tidy-14)"
@@ -40,12 +41,12 @@ if ((${#files[@]} == 0)); then
   echo "tidy_check.sh: no C++ source changed since ${baseline:0:7} is in $db"
   exit 0
 fi
-echo "tidy_check.sh: ${#files[@]} sources changed since ${baseline:0:7}, $(nproc) at a time"
+echo "tidy_check.sh: ${#files[@]} sources changed since ${baseline:0:7}, $jobs at a time"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
 printf '%s\n' "${files[@]}" |
-  xargs -P "$(nproc)" -n 1 "$tidy" -p "$build" --quiet --warnings-as-errors='*' >"$log" 2>&1 ||
+  xargs -P "$jobs" -n 1 "$tidy" -p "$build" --quiet --warnings-as-errors='*' >"$log" 2>&1 ||
   status=$?
 grep -v -e '^[0-9]* warnings\? generated' -e '^Suppressed [0-9]* warnings' \
   -e '^Use -header-filter' "$log" || true
