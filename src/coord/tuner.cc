@@ -80,7 +80,7 @@ Tuner::Tuner(const search::CandidateSet& candidates, const search::Searcher& sea
     : candidates_(candidates),
       searcher_(searcher),
       settings_(std::move(settings)),
-      options_(std::move(options)),
+      options_(options),
       journal_(journal),
       backend_(backend),
       observer_(observer),

@@ -124,6 +124,7 @@ CandidateSet::CandidateSet(std::vector<ParallelConfig> configs, const CostModel&
     }
   }
   std::vector<int> values_per_knob;
+  values_per_knob.reserve(levels.size());
   for (const auto& values : levels) values_per_knob.push_back(static_cast<int>(values.size()));
   BuildInteractions(values_per_knob);
   if (n > 0) {
@@ -192,7 +193,7 @@ SparseRow CandidateSet::RelativeRow(int64_t i) const {
 
 SparseRow CandidateSet::KnobRow(int64_t i, uint32_t first) const {
   SparseRow row;
-  row.ones.reserve(static_cast<size_t>(varying_knobs_ + num_pairs_));
+  row.ones.reserve(static_cast<size_t>(varying_knobs_) + static_cast<size_t>(num_pairs_));
   const uint32_t shift = static_cast<uint32_t>(kNumCoefficients) - first;
   for (int q = 0; q < varying_knobs_; ++q) row.ones.push_back(level_coefficient(i, q) - shift);
   for (int p = 0; p < num_pairs_; ++p) row.ones.push_back(interaction_coefficient(i, p) - shift);
