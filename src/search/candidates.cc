@@ -6,11 +6,10 @@
 #include <stdexcept>
 
 #include "autopar/search/rng.h"
+#include "autopar/spec/units.h"
 
 namespace autopar::search {
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // The knobs whose levels get an effect: a key that orders the values and the value's text.
 struct Knob {
