@@ -80,29 +80,31 @@ def ctest_entries(build):
     return entries
 
 
-def shared_libs(path):
-    """soname -> resolved path of every library `path` loads (ldd), or fail on one not found."""
-    out = subprocess.run(["ldd", path], check=True, capture_output=True, text=True).stdout
+def shared_libs(path, missing_ok=False):
+    """soname -> resolved path of every library `path` loads (ldd). One this machine cannot find
+    fails, or with `missing_ok` is left out (plug-ins for fabrics absent here, skipped there too)."""
+    out = subprocess.run(["ldd", path], check=not missing_ok, capture_output=True, text=True).stdout
     libs = {}
     for line in out.splitlines():
         parts = line.split()
         if len(parts) >= 3 and parts[1] == "=>":
             if parts[2] == "not":
+                if missing_ok:
+                    continue
                 fail(f"{path} needs {parts[0]}, which this machine cannot find")
             libs[parts[0]] = parts[2]
     return libs
 
 
-def carry_libs(paths, lib_dir):
-    """Copies the libraries `paths` load, less the system's and CUDA's, into lib_dir."""
-    carried = {}
+def carry_libs(paths, lib_dir, carried, missing_ok=False):
+    """Copies the libraries `paths` load, less the system's, CUDA's and those in `carried`, into
+    lib_dir, adding them to `carried`."""
     for path in paths:
-        for soname, resolved in shared_libs(path).items():
+        for soname, resolved in shared_libs(path, missing_ok).items():
             if SYSTEM_LIBS.match(soname) or CUDA_LIBS.match(soname) or soname in carried:
                 continue
             shutil.copy2(os.path.realpath(resolved), os.path.join(lib_dir, soname))
             carried[soname] = resolved
-    return carried
 
 
 def open_mpi_plugin_dirs():
@@ -133,7 +135,8 @@ def make(args):
         subprocess.run(["strip", "--strip-debug", "-o", target, program], check=True)
     for entry in entries:
         entry["program"] = os.path.basename(entry["program"])
-    carried = carry_libs(programs, os.path.join(out, "lib"))
+    carried = {}
+    carry_libs(programs, os.path.join(out, "lib"), carried)
     ompi, pmix = open_mpi_plugin_dirs()
     plugin_libs = []
     for source, name in ((ompi, "openmpi"), (pmix, "pmix")):
@@ -141,13 +144,7 @@ def make(args):
             continue
         shutil.copytree(source, os.path.join(out, name), symlinks=False)
         plugin_libs += glob.glob(os.path.join(out, name, "**", "*.so"), recursive=True)
-    # A plug-in whose library is absent here is skipped at run time there, as it is here.
-    for plugin in plugin_libs:
-        for soname, resolved in shared_libs_or_none(plugin).items():
-            if SYSTEM_LIBS.match(soname) or CUDA_LIBS.match(soname) or soname in carried:
-                continue
-            shutil.copy2(os.path.realpath(resolved), os.path.join(out, "lib", soname))
-            carried[soname] = resolved
+    carry_libs(plugin_libs, os.path.join(out, "lib"), carried, missing_ok=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(__file__),
                             capture_output=True, text=True).stdout.strip()
     with open(os.path.join(out, "tests.json"), "w") as f:
@@ -162,13 +159,6 @@ def make(args):
         subprocess.run(["tar", "-czf", archive, "-C", os.path.dirname(out),
                         os.path.basename(out)], check=True)
         print(f"gpu_bundle: {archive}: {os.path.getsize(archive) / 2**20:.1f} MiB")
-
-
-def shared_libs_or_none(path):
-    """Like shared_libs, but a library not found here is left out (plug-ins for absent fabrics)."""
-    out = subprocess.run(["ldd", path], capture_output=True, text=True).stdout
-    return {p[0]: p[2] for p in (line.split() for line in out.splitlines())
-            if len(p) >= 3 and p[1] == "=>" and p[2] != "not"}
 
 
 def find_cuda_libs(needed):
