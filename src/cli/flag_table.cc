@@ -138,6 +138,7 @@ const FlagGroup kMegatronParallel = {
         Megatron("--ddp-bucket-size", "N"),
         Megatron("--use-flash-attn", ""),
         Megatron("--attention-backend", "flash|fused|unfused|local|auto"),
+        Megatron("--tp-comm-overlap", ""),
         Megatron("--attention-dropout", "R"),
         Megatron("--hidden-dropout", "R"),
     },
@@ -167,6 +168,10 @@ const FlagGroup kStack = {
     "software stack (docs/cli.md §4)",
     {
         Switch("--no-flash-attention", "attention without flash attention"),
+        Number("--attention-efficiency", "F",
+               "the flash attention kernel's efficiency, of the dense peak, on long calls at head "
+               "dim 128 (the GPU family's: docs/models.md §5)",
+               1),
         Switch("--no-overlap-grad-reduce", "as --fix overlap_grad_reduce=off"),
         Switch("--no-overlap-param-gather", "as --fix overlap_param_gather=off"),
     }};

@@ -356,6 +356,16 @@ void RequireModelAndBatch(Inputs& in) {
   }
 }
 
+// --attention-efficiency: a share of the peak, above 0 (the flag table bounds it by 1).
+double AttentionEfficiency(const Args& args, const std::string& text) {
+  const double v = args.DoubleOf("--attention-efficiency", text);
+  if (!(v > 0)) {
+    throw InputError("--attention-efficiency",
+                     "expected a number above 0 and at most 1, got '" + text + "'");
+  }
+  return v;
+}
+
 }  // namespace
 
 Inputs ReadInputs(Args& args) {
@@ -375,6 +385,7 @@ Inputs ReadInputs(Args& args) {
     pasted = SplitCommandLine(ReadTextFile("--megatron-args-file", *file), variables);
   }
   const bool no_flash = args.Switch("--no-flash-attention");
+  const auto attention_efficiency = args.Value("--attention-efficiency");
   ReadSpaceOptions(args, in.space);
   if (const auto f = args.Value("--format")) in.format = ParseFormat(*f);
 
@@ -432,6 +443,9 @@ Inputs ReadInputs(Args& args) {
 
   // ---- the software stack the estimate assumes ----
   in.constants = DefaultConstants(in.cluster.gpu.name);
+  if (attention_efficiency) {
+    in.constants.eff.attention = AttentionEfficiency(args, *attention_efficiency);
+  }
   StackOptions& stack = in.constants.stack;
   // A pasted script's parallel flags are its configuration; the rest of a script is Megatron's
   // business (learning rate, data paths, ...): what could change the step and is not modelled

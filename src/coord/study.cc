@@ -145,6 +145,7 @@ pb::PerfDesc Describe(const PerfConstants& k) {
   d.set_flash_attention(k.stack.flash_attention);
   d.set_dropout(k.stack.dropout);
   d.set_ddp_bucket_size(k.stack.ddp_bucket_size);
+  d.set_tp_comm_overlap(k.stack.tp_comm_overlap);
   return d;
 }
 

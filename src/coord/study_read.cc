@@ -95,6 +95,7 @@ StudySpecs SpecsOf(const pb::StudyDescription& d) {
   k.stack.flash_attention = p.flash_attention();
   k.stack.dropout = p.dropout();
   k.stack.ddp_bucket_size = p.ddp_bucket_size();
+  k.stack.tp_comm_overlap = p.tp_comm_overlap();
   return s;
 }
 

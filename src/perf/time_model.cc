@@ -84,6 +84,34 @@ int64_t FirstStageBuckets(const ModelSpec& m, const ParallelConfig& c, double bu
   return dense.buckets() + experts.buckets();
 }
 
+// What a layer's overlapped tensor-parallel collectives expose with Megatron's --tp-comm-overlap,
+// i.e. Transformer Engine's userbuffers with the methods TE gives each GEMM by default
+// (transformer_engine/pytorch/module/base.py, initialize_ub): in forward the QKV and fc1 inputs
+// are all-gathered by ring exchange, one chunk per rank under the GEMM of the chunk before
+// (copy engines, one SM), and the projection's and fc2's outputs are reduce-scattered in 4
+// pipelined chunks under the GEMM of the next chunk, on 16 SMs taken from it: the last chunk
+// shows. In backward the output gradients' all-gathers are ring exchanges under the dgrad GEMMs
+// and the dgrad reduce-scatters run in bulk under the wgrad GEMMs, on 16 SMs. A GEMM that runs
+// beside a 16-SM collective loses those SMs (16 of Hopper's 132, kUserbufferSmShare) for the
+// collective's time; nothing hides more than the GEMMs' own time (the layer's forward GEMMs,
+// twice that in backward).
+struct TpOverlap {
+  double forward = 0;
+  double backward = 0;
+};
+constexpr double kUserbufferSmShare = 16.0 / 132;
+constexpr double kPipelinedChunks = 4;
+
+TpOverlap UserbufferExposure(double gathers, double reduce_scatters, double gemm_forward) {
+  const double total = gathers + reduce_scatters;
+  const double last_chunk = reduce_scatters / kPipelinedChunks;
+  TpOverlap o;
+  o.forward = std::max(last_chunk + kUserbufferSmShare * (reduce_scatters - last_chunk),
+                       total - gemm_forward);
+  o.backward = std::max(kUserbufferSmShare * reduce_scatters, total - 2 * gemm_forward);
+  return o;
+}
+
 }  // namespace
 
 LayerShape CostModel::ShapeOf(const ParallelConfig& c) const {
@@ -186,8 +214,9 @@ double CostModel::LayerCompute(const ParallelConfig& c, const LayerShape& x, boo
   return softmax;
 }
 
-double CostModel::LayerCommunication(const ParallelConfig& c, const LayerShape& x, bool moe,
-                                     std::array<double, kNumFeatures>& f) const {
+CostModel::BackwardComm CostModel::LayerCommunication(const ParallelConfig& c, const LayerShape& x,
+                                                      bool moe,
+                                                      std::array<double, kNumFeatures>& f) const {
   const ModelSpec& m = model_;
   const double t = x.t, h = x.h, tokens = x.tokens, hbm = x.hbm;
   // Tensor parallel: two all-reduces of the layer's activations (or AG + RS with SP). In FP8
@@ -197,9 +226,26 @@ double CostModel::LayerCommunication(const ParallelConfig& c, const LayerShape& 
   const int64_t tp_stride = 1;
   const double act_bytes = element_bytes_ * tokens * h;
   const double fp8_gathers = fp8_ ? (moe ? 1 : 2) : 0;
-  f[kTpComm] = c.sp ? (4 - fp8_gathers) * AllGatherTime(act_bytes, c.tp, tp_stride) +
-                          fp8_gathers * AllGatherTime(tokens * h, c.tp, tp_stride)
-                    : 2 * AllReduceTime(act_bytes, c.tp, tp_stride);
+  BackwardComm backward;
+  if (c.sp) {
+    const double gather = AllGatherTime(act_bytes, c.tp, tp_stride);  // = a reduce-scatter
+    const double fp8_gather = AllGatherTime(tokens * h, c.tp, tp_stride);
+    f[kTpComm] = (4 - fp8_gathers) * gather + fp8_gathers * fp8_gather;
+    backward.tp = f[kTpComm];
+    if (constants_.stack.tp_comm_overlap && c.tp > 1) {
+      // The QKV/proj pair, and fc1/fc2 in a dense layer (a MoE layer's MLP collectives are the
+      // token dispatcher's, which userbuffers do not overlap).
+      const double pairs = moe ? 1 : 2;
+      const double overlapped_gather = fp8_ ? fp8_gather : gather;
+      const TpOverlap o = UserbufferExposure(pairs * overlapped_gather, pairs * gather, f[kGemm]);
+      const double rest = f[kTpComm] - pairs * (overlapped_gather + gather);
+      backward.tp = rest + o.backward;
+      f[kTpComm] = rest + o.forward;
+    }
+  } else {
+    f[kTpComm] = 2 * AllReduceTime(act_bytes, c.tp, tp_stride);
+    backward.tp = f[kTpComm];
+  }
   // Ulysses (as the trial runs it): one all-to-all of q, k and v into head shards, one of the
   // output back; backward mirrors them. The buffers are packed and unpacked by row gathers.
   if (c.up > 1) {
@@ -214,7 +260,6 @@ double CostModel::LayerCommunication(const ParallelConfig& c, const LayerShape& 
   // of the rank's rows, each behind that step's attention; the blocks are merged by
   // log-sum-exp. Backward passes K/V and their gradients together, and the gradients take one
   // more hop home after the last step, which nothing hides.
-  double cp_bwd = 0;
   if (c.cp > 1) {
     const double kv_block = element_bytes_ * tokens * x.tp_kv * (x.qk_dim + x.v_dim);
     const bool crosses = CrossesNodes(c.cp, x.cp_stride);
@@ -222,7 +267,7 @@ double CostModel::LayerCommunication(const ParallelConfig& c, const LayerShape& 
     const double attention_step = f[kAttention] / c.cp;
     const double backward_step = (constants_.stack.flash_attention ? 2.5 : 2.0) * attention_step;
     f[kCpComm] = (c.cp - 1) * std::max(0.0, step - attention_step);
-    cp_bwd = (c.cp - 1) * std::max(0.0, both - backward_step) + step;
+    backward.cp = (c.cp - 1) * std::max(0.0, both - backward_step) + step;
     // Merges: 2·cp − 1 partial results of half the rows each, read twice and written once.
     f[kMemoryBound] +=
         (2.0 * c.cp - 2) * 3 * element_bytes_ * tokens * x.tp_heads * x.v_dim / 2 / hbm;
@@ -240,7 +285,7 @@ double CostModel::LayerCommunication(const ParallelConfig& c, const LayerShape& 
     // Row gathers of dispatch, sort, unsort and combine.
     f[kMemoryBound] += 2 * (2 * routed / t + 2 * routed * x.gathered) / hbm;
   }
-  return cp_bwd;
+  return backward;
 }
 
 LayerCost CostModel::LayerTime(const ParallelConfig& c, const LayerShape& x, bool moe,
@@ -248,7 +293,7 @@ LayerCost CostModel::LayerTime(const ParallelConfig& c, const LayerShape& x, boo
   LayerCost lc;
   auto& f = lc.fwd;
   const double softmax = LayerCompute(c, x, moe, windowed, f);
-  const double cp_bwd = LayerCommunication(c, x, moe, f);
+  const BackwardComm backward = LayerCommunication(c, x, moe, f);
   // Backward: twice the GEMM FLOPs (input and weight gradients), the same collectives.
   auto& b = lc.bwd;
   b = f;
@@ -261,7 +306,8 @@ LayerCost CostModel::LayerTime(const ParallelConfig& c, const LayerShape& x, boo
     f[kMemoryBound] += q.forward_bytes / x.hbm;
     b[kMemoryBound] += q.backward_bytes / x.hbm;
   }
-  b[kCpComm] = cp_bwd;
+  b[kCpComm] = backward.cp;
+  b[kTpComm] = backward.tp;
   if (c.recompute == Recompute::kSelective) {  // the attention core runs forward again
     b[kAttention] += f[kAttention];
     b[kMemoryBound] += softmax;
@@ -287,13 +333,20 @@ StageTimeParts CostModel::TimeParts(const ParallelConfig& c) const {
   const double mtp = static_cast<double>(m.mtp_num_layers);
   // The output layer is Megatron's ColumnParallelLinear, not a TE one: BF16 in FP8 training.
   const double logits_fwd = GemmTimeAt(2 * tokens * h * v / t, v / t, attention_peak_flops_);
-  const double ce_fwd = 10 * tokens * v / t / x.hbm;
+  // Megatron's vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py,
+  // unfused, the default) passes over the rank's logits in FP32, bytes per logit: forward the
+  // cast from the logits' dtype (e read, 4 written), the max (4), the in-place subtract and exp
+  // (8 each), the sum (4) and the in-place division into the softmax kept for backward (8);
+  // backward the in-place scaling by the loss gradient (8) and the cast back for the output
+  // layer's GEMM (4 read, e written).
+  const double ce_fwd = (element_bytes_ + 36) * tokens * v / t / x.hbm;
+  const double ce_bwd = (element_bytes_ + 12) * tokens * v / t / x.hbm;
   const double mtp_fwd = mtp * (logits_fwd + GemmTime(2 * tokens * 2 * h * h / t, h / t));
   LayerCost& last = parts.last_extra;
   last.fwd[kGemm] = logits_fwd + mtp_fwd;
   last.bwd[kGemm] = 2 * (logits_fwd + mtp_fwd);
   last.fwd[kMemoryBound] = (1 + mtp) * ce_fwd;
-  last.bwd[kMemoryBound] = (1 + mtp) * ce_fwd;
+  last.bwd[kMemoryBound] = (1 + mtp) * ce_bwd;
   if (c.sp) {  // the final norm's output is gathered for the logits GEMM
     last.fwd[kTpComm] = AllGatherTime(element_bytes_ * tokens * h, c.tp, 1);
     last.bwd[kTpComm] = last.fwd[kTpComm];

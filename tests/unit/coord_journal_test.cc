@@ -678,6 +678,25 @@ TEST(StudyDir, ModelRoundTripsThroughTheDescription) {
   EXPECT_THROW(CheckSameStudy(d, other), StudyError);
 }
 
+// The stack's statements a study models with (--tp-comm-overlap, --attention-efficiency)
+// round-trip, so `--resume` and `report` predict as the run that started the study; a changed
+// one refuses --resume.
+TEST(StudyDir, StackStatementsRoundTripThroughTheDescription) {
+  PerfConstants k;
+  k.stack.tp_comm_overlap = true;
+  k.eff.attention = 0.32;
+  pb::StudyDescription d;
+  *d.mutable_model() = Describe(ModelPreset("llama2-7b"));
+  *d.mutable_train() = Describe(TrainSpec{});
+  *d.mutable_cluster() = Describe(ClusterSpec{});
+  *d.mutable_perf() = Describe(k);
+  EXPECT_TRUE(SpecsOf(d).constants.stack.tp_comm_overlap);
+  EXPECT_EQ(SpecsOf(d).constants.eff.attention, 0.32);
+  pb::StudyDescription other = d;
+  other.mutable_perf()->set_tp_comm_overlap(false);
+  EXPECT_THROW(CheckSameStudy(d, other), StudyError);
+}
+
 // The NVLink domain round-trips; a study written before the field existed has none in its
 // GpuDesc and reads as 0, the node, which is what the h100 preset still says, so such a study
 // still resumes under the same inputs. A changed domain refuses --resume.

@@ -243,10 +243,49 @@ TEST(Time, StepTimeIsTheSumOfFeaturesAndRecomputeCosts) {
   EXPECT_NEAR(full.features[kGemm] / none.features[kGemm], 4.0 / 3, 0.02);
 }
 
+// --tp-comm-overlap (Transformer Engine's userbuffers): with sequence parallelism the forward
+// exposes the last of 4 pipelined chunks of each reduce-scatter and the SMs the rest take from
+// the GEMMs; the backward only those SMs; without sp (Megatron refuses the flag there) or at
+// tp = 1 nothing changes. A MoE layer overlaps its attention block's pair only.
+TEST(Time, TpCommOverlapHidesTheTensorParallelCollectivesUnderTheGemms) {
+  const ClusterSpec cluster = SmallCluster(1, 8);
+  PerfConstants overlapped;
+  overlapped.stack.tp_comm_overlap = true;
+  const ModelSpec model = ModelPreset("llama2-7b");
+  const CostModel plain(model, SmallTrain(64, 4096), cluster, PerfConstants{});
+  const CostModel ub(model, SmallTrain(64, 4096), cluster, overlapped);
+  const TimeBreakdown sp = plain.Time(Complete(ParseSpec("tp=8,sp=on,mbs=1"), 8));
+  const TimeBreakdown sp_ub = ub.Time(Complete(ParseSpec("tp=8,sp=on,mbs=1"), 8));
+  // Four collectives of equal time a direction, two of them reduce-scatters: forward exposes
+  // 2·(1/4 + 16/132·3/4) of 4, backward 2·16/132 of 4 (the GEMMs are long enough to hide them).
+  const double share = 16.0 / 132;
+  const double forward = 2 * (0.25 + share * 0.75) / 4, backward = 2 * share / 4;
+  const double last_stage_gathers =
+      2 * plain.AllGatherTime(2.0 * 4096 * model.hidden_size, 8, 1) * sp.microbatches;
+  EXPECT_NEAR(
+      (sp_ub.features[kTpComm] - last_stage_gathers) / (sp.features[kTpComm] - last_stage_gathers),
+      (forward + backward) / 2, 1e-6);
+  EXPECT_LT(sp_ub.step_time_s, sp.step_time_s);
+  for (const char* spec : {"tp=8,sp=off", "tp=1,dp=8"}) {
+    const ParallelConfig c = Complete(ParseSpec(spec), 8);
+    EXPECT_EQ(ub.Time(c).step_time_s, plain.Time(c).step_time_s) << spec;
+  }
+  const ModelSpec moe = ModelPreset("mixtral-8x7b");
+  const CostModel moe_plain(moe, SmallTrain(64, 4096), cluster, PerfConstants{});
+  const CostModel moe_ub(moe, SmallTrain(64, 4096), cluster, overlapped);
+  const ParallelConfig c = Complete(ParseSpec("tp=8,ep=1,sp=on,mbs=1"), 8);
+  const double moe_hidden = moe_plain.Time(c).features[kTpComm] - moe_ub.Time(c).features[kTpComm];
+  const double dense_hidden = sp.features[kTpComm] - sp_ub.features[kTpComm];
+  EXPECT_GT(moe_hidden, 0);
+  // Half the pairs, of the same size (mixtral has llama2-7b's hidden size and layers).
+  EXPECT_NEAR(moe_hidden / dense_hidden, 0.5, 0.1);
+}
+
 TEST(Time, Fp32MovesTwiceTheBytes) {
   // The CPU backend trains in fp32: elementwise traffic and activation collectives carry 4-byte
-  // elements, so with equal peaks only the byte-bound components change, by 2× (the fp32
-  // cross-entropy of the last stage excepted).
+  // elements, so with equal peaks only the byte-bound components change, by 2× (the
+  // cross-entropy's FP32 passes of the last stage excepted: 36 of its e + 36 bytes a logit
+  // forward, 12 of e + 12 backward).
   const ClusterSpec cluster = SmallCluster(1, 8);
   TrainSpec bf16 = SmallTrain(64, 4096), fp32 = bf16;
   fp32.precision = Precision::kFP32;
@@ -257,7 +296,7 @@ TEST(Time, Fp32MovesTwiceTheBytes) {
   const ParallelConfig c = Complete(ParseSpec("tp=2,pp=2,sp=on"), 8);
   const TimeBreakdown a = half.Time(c), b = full.Time(c);
   EXPECT_DOUBLE_EQ(b.features[kGemm], a.features[kGemm]);
-  EXPECT_GT(b.features[kMemoryBound], 1.9 * a.features[kMemoryBound]);
+  EXPECT_GT(b.features[kMemoryBound], 1.8 * a.features[kMemoryBound]);
   EXPECT_LE(b.features[kMemoryBound], 2 * a.features[kMemoryBound]);
   EXPECT_GT(b.features[kTpComm], 1.9 * a.features[kTpComm]);
   EXPECT_GT(b.features[kPpComm], 1.9 * a.features[kPpComm]);
@@ -291,7 +330,7 @@ TEST(PredictionSpread, FollowsTheRunsTheBenchmarkMeasured) {
   StackOptions stack;
   const PredictionSpread today = SpreadOf(t, stack);
   EXPECT_EQ(today.rows, 9);
-  EXPECT_NEAR(today.relative, 0.164, 1e-12);
+  EXPECT_NEAR(today.relative, 0.100, 1e-12);
   t.precision = Precision::kFP8;
   EXPECT_EQ(SpreadOf(t, stack).rows, 17);
   stack.flash_attention = false;

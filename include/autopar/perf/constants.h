@@ -36,6 +36,10 @@ struct StackOptions {
   bool dropout = false;             // GPT-3-era models keep dropout masks (Korthikanti's sbh terms)
   // Megatron's --ddp-bucket-size in parameters; 0 = its default, MegatronDdpBucketSize(dp).
   int64_t ddp_bucket_size = 0;
+  // Megatron's --tp-comm-overlap: Transformer Engine's userbuffers overlap the tensor-parallel
+  // all-gathers and reduce-scatters with the linear layers' GEMMs (docs/models.md §4.3). Megatron
+  // allows it only with sequence parallelism, so it applies to configurations with tp > 1 and sp.
+  bool tp_comm_overlap = false;
 };
 
 struct PerfConstants {

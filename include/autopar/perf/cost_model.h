@@ -135,13 +135,18 @@ class CostModel {
   StageTimeParts TimeParts(const ParallelConfig& c) const;
   // One layer's forward and backward (LayerTime), from the configuration's shapes (ShapeOf):
   // its compute (returns the unfused attention's softmax time, which selective recompute
-  // repeats) and its collectives (returns the ring's backward exposure), time_model.cc.
+  // repeats) and its collectives (returns what the backward exposes of them where it differs
+  // from the forward: the ring's and, with --tp-comm-overlap, tensor parallel's), time_model.cc.
+  struct BackwardComm {
+    double cp = 0;
+    double tp = 0;
+  };
   LayerShape ShapeOf(const ParallelConfig& c) const;
   LayerCost LayerTime(const ParallelConfig& c, const LayerShape& x, bool moe, bool windowed) const;
   double LayerCompute(const ParallelConfig& c, const LayerShape& x, bool moe, bool windowed,
                       std::array<double, kNumFeatures>& f) const;
-  double LayerCommunication(const ParallelConfig& c, const LayerShape& x, bool moe,
-                            std::array<double, kNumFeatures>& f) const;
+  BackwardComm LayerCommunication(const ParallelConfig& c, const LayerShape& x, bool moe,
+                                  std::array<double, kNumFeatures>& f) const;
   // The stages of c (the slowest, and the one with the longest gradient reduction), the
   // reduction's time for given parameters per rank, and the DP and optimizer features.
   StageSummary SummarizeStages(const ParallelConfig& c, const StageTimeParts& parts) const;
