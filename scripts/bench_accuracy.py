@@ -91,10 +91,16 @@ ERA_2020_2022 = ["--no-flash-attention", "--attention-dropout", "0.1", "--hidden
                  "--no-overlap-param-gather", "--fp16", "--fix", "grad_reduce_dtype=bf16"]
 # Megatron-core / NeMo of 2024-2026: Transformer Engine with flash (cuDNN fused) attention,
 # gradient reduce and parameter gather overlapped with compute (the tool's defaults), distributed
-# optimizer (in the configuration), fp32 gradient reduction (Megatron's default for bf16), and
-# TP communication overlapped with the GEMMs (--tp-comm-overlap: the README 2024 runs name it,
-# NeMo's recipes turn it on with tp > 1). Not modelled: CUDA graphs, the fused cross-entropy.
-STACK_2024 = ["--tp-comm-overlap"]
+# optimizer (in the configuration), fp32 gradient reduction (Megatron's default for bf16). Each
+# source adds what its runs state: TP communication overlapped with the GEMMs
+# (--tp-comm-overlap), the fused cross-entropy (--cross-entropy-loss-fusion). Not modelled: CUDA
+# graphs.
+STACK_2024 = []
+# NeMo's runs: the fused cross-entropy (NeMo 1.x's launcher conf training/llama/llama2_7b.yaml
+# cross_entropy_loss_fusion: true; NeMo 2.0's GPTConfig defaults it on) and no TP overlap (the
+# launcher's ub_tp_comm_overlap: False; NeMo 2.0's llama3_8b performance recipe passes
+# MegatronCommOverlapCallback(tp_comm_overlap=False)).
+NEMO_STACK = STACK_2024 + ["--cross-entropy-loss-fusion"]
 
 
 @dataclass
@@ -134,7 +140,7 @@ SOURCES = {
     # --overlap-param-gather the distributed optimizer.
     "MEGATRON_README_2024": Source(
         "2024", "tflops", STACK_2024 + ["--bf16", "--attention-dropout", "0.1",
-                                        "--hidden-dropout", "0.1"], GPT_ARCH,
+                                        "--hidden-dropout", "0.1", "--tp-comm-overlap"], GPT_ARCH,
         lambda r: megatron_flops(r, swiglu=False), mbs=1, sp_when_tp=True, dist_opt="on"),
     # NeMo long-context tables (H100: NeMo 24.03.01, B200: 25.04.rc2), Llama presets: TFLOP/s from
     # NeMo's llama2/llama3 formulas (= Megatron's, full square). FP8 recipes: hybrid E4M3/E5M2.
@@ -146,13 +152,13 @@ SOURCES = {
     # April 2024); with fp32 gradients Llama-2-7B at tp = 1 (the 4k row) would not fit in 80 GB.
     "NEMO_LONGCTX_H100": Source(
         "2024", "tflops",
-        STACK_2024 + ["--fp8-format", "hybrid", "--fix", "grad_reduce_dtype=bf16"], preset=True,
+        NEMO_STACK + ["--fp8-format", "hybrid", "--fix", "grad_reduce_dtype=bf16"], preset=True,
         flops=lambda r: megatron_flops(r, swiglu=True), mbs=1, sp_when_tp=True, dist_opt="on"),
     # The B200 table prints TP×PP×DP×CP = GPUs/4 on every row; its GBS at 512K and 1024K tokens
     # (8, 4) divides by the printed DP only, so the configuration is taken as printed and the
     # cluster as its TP×PP×DP×CP GPUs (the metric is per GPU).
     "NEMO_LONGCTX_B200": Source(
-        "2024", "tflops", STACK_2024 + ["--fp8-format", "hybrid"], preset=True,
+        "2024", "tflops", NEMO_STACK + ["--fp8-format", "hybrid"], preset=True,
         flops=lambda r: megatron_flops(r, swiglu=True), mbs=1, sp_when_tp=True, dist_opt="on",
         gpus_from_config=True),
     # Llama 3 paper Table 4 (Meta's own stack): the FLOP convention is not stated; Megatron's

@@ -139,6 +139,7 @@ const FlagGroup kMegatronParallel = {
         Megatron("--use-flash-attn", ""),
         Megatron("--attention-backend", "flash|fused|unfused|local|auto"),
         Megatron("--tp-comm-overlap", ""),
+        Megatron("--cross-entropy-loss-fusion", ""),
         Megatron("--attention-dropout", "R"),
         Megatron("--hidden-dropout", "R"),
     },

@@ -219,6 +219,7 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
       else if (v == "unfused" || v == "local") stack.flash_attention = false;
       else throw InputError(flag, "allowed: flash, fused, unfused, local, auto; got '" + v + "'");
     } else if (flag == "--tp-comm-overlap") stack.tp_comm_overlap = true;
+    else if (flag == "--cross-entropy-loss-fusion") stack.cross_entropy_fusion = true;
     else if (flag == "--overlap-grad-reduce") r.overlap_grad_reduce = true;
     else if (flag == "--overlap-param-gather") r.overlap_param_gather = true;
     else if (flag == "--grad-reduce-in-bf16") r.grad_reduce_in_fp32 = false;

@@ -146,6 +146,7 @@ pb::PerfDesc Describe(const PerfConstants& k) {
   d.set_dropout(k.stack.dropout);
   d.set_ddp_bucket_size(k.stack.ddp_bucket_size);
   d.set_tp_comm_overlap(k.stack.tp_comm_overlap);
+  d.set_cross_entropy_fusion(k.stack.cross_entropy_fusion);
   return d;
 }
 

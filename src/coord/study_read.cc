@@ -96,6 +96,7 @@ StudySpecs SpecsOf(const pb::StudyDescription& d) {
   k.stack.dropout = p.dropout();
   k.stack.ddp_bucket_size = p.ddp_bucket_size();
   k.stack.tp_comm_overlap = p.tp_comm_overlap();
+  k.stack.cross_entropy_fusion = p.cross_entropy_fusion();
   return s;
 }
 

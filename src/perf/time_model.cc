@@ -333,14 +333,17 @@ StageTimeParts CostModel::TimeParts(const ParallelConfig& c) const {
   const double mtp = static_cast<double>(m.mtp_num_layers);
   // The output layer is Megatron's ColumnParallelLinear, not a TE one: BF16 in FP8 training.
   const double logits_fwd = GemmTimeAt(2 * tokens * h * v / t, v / t, attention_peak_flops_);
-  // Megatron's vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py,
-  // unfused, the default) passes over the rank's logits in FP32, bytes per logit: forward the
-  // cast from the logits' dtype (e read, 4 written), the max (4), the in-place subtract and exp
-  // (8 each), the sum (4) and the in-place division into the softmax kept for backward (8);
+  // Megatron's vocab-parallel cross-entropy passes over the rank's logits in FP32, bytes per
+  // logit. Unfused (megatron/core/tensor_parallel/cross_entropy.py, Megatron's default): forward
+  // the cast from the logits' dtype (e read, 4 written), the max (4), the in-place subtract and
+  // exp (8 each), the sum (4) and the in-place division into the softmax kept for backward (8);
   // backward the in-place scaling by the loss gradient (8) and the cast back for the output
-  // layer's GEMM (4 read, e written).
-  const double ce_fwd = (element_bytes_ + 36) * tokens * v / t / x.hbm;
-  const double ce_bwd = (element_bytes_ + 12) * tokens * v / t / x.hbm;
+  // layer's GEMM (4 read, e written). Fused (--cross-entropy-loss-fusion,
+  // megatron/core/fusions/fused_cross_entropy.py, one jit kernel per step): the cast with the
+  // max (e + 4), the subtract, exp and sum (8), the division (8); backward one kernel (4 + e).
+  const bool fused = constants_.stack.cross_entropy_fusion;
+  const double ce_fwd = (element_bytes_ + (fused ? 20 : 36)) * tokens * v / t / x.hbm;
+  const double ce_bwd = (element_bytes_ + (fused ? 4 : 12)) * tokens * v / t / x.hbm;
   const double mtp_fwd = mtp * (logits_fwd + GemmTime(2 * tokens * 2 * h * h / t, h / t));
   LayerCost& last = parts.last_extra;
   last.fwd[kGemm] = logits_fwd + mtp_fwd;

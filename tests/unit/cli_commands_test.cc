@@ -489,8 +489,9 @@ TEST(Cli, VersionIsTheProjectVersion) {
 }
 
 // The stack's statements change the estimate: --tp-comm-overlap (a Megatron flag, on our command
-// line or in a pasted script) hides tensor-parallel collectives of an sp configuration, and
-// --attention-efficiency sets the attention kernel's efficiency; a bad value is refused.
+// line or in a pasted script) hides tensor-parallel collectives of an sp configuration,
+// --cross-entropy-loss-fusion shortens the loss's passes, and --attention-efficiency sets the
+// attention kernel's efficiency; a bad value is refused.
 TEST(Cli, StackFlagsChangeTheEstimate) {
   const std::vector<std::string> tp8 = {"--config", "tp=8,sp=on,mbs=1", "--format", "json"};
   const Result plain = RunCli(Cmd("predict", Llama7bOn(1, tp8)));
@@ -501,14 +502,15 @@ TEST(Cli, StackFlagsChangeTheEstimate) {
   ASSERT_EQ(overlap.code, kExitOk) << overlap.err;
   EXPECT_LT(JsonNumber(overlap.out, "tp_comm"), 0.5 * JsonNumber(plain.out, "tp_comm"));
   EXPECT_LT(JsonNumber(overlap.out, "step_time_s"), JsonNumber(plain.out, "step_time_s"));
-  const Result pasted =
-      RunCli(Cmd("predict", Llama7bOn(1, {"--megatron-args",
-                                          "--tensor-model-parallel-size 8 --sequence-parallel "
-                                          "--micro-batch-size 1 --tp-comm-overlap",
-                                          "--format", "json"})));
+  const Result pasted = RunCli(Cmd(
+      "predict", Llama7bOn(1, {"--megatron-args",
+                               "--tensor-model-parallel-size 8 --sequence-parallel "
+                               "--micro-batch-size 1 --tp-comm-overlap --cross-entropy-loss-fusion",
+                               "--format", "json"})));
   ASSERT_EQ(pasted.code, kExitOk) << pasted.err;
   EXPECT_EQ(JsonNumber(pasted.out, "tp_comm"), JsonNumber(overlap.out, "tp_comm"));
-  EXPECT_EQ(pasted.err.find("--tp-comm-overlap"), std::string::npos) << pasted.err;
+  EXPECT_EQ(pasted.err.find("ignored"), std::string::npos) << pasted.err;  // both modelled
+  EXPECT_LT(JsonNumber(pasted.out, "memory_bound"), JsonNumber(overlap.out, "memory_bound"));
 
   std::vector<std::string> slow = tp8;
   slow.insert(slow.end(), {"--attention-efficiency", "0.2"});

@@ -678,12 +678,14 @@ TEST(StudyDir, ModelRoundTripsThroughTheDescription) {
   EXPECT_THROW(CheckSameStudy(d, other), StudyError);
 }
 
-// The stack's statements a study models with (--tp-comm-overlap, --attention-efficiency)
+// The stack's statements a study models with (--tp-comm-overlap, --cross-entropy-loss-fusion,
+// --attention-efficiency)
 // round-trip, so `--resume` and `report` predict as the run that started the study; a changed
 // one refuses --resume.
 TEST(StudyDir, StackStatementsRoundTripThroughTheDescription) {
   PerfConstants k;
   k.stack.tp_comm_overlap = true;
+  k.stack.cross_entropy_fusion = true;
   k.eff.attention = 0.32;
   pb::StudyDescription d;
   *d.mutable_model() = Describe(ModelPreset("llama2-7b"));
@@ -691,6 +693,7 @@ TEST(StudyDir, StackStatementsRoundTripThroughTheDescription) {
   *d.mutable_cluster() = Describe(ClusterSpec{});
   *d.mutable_perf() = Describe(k);
   EXPECT_TRUE(SpecsOf(d).constants.stack.tp_comm_overlap);
+  EXPECT_TRUE(SpecsOf(d).constants.stack.cross_entropy_fusion);
   EXPECT_EQ(SpecsOf(d).constants.eff.attention, 0.32);
   pb::StudyDescription other = d;
   other.mutable_perf()->set_tp_comm_overlap(false);

@@ -281,6 +281,25 @@ TEST(Time, TpCommOverlapHidesTheTensorParallelCollectivesUnderTheGemms) {
   EXPECT_NEAR(moe_hidden / dense_hidden, 0.5, 0.1);
 }
 
+// Megatron's cross-entropy: the fused loss (--cross-entropy-loss-fusion) moves 24 bytes a
+// logit less than the unfused one (forward e + 20 against e + 36, backward 4 + e against 12 + e).
+TEST(Time, FusedCrossEntropyMovesFewerBytes) {
+  const ClusterSpec cluster = SmallCluster(1, 8);
+  PerfConstants fused;
+  fused.stack.cross_entropy_fusion = true;
+  const ModelSpec model = ModelPreset("llama3-8b");
+  const CostModel plain(model, SmallTrain(64, 4096), cluster, PerfConstants{});
+  const CostModel fewer(model, SmallTrain(64, 4096), cluster, fused);
+  const ParallelConfig c = Complete(ParseSpec("tp=2,pp=1,mbs=1,sp=on"), 8);
+  const TimeBreakdown a = plain.Time(c), b = fewer.Time(c);
+  const double hbm = cluster.gpu.hbm_bandwidth * PerfConstants{}.eff.memory_bound;
+  const double logits =
+      4096.0 * static_cast<double>(model.vocab_size) / 2;  // one micro-batch, tp 2
+  EXPECT_NEAR(a.features[kMemoryBound] - b.features[kMemoryBound],
+              static_cast<double>(a.microbatches) * 24 * logits / hbm, 1e-9);
+  EXPECT_EQ(a.features[kGemm], b.features[kGemm]);
+}
+
 TEST(Time, Fp32MovesTwiceTheBytes) {
   // The CPU backend trains in fp32: elementwise traffic and activation collectives carry 4-byte
   // elements, so with equal peaks only the byte-bound components change, by 2× (the

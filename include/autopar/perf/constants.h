@@ -40,6 +40,9 @@ struct StackOptions {
   // all-gathers and reduce-scatters with the linear layers' GEMMs (docs/models.md §4.3). Megatron
   // allows it only with sequence parallelism, so it applies to configurations with tp > 1 and sp.
   bool tp_comm_overlap = false;
+  // Megatron's --cross-entropy-loss-fusion (NeMo's default): the vocab-parallel loss's passes
+  // fused into fewer kernels (docs/models.md §4.4).
+  bool cross_entropy_fusion = false;
 };
 
 struct PerfConstants {
