@@ -24,15 +24,22 @@
 namespace autopar::cli {
 namespace {
 
-pb::TrialStatus ToStatus(backend::Outcome o) {
+pb::TrialStatus ToStatus(device::Outcome o) {
   switch (o) {
-    case backend::Outcome::kOk: return pb::OK;
-    case backend::Outcome::kOom: return pb::OOM;
-    case backend::Outcome::kTimeout: return pb::TIMEOUT;
-    case backend::Outcome::kCommError: return pb::COMM_ERROR;
-    case backend::Outcome::kDeviceError: return pb::DEVICE_ERROR;
-    case backend::Outcome::kNonfinite: return pb::NONFINITE;
-    case backend::Outcome::kInvalid: return pb::INVALID;
+    case device::Outcome::kOk:
+      return pb::OK;
+    case device::Outcome::kOom:
+      return pb::OOM;
+    case device::Outcome::kTimeout:
+      return pb::TIMEOUT;
+    case device::Outcome::kCommError:
+      return pb::COMM_ERROR;
+    case device::Outcome::kDeviceError:
+      return pb::DEVICE_ERROR;
+    case device::Outcome::kNonfinite:
+      return pb::NONFINITE;
+    case device::Outcome::kInvalid:
+      return pb::INVALID;
   }
   return pb::INVALID;
 }
@@ -40,8 +47,8 @@ pb::TrialStatus ToStatus(backend::Outcome o) {
 // One rank's work: the trial runner on this rank's backend, over the world group.
 class TrialRankRunner : public coord::RankRunner {
  public:
-  TrialRankRunner(const TuneContext& context, backend::Group world,
-                  std::unique_ptr<backend::Backend> backend)
+  TrialRankRunner(const TuneContext& context, device::Group world,
+                  std::unique_ptr<device::Backend> backend)
       : in_(context.inputs), world_(std::move(world)), backend_(std::move(backend)) {}
 
   pb::HostFacts Facts() override {
@@ -127,14 +134,14 @@ class TrialRankRunner : public coord::RankRunner {
   }
 
   const Inputs& in_;
-  backend::Group world_;
-  std::unique_ptr<backend::Backend> backend_;
+  device::Group world_;
+  std::unique_ptr<device::Backend> backend_;
 };
 
 std::unique_ptr<coord::TrialBackend> MakeMpiTrialBackend(const TuneContext& context) {
   const Inputs& in = context.inputs;
   RankWorker worker = StartRankWorker(context.backend, in.cluster, context.p2p_semantics);
-  auto make_runner = [&](backend::Group trials) {
+  auto make_runner = [&](device::Group trials) {
     return std::make_unique<TrialRankRunner>(context, std::move(trials), std::move(worker.backend));
   };
   return CoordinateOrServe(std::move(worker.world), in.cluster, coord::Fingerprint(context.study),

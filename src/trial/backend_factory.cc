@@ -1,7 +1,7 @@
 #include "autopar/trial/backend_factory.h"
 
 #if defined(AUTOPAR_HAVE_CUDA)
-#include "autopar/backend/cuda_backend.h"
+#include "autopar/device/cuda_backend.h"
 #endif
 
 namespace autopar::trial {
@@ -14,29 +14,30 @@ bool CudaBackendBuilt() {
 #endif
 }
 
-backend::StatusOr<std::unique_ptr<backend::Backend>> MakeBackend(
-    const std::string& name, std::size_t memory_budget_bytes, int device_index,
-    backend::P2PSemantics p2p_semantics) {
+device::StatusOr<std::unique_ptr<device::Backend>> MakeBackend(const std::string& name,
+                                                               std::size_t memory_budget_bytes,
+                                                               int device_index,
+                                                               device::P2PSemantics p2p_semantics) {
   if (name == "cpu") {
-    backend::CpuBackendOptions options;
+    device::CpuBackendOptions options;
     options.memory_budget_bytes = memory_budget_bytes;
     options.p2p_semantics = p2p_semantics;
-    return backend::MakeCpuBackend(options);
+    return device::MakeCpuBackend(options);
   }
   if (name == "cuda") {
 #if defined(AUTOPAR_HAVE_CUDA)
-    backend::CudaBackendOptions options;
+    device::CudaBackendOptions options;
     options.device_index = device_index;
     options.memory_budget_bytes = memory_budget_bytes;
-    return backend::MakeCudaBackend(options);
+    return device::MakeCudaBackend(options);
 #else
     (void)device_index;
-    return backend::Status(backend::Outcome::kInvalid,
-                           "--backend cuda: this build has no CUDA toolkit; allowed: cpu");
+    return device::Status(device::Outcome::kInvalid,
+                          "--backend cuda: this build has no CUDA toolkit; allowed: cpu");
 #endif
   }
-  return backend::Status(backend::Outcome::kInvalid,
-                         "--backend: unknown backend '" + name + "'; allowed: cpu, cuda");
+  return device::Status(device::Outcome::kInvalid,
+                        "--backend: unknown backend '" + name + "'; allowed: cpu, cuda");
 }
 
 }  // namespace autopar::trial

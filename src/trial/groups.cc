@@ -6,7 +6,7 @@
 
 namespace autopar::trial {
 
-using backend::OkStatus;
+using device::OkStatus;
 
 Coordinates Coordinates::Of(int rank, const ParallelConfig& c) {
   Coordinates at;
@@ -42,9 +42,9 @@ GroupUse UsedGroups(const ParallelConfig& c, bool moe, bool tied_embedding) {
   return use;
 }
 
-StatusOr<ProcessGroups> ProcessGroups::Create(backend::Backend& backend,
-                                              const backend::Group& world, const ParallelConfig& c,
-                                              Deadline deadline, const GroupUse& use) {
+StatusOr<ProcessGroups> ProcessGroups::Create(device::Backend& backend, const device::Group& world,
+                                              const ParallelConfig& c, Deadline deadline,
+                                              const GroupUse& use) {
   ProcessGroups g;
   const int rank = world.rank();
   const Coordinates at = Coordinates::Of(rank, c);
@@ -56,7 +56,7 @@ StatusOr<ProcessGroups> ProcessGroups::Create(backend::Backend& backend,
   std::vector<std::vector<int>> connected;  // the member sets of this rank's groups
   auto make = [&](bool used, int color, int key, Comm& out) -> Status {
     if (!used) return OkStatus();
-    AUTOPAR_ASSIGN_OR_RETURN(backend::Group group, world.Split(color, key));
+    AUTOPAR_ASSIGN_OR_RETURN(device::Group group, world.Split(color, key));
     AUTOPAR_ASSIGN_OR_RETURN(auto collectives, backend.ConnectSplit(world, group));
     if (collectives != nullptr) out = Comm(std::move(collectives), deadline);
     if (!group.empty()) connected.push_back(group.world_ranks());
@@ -134,9 +134,9 @@ Shapes Shapes::Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& 
     s.chunk_first_layer.push_back(ChunkFirstLayer(c, m.num_layers, at.pp, model_chunk));
   }
   if (t.precision == Precision::kFP8) {
-    s.fp8.fwd = backend::Fp8Operand::kE4M3;
-    s.fp8.grad = t.fp8_format == TrainSpec::Fp8Format::kHybrid ? backend::Fp8Operand::kE5M2
-                                                               : backend::Fp8Operand::kE4M3;
+    s.fp8.fwd = device::Fp8Operand::kE4M3;
+    s.fp8.grad = t.fp8_format == TrainSpec::Fp8Format::kHybrid ? device::Fp8Operand::kE5M2
+                                                               : device::Fp8Operand::kE4M3;
   }
   if (m.is_moe()) {
     s.experts = m.num_experts;

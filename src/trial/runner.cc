@@ -6,7 +6,7 @@
 #include <memory>
 #include <thread>
 
-#include "autopar/backend/timer.h"
+#include "autopar/device/timer.h"
 #include "autopar/spec/units.h"
 #include "autopar/trial/schedule.h"
 #include "autopar/trial/trial.h"
@@ -15,8 +15,8 @@
 namespace autopar::trial {
 namespace {
 
-using backend::OkStatus;
-using backend::Outcome;
+using device::OkStatus;
+using device::Outcome;
 
 // After the deadline, ranks still get this long to agree on the outcome.
 constexpr double kAgreementGraceS = 3.0;
@@ -77,7 +77,7 @@ Outcome FromSeverity(int s) {
   return kBySeverity[std::clamp(s, 0, 6)];
 }
 
-std::string Validate(const backend::Group& world, const Device& dev, const ModelSpec& m,
+std::string Validate(const device::Group& world, const Device& dev, const ModelSpec& m,
                      const TrainSpec& t, const ParallelConfig& c) {
   if (world.size() != c.world_size()) {
     return "the configuration needs " + std::to_string(c.world_size()) + " ranks, the job has " +
@@ -116,7 +116,7 @@ struct RankSamples {
 // What a rank's iterations run on, once it is set up.
 struct RankRun {
   Device& dev;
-  const backend::Group& world;
+  const device::Group& world;
   ProcessGroups& groups;
   ModelShard& shard;
   StageProgram& program;
@@ -129,7 +129,7 @@ struct RankRun {
 
 // Agree that every rank could allocate its footprint (`mine`: this rank's set-up) before anyone
 // starts communicating.
-Status AgreeOnSetUp(const Status& mine, const backend::Group& world, Deadline deadline) {
+Status AgreeOnSetUp(const Status& mine, const device::Group& world, Deadline deadline) {
   std::vector<double> setup = {
       static_cast<double>(Severity(mine.ok() ? Outcome::kOk : mine.outcome()))};
   AUTOPAR_RETURN_IF_ERROR(HostAllReduce(setup, MPI_MAX, world.comm(), deadline));
@@ -154,7 +154,7 @@ Status RunIteration(const RankRun& run, int step, RankSamples& samples) {
   // peer's previous iteration (the max over ranks is the step).
   std::vector<double> barrier = {0};
   AUTOPAR_RETURN_IF_ERROR(HostAllReduce(barrier, MPI_MAX, run.world.comm(), run.deadline));
-  backend::WallTimer timer;
+  device::WallTimer timer;
   for (size_t k = 0; k < run.ops.size(); ++k) {
     const PipelineOp& op = run.ops[k];
     AUTOPAR_RETURN_IF_ERROR(run.program.Exchange(run.exchanges[k]));
@@ -212,7 +212,7 @@ Status RunIterations(const RankRun& run, RankSamples& samples) {
 
 // This rank's part of the trial: its groups, shard and program, then the iterations. Everything
 // that allocates lives in here, so it is all freed before the agreement.
-Status RunOnRank(backend::Backend& backend, const backend::Group& world, const ModelSpec& model,
+Status RunOnRank(device::Backend& backend, const device::Group& world, const ModelSpec& model,
                  const TrainSpec& train, const ParallelConfig& c, const TrialOptions& options,
                  int run_microbatches, Deadline deadline, RankSamples& samples) {
   Device& dev = backend.device();
@@ -244,7 +244,7 @@ Status RunOnRank(backend::Backend& backend, const backend::Group& world, const M
 }
 
 // Every rank agrees on the outcome: the most severe wins. False, with `out` filled, unless ok.
-bool AgreeOnOutcome(const Status& status, const backend::Group& world, Deadline grace,
+bool AgreeOnOutcome(const Status& status, const device::Group& world, Deadline grace,
                     TrialMeasurement& out) {
   std::vector<double> verdict = {static_cast<double>(Severity(status.outcome()))};
   if (Status s = HostAllReduce(verdict, MPI_MAX, world.comm(), grace); !s.ok()) {
@@ -286,9 +286,9 @@ struct Figures {
 };
 
 // This rank's figures, before the agreement.
-Figures FiguresOf(Device& dev, size_t baseline, const backend::Group& world,
-                  const ParallelConfig& c, int run_microbatches, int job_microbatches,
-                  const RankSamples& samples, std::string& notes) {
+Figures FiguresOf(Device& dev, size_t baseline, const device::Group& world, const ParallelConfig& c,
+                  int run_microbatches, int job_microbatches, const RankSamples& samples,
+                  std::string& notes) {
   Figures f;
   f.peaks.assign(world.size(), 0.0);
   f.peaks[world.rank()] = PeakMemoryGib(dev, baseline, notes);
@@ -305,7 +305,7 @@ Figures FiguresOf(Device& dev, size_t baseline, const backend::Group& world,
   return f;
 }
 
-Status AgreeOnFigures(Figures& f, const backend::Group& world, Deadline grace) {
+Status AgreeOnFigures(Figures& f, const device::Group& world, Deadline grace) {
   Status agree = HostAllReduce(f.peaks, MPI_SUM, world.comm(), grace);
   if (agree.ok()) agree = HostAllReduce(f.step, MPI_MAX, world.comm(), grace);
   if (agree.ok()) agree = HostAllReduce(f.sums, MPI_SUM, world.comm(), grace);
@@ -335,7 +335,7 @@ void Report(const Figures& f, int warmup_iterations, const TrainSpec& train, dou
 
 }  // namespace
 
-TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world,
+TrialMeasurement RunTrial(device::Backend& backend, const device::Group& world,
                           const ModelSpec& model, const TrainSpec& train,
                           const ParallelConfig& config, const TrialOptions& options) {
   TrialMeasurement out;

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "autopar/backend/backend.h"
+#include "autopar/device/backend.h"
 #include "tests/distributed/mpi_env.h"
 
-namespace autopar::backend::testing {
+namespace autopar::device::testing {
 namespace {
 
 // How the world is cut: "strided" pairs {0, 2}, {1, 3} (like DP groups across TP), "blocked"
@@ -330,4 +330,4 @@ TEST_F(DistributedCollectives, BadArgumentsAreInvalidAndTransportErrorsAreCommEr
 }
 
 }  // namespace
-}  // namespace autopar::backend::testing
+}  // namespace autopar::device::testing

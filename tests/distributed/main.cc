@@ -13,7 +13,7 @@
 
 #include "tests/distributed/mpi_env.h"
 
-namespace autopar::backend::testing {
+namespace autopar::device::testing {
 namespace {
 
 std::optional<Group> g_world;
@@ -40,10 +40,10 @@ Group& World() { return *g_world; }
 Backend& TestBackend() { return *g_backend; }
 CpuBackendOptions TestBackendOptions() { return g_options; }
 
-}  // namespace autopar::backend::testing
+}  // namespace autopar::device::testing
 
 int main(int argc, char** argv) {
-  namespace bt = autopar::backend::testing;
+  namespace bt = autopar::device::testing;
   if (MPI_Init(&argc, &argv) != MPI_SUCCESS) {
     std::fprintf(stderr, "MPI_Init failed\n");
     return 1;
@@ -66,8 +66,8 @@ int main(int argc, char** argv) {
     const std::string value = arg == "--p2p-semantics" && i + 1 < argc ? argv[++i]
                               : arg.rfind("--p2p-semantics=", 0) == 0 ? arg.substr(16)
                                                                      : "";
-    autopar::backend::StatusOr<autopar::backend::P2PSemantics> semantics =
-        autopar::backend::ParseP2PSemantics(value);
+    autopar::device::StatusOr<autopar::device::P2PSemantics> semantics =
+        autopar::device::ParseP2PSemantics(value);
     if (!semantics.ok()) {
       std::fprintf(stderr, "distributed_test: unknown argument '%s' (%s)\n", arg.c_str(),
                    semantics.status().ToString().c_str());
@@ -76,12 +76,13 @@ int main(int argc, char** argv) {
     bt::g_options.p2p_semantics = *semantics;
   }
   if (rank == 0) {
-    std::printf("p2p semantics: %s\n",
-                std::string(autopar::backend::P2PSemanticsName(bt::g_options.p2p_semantics)).c_str());
+    std::printf(
+        "p2p semantics: %s\n",
+        std::string(autopar::device::P2PSemanticsName(bt::g_options.p2p_semantics)).c_str());
   }
-  autopar::backend::StatusOr<autopar::backend::Group> world = autopar::backend::Group::World();
-  autopar::backend::StatusOr<std::unique_ptr<autopar::backend::Backend>> backend =
-      autopar::backend::MakeCpuBackend(bt::g_options);
+  autopar::device::StatusOr<autopar::device::Group> world = autopar::device::Group::World();
+  autopar::device::StatusOr<std::unique_ptr<autopar::device::Backend>> backend =
+      autopar::device::MakeCpuBackend(bt::g_options);
   if (!world.ok() || !backend.ok()) {
     std::fprintf(stderr, "[rank %d] setup failed: %s %s\n", rank, world.status().ToString().c_str(),
                  backend.status().ToString().c_str());

@@ -5,16 +5,16 @@
 #include <cmath>
 #include <cstdint>
 
-#include "autopar/backend/backend.h"
-#include "autopar/backend/group.h"
+#include "autopar/device/backend.h"
+#include "autopar/device/group.h"
 #include "kernels/init.h"
 
-namespace autopar::backend::testing {
+namespace autopar::device::testing {
 
 Group& World();
 Backend& TestBackend();
 // The CPU backend options of the run: `--p2p-semantics nccl` on the test binary's command line
-// runs the whole suite under the NCCL-semantics emulation (see backend::P2PSemantics).
+// runs the whole suite under the NCCL-semantics emulation (see device::P2PSemantics).
 CpuBackendOptions TestBackendOptions();
 
 // Test data as a pure function of (seed, index, rank): multiples of 1/8 in [-8, 8), so sums over a
@@ -25,4 +25,4 @@ inline float Value(std::uint64_t seed, std::int64_t index, int rank) {
   return std::floor(u * 64.0f) / 8.0f;
 }
 
-}  // namespace autopar::backend::testing
+}  // namespace autopar::device::testing

@@ -15,9 +15,9 @@
 namespace autopar::trial {
 namespace {
 
-using backend::Outcome;
-using backend::testing::TestBackend;
-using backend::testing::World;
+using device::Outcome;
+using device::testing::TestBackend;
+using device::testing::World;
 
 // Megatron's --ddp-bucket-size, small enough for several buckets of the tiny model.
 constexpr int64_t kBucket = 20000;

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "autopar/backend/backend.h"
+#include "autopar/device/backend.h"
 #include "tests/distributed/mpi_env.h"
 
-namespace autopar::backend::testing {
+namespace autopar::device::testing {
 namespace {
 
 class DistributedP2p : public ::testing::Test {
@@ -175,4 +175,4 @@ TEST_F(DistributedP2p, ContextParallelAttentionRingOverlapsTransfers) {
 }
 
 }  // namespace
-}  // namespace autopar::backend::testing
+}  // namespace autopar::device::testing

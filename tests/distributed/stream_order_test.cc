@@ -1,4 +1,4 @@
-// The NCCL-semantics emulation (`--p2p-semantics nccl`, src/backend/cpu/stream_order.h) on 4
+// The NCCL-semantics emulation (`--p2p-semantics nccl`, src/device/cpu/stream_order.h) on 4
 // ranks: what NCCL would hang on hangs here (caught by a deadline), what NCCL runs completes.
 #include <gtest/gtest.h>
 
@@ -7,10 +7,10 @@
 #include <thread>
 #include <vector>
 
-#include "autopar/backend/backend.h"
+#include "autopar/device/backend.h"
 #include "tests/distributed/mpi_env.h"
 
-namespace autopar::backend::testing {
+namespace autopar::device::testing {
 namespace {
 
 class StreamOrder : public ::testing::Test {
@@ -109,4 +109,4 @@ TEST_F(StreamOrder, OperationsRunInIssueOrder) {
 }
 
 }  // namespace
-}  // namespace autopar::backend::testing
+}  // namespace autopar::device::testing

@@ -5,32 +5,32 @@
 
 #include <cmath>
 
-#include "autopar/backend/backend.h"
+#include "autopar/device/backend.h"
 #include "autopar/spec/parse.h"
 #include "autopar/trial/trial.h"
 #include "mpi_env.h"
 #include "trial_setup.h"
 
 #if defined(AUTOPAR_HAVE_CUDA) && AUTOPAR_HAVE_CUDA
-#include "autopar/backend/cuda_backend.h"
+#include "autopar/device/cuda_backend.h"
 #endif
 
 namespace autopar::trial {
 namespace {
 
-using backend::Outcome;
-using backend::testing::World;
+using device::Outcome;
+using device::testing::World;
 
 #if defined(AUTOPAR_HAVE_CUDA) && AUTOPAR_HAVE_CUDA
 // NCCL needs a device per rank; the ranks of this test share one host.
-bool HaveGpu() { return backend::CudaDeviceCount() >= World().size(); }
-std::unique_ptr<backend::Backend> Gpu() {
-  auto b = backend::MakeCudaBackend({});
+bool HaveGpu() { return device::CudaDeviceCount() >= World().size(); }
+std::unique_ptr<device::Backend> Gpu() {
+  auto b = device::MakeCudaBackend({});
   return b.ok() ? std::move(*b) : nullptr;
 }
 #else
 bool HaveGpu() { return false; }
-std::unique_ptr<backend::Backend> Gpu() { return nullptr; }
+std::unique_ptr<device::Backend> Gpu() { return nullptr; }
 #endif
 
 TrainSpec Bf16Train() { return testing::SmallTrain(Precision::kBF16); }
@@ -40,7 +40,7 @@ class CudaEquivalence : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaEquivalence, LossAndUpdatedWeightsMatchOneGpu) {
   if (!HaveGpu()) GTEST_SKIP() << "needs one CUDA device per rank";
-  std::unique_ptr<backend::Backend> gpu = Gpu();
+  std::unique_ptr<device::Backend> gpu = Gpu();
   ASSERT_NE(gpu, nullptr);
   const ModelSpec model = ModelPreset("tiny");
   auto self = World().Split(World().rank(), 0);

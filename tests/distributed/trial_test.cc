@@ -15,9 +15,9 @@
 namespace autopar::trial {
 namespace {
 
-using backend::Outcome;
-using backend::testing::TestBackend;
-using backend::testing::World;
+using device::Outcome;
+using device::testing::TestBackend;
+using device::testing::World;
 
 using testing::NumericOptions;
 
@@ -264,10 +264,10 @@ TEST(TrialOutcome, OomIsAValueAndTheNextTrialSucceeds) {
   const ParallelConfig small = Complete(ParseSpec("tp=2,pp=2,sp=on"), World().size());
   const double big_gib = PredictedPeakGib(model, big), small_gib = PredictedPeakGib(model, small);
   ASSERT_LT(small_gib * 1.2, big_gib * 0.8);
-  backend::CpuBackendOptions options = backend::testing::TestBackendOptions();
+  device::CpuBackendOptions options = device::testing::TestBackendOptions();
   options.memory_budget_bytes =
       static_cast<size_t>(0.5 * (small_gib + big_gib) * 1024 * 1024 * 1024);
-  auto budgeted = backend::MakeCpuBackend(options);
+  auto budgeted = device::MakeCpuBackend(options);
   ASSERT_TRUE(budgeted.ok());
   TrialOptions o = NumericOptions();
   o.fingerprint = false;
@@ -387,7 +387,7 @@ TEST_P(MoeGradient, MatchesCentralDifferences) {
   ASSERT_TRUE(moe.ok()) << moe.status().ToString();
   // Parameters, their gradients, the input, its gradient and the projection c, in one buffer.
   const int64_t router = E * h, fc1 = 2 * f * h, fc2 = h * f, params = router + E * (fc1 + fc2);
-  auto buffer = dev.Allocate(2 * params + 3 * T * h, backend::DType::kF32);
+  auto buffer = dev.Allocate(2 * params + 3 * T * h, device::DType::kF32);
   ASSERT_TRUE(buffer.ok());
   const Tensor all = buffer->tensor();
   const Tensor w = all.Slice(0, params), dw = all.Slice(params, params);
@@ -409,7 +409,7 @@ TEST_P(MoeGradient, MatchesCentralDifferences) {
     host[2 * params + 2 * T * h + i] = GetParam() * kernels::ref::HashUniform(33, i);
   }
   ASSERT_TRUE(dev.Upload(all, host).ok());
-  auto out_buf = dev.Allocate(T * h, backend::DType::kF32);
+  auto out_buf = dev.Allocate(T * h, device::DType::kF32);
   ASSERT_TRUE(out_buf.ok());
   const Tensor out = out_buf->tensor();
 

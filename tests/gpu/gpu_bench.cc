@@ -19,7 +19,7 @@
 //   GEMM                2 · m · n · k;
 //   all-reduce          bus bandwidth = 2 (n - 1) / n · bytes / time (nccl-tests' busBw).
 //
-// Attention runs on the engine the CUDA backend picks; AUTOPAR_ATTENTION (src/backend/cuda/
+// Attention runs on the engine the CUDA backend picks; AUTOPAR_ATTENTION (src/device/cuda/
 // cudnn_attention_plan.h: auto, kernel, cudnn) chooses it per process, so one engine per run, and
 // the JSON records what was asked for.
 //
@@ -43,13 +43,13 @@
 #include <tuple>
 #include <vector>
 
-#include "autopar/backend/cuda_backend.h"
-#include "autopar/backend/group.h"
+#include "autopar/device/cuda_backend.h"
+#include "autopar/device/group.h"
 #include "autopar/spec/parse.h"
 #include "kernels/attention.h"
-#include "src/backend/cuda/cuda_device.h"
+#include "src/device/cuda/cuda_device.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 constexpr int kWarmup = 3;
@@ -361,10 +361,10 @@ void Emit(const std::string& name, const std::string& json) {
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device
 
 int main(int argc, char** argv) {
-  namespace be = autopar::backend;
+  namespace be = autopar::device;
   if (MPI_Init(&argc, &argv) != MPI_SUCCESS) return 1;
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -10,11 +10,11 @@
 #include <memory>
 #include <vector>
 
-#include "autopar/backend/cuda_backend.h"
-#include "autopar/backend/group.h"
+#include "autopar/device/cuda_backend.h"
+#include "autopar/device/group.h"
 #include "tests/unit/cuda_test_util.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 using cuda_test::FromBf16Bits;
@@ -298,7 +298,7 @@ TEST_F(NcclCollectivesTest, UnmatchedReceiveTimesOutAndAborts) {
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);

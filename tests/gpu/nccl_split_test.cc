@@ -11,11 +11,11 @@
 #include <memory>
 #include <vector>
 
-#include "autopar/backend/cuda_backend.h"
-#include "autopar/backend/group.h"
-#include "autopar/backend/timer.h"
+#include "autopar/device/cuda_backend.h"
+#include "autopar/device/group.h"
+#include "autopar/device/timer.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 // True on every rank iff every rank has a GPU of its own.
@@ -160,4 +160,4 @@ TEST_F(NcclSplitTest, TheBudgetLeavesTheReserve) {
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

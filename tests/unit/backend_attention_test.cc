@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "autopar/backend/backend.h"
+#include "autopar/device/backend.h"
 #include "kernels/attention.h"
 #include "kernels/init.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 std::vector<float> Random(std::uint64_t seed, std::int64_t n, float scale = 1.0f) {
@@ -282,4 +282,4 @@ TEST_F(BackendAttention, RejectsBadShapes) {
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "kernels/fp8_scale.h"
-#include "src/backend/comm_cache.h"
-#include "src/backend/cuda/fp8_gemm_plan.h"
-#include "src/backend/device_memory.h"
+#include "src/device/comm_cache.h"
+#include "src/device/cuda/fp8_gemm_plan.h"
+#include "src/device/device_memory.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 constexpr std::size_t kGiB = std::size_t{1} << 30;
@@ -220,4 +220,4 @@ TEST(Fp8GemmPlan, RefusesWhatCublasLtCannotRun) {
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

@@ -7,10 +7,10 @@
 #include <memory>
 #include <vector>
 
-#include "autopar/backend/backend.h"
+#include "autopar/device/backend.h"
 #include "kernels/init.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 class BackendGemm : public ::testing::Test {
@@ -131,4 +131,4 @@ TEST_F(BackendGemm, RejectsViewsTooSmallAndWrongDtypes) {
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

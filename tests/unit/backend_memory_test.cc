@@ -5,10 +5,10 @@
 #include <memory>
 #include <vector>
 
-#include "autopar/backend/backend.h"
-#include "autopar/backend/status.h"
+#include "autopar/device/backend.h"
+#include "autopar/device/status.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 Status FailsWithOom() { return Status::Error(Outcome::kOom, "no room", "src/x/y.cc", 12); }
@@ -163,4 +163,4 @@ TEST_F(BackendMemory, SliceUploadDownload) {
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "autopar/backend/backend.h"
+#include "autopar/device/backend.h"
 #include "kernels/activations.h"
 #include "kernels/adam.h"
 #include "kernels/cross_entropy.h"
@@ -16,7 +16,7 @@
 #include "kernels/norms.h"
 #include "kernels/rope.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 std::vector<float> Random(std::uint64_t seed, std::int64_t n, float scale = 1.0f,
@@ -295,4 +295,4 @@ TEST_F(BackendOps, HashFillShardsAreSlicesOfTheFullTensor) {
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

@@ -43,12 +43,12 @@ namespace {
 
 // Launchers are called qualified: their Storage and AttentionArgs arguments would otherwise bring
 // the real (GPU) launchers of the enclosing namespace into overload resolution.
-using backend::cuda_test::Close;
-using backend::cuda_test::FromBf16Bits;
-using backend::cuda_test::Random;
-using backend::cuda_test::RoundBf16;
-using backend::cuda_test::ToBf16Bits;
-using backend::cuda_test::ToDouble;
+using device::cuda_test::Close;
+using device::cuda_test::FromBf16Bits;
+using device::cuda_test::Random;
+using device::cuda_test::RoundBf16;
+using device::cuda_test::ToBf16Bits;
+using device::cuda_test::ToDouble;
 
 constexpr int kSharedMemory = 227 * 1024;  // an H100's opt-in limit
 

@@ -10,7 +10,7 @@
 
 #include "tests/unit/cuda_test_util.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 using cuda_test::Random;
@@ -93,4 +93,4 @@ TEST_F(CudaFp8Gemm, RefusesShapesCublasLtCannotRun) {
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

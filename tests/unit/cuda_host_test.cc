@@ -11,15 +11,15 @@
 #include <limits>
 #include <vector>
 
-#include "autopar/backend/cuda_backend.h"
+#include "autopar/device/cuda_backend.h"
 #include "kernels/cuda_attention_plan.cuh"
-#include "src/backend/cuda/cuda_check.h"
-#include "src/backend/cuda/gemm_mapping.h"
-#include "src/backend/cuda/nccl_comm.h"
-#include "src/backend/validate.h"
+#include "src/device/cuda/cuda_check.h"
+#include "src/device/cuda/gemm_mapping.h"
+#include "src/device/cuda/nccl_comm.h"
+#include "src/device/validate.h"
 #include "tests/unit/cuda_test_util.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 using cuda_test::FromBf16Bits;
@@ -236,4 +236,4 @@ TEST(CudaBackend, WithoutAGpuIsADeviceErrorNotACrash) {
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

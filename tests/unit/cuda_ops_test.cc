@@ -14,7 +14,7 @@
 #include "kernels/rope.h"
 #include "tests/unit/cuda_test_util.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 using cuda_test::Close;
@@ -337,4 +337,4 @@ INSTANTIATE_TEST_SUITE_P(Storage, CudaTypedTest, ::testing::Values(DType::kF32, 
                          cuda_test::DTypeParamName);
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

@@ -13,17 +13,17 @@
 #include <string>
 #include <vector>
 
-#include "autopar/backend/cuda_backend.h"
+#include "autopar/device/cuda_backend.h"
 #include "kernels/init.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 
 // Test names read "f32" / "bf16" instead of the enum's bytes.
 inline void PrintTo(DType dtype, std::ostream* os) { *os << DTypeName(dtype); }
 
-}  // namespace autopar::backend
+}  // namespace autopar::device
 
-namespace autopar::backend::cuda_test {
+namespace autopar::device::cuda_test {
 
 // float -> bf16 bits, rounding to nearest even like __float2bfloat16_rn; NaN stays a quiet NaN.
 inline std::uint16_t ToBf16Bits(float value) {
@@ -175,4 +175,4 @@ inline std::string DTypeParamName(const ::testing::TestParamInfo<DType>& param_i
   return DTypeName(param_info.param);
 }
 
-}  // namespace autopar::backend::cuda_test
+}  // namespace autopar::device::cuda_test

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "autopar/backend/backend.h"
-#include "autopar/backend/group.h"
+#include "autopar/device/backend.h"
+#include "autopar/device/group.h"
 #include "autopar/perf/cost_model.h"
 
 namespace autopar::trial {
@@ -39,8 +39,8 @@ struct ProbeOverheads {
 };
 
 // Collective over `world`; the same samples on every rank, and `overheads` when not null.
-backend::StatusOr<std::vector<ProbeSample>> RunProbe(
-    backend::Backend& backend, const backend::Group& world, const ModelSpec& model,
+device::StatusOr<std::vector<ProbeSample>> RunProbe(
+    device::Backend& backend, const device::Group& world, const ModelSpec& model,
     const TrainSpec& train, const ClusterSpec& cluster, const CostModel& cost,
     const ProbeOptions& options, ProbeOverheads* overheads = nullptr);
 
