@@ -1,20 +1,20 @@
 // What every rank of an MPI command (trial, probe, tune --backend cpu|cuda) starts from: MPI, the
-// world group, and the trial backend of its GPU. Internal to src/cli; needs the trial runner.
+// world group, and the device platform of its GPU. Internal to src/cli; needs the trial runner.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "autopar/coord/backend.h"
-#include "autopar/device/backend.h"
 #include "autopar/device/group.h"
+#include "autopar/device/platform.h"
 #include "autopar/spec/cluster.h"
 
 namespace autopar::cli {
 
 struct RankWorker {
   device::Group world;
-  std::unique_ptr<device::Backend> backend;
+  std::unique_ptr<device::Platform> platform;
 };
 
 // Initialises MPI, checks that mpirun started --nnodes × --nproc-per-node ranks (InputError

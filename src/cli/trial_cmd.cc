@@ -152,7 +152,7 @@ int RunTrialCommand(const std::vector<std::string>& argv_in, std::ostream& out,
   const int rank = worker.world.rank();
   flags.options.ddp_bucket_size = in.constants.stack.ddp_bucket_size;  // as the model assumes
   const trial::TrialMeasurement m =
-      trial::RunTrial(*worker.backend, worker.world, in.model, in.train, c, flags.options);
+      trial::RunTrial(*worker.platform, worker.world, in.model, in.train, c, flags.options);
   // Every rank holds the agreed outcome; rank 0 reports it, in its output and its exit status.
   // The others exit 0: one that exited non-zero first would make mpirun kill rank 0 before it
   // has printed the result.
@@ -176,7 +176,7 @@ int RunProbeCommand(const std::vector<std::string>& argv_in, std::ostream& out,
   options.repetitions = static_cast<int>(repetitions);
   options.tp_values = in.space.tp;
   trial::ProbeOverheads overheads;
-  auto samples = trial::RunProbe(*worker.backend, worker.world, in.model, in.train, in.cluster,
+  auto samples = trial::RunProbe(*worker.platform, worker.world, in.model, in.train, in.cluster,
                                  cost, options, &overheads);
   if (!samples.ok()) {
     err << "autopar-tune probe: " << samples.status().ToString() << "\n";

@@ -1,7 +1,7 @@
-// Argument checks shared by every backend's ops (internal to src/backend).
+// Argument checks shared by every device's ops (internal to src/device).
 //
 // Ops take raw views and separate shapes, so each op states which views it reads or writes, in
-// which dtype, and how many elements it touches; a backend calls these before launching anything,
+// which dtype, and how many elements it touches; a device calls these before launching anything,
 // and a mismatch comes back as kInvalid naming the op and the argument.
 #pragma once
 

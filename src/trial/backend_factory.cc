@@ -1,7 +1,7 @@
 #include "autopar/trial/backend_factory.h"
 
 #if defined(AUTOPAR_HAVE_CUDA)
-#include "autopar/device/cuda_backend.h"
+#include "autopar/device/cuda_platform.h"
 #endif
 
 namespace autopar::trial {
@@ -14,22 +14,21 @@ bool CudaBackendBuilt() {
 #endif
 }
 
-device::StatusOr<std::unique_ptr<device::Backend>> MakeBackend(const std::string& name,
-                                                               std::size_t memory_budget_bytes,
-                                                               int device_index,
-                                                               device::P2PSemantics p2p_semantics) {
+device::StatusOr<std::unique_ptr<device::Platform>> MakeBackend(
+    const std::string& name, std::size_t memory_budget_bytes, int device_index,
+    device::P2PSemantics p2p_semantics) {
   if (name == "cpu") {
-    device::CpuBackendOptions options;
+    device::CpuPlatformOptions options;
     options.memory_budget_bytes = memory_budget_bytes;
     options.p2p_semantics = p2p_semantics;
-    return device::MakeCpuBackend(options);
+    return device::MakeCpuPlatform(options);
   }
   if (name == "cuda") {
 #if defined(AUTOPAR_HAVE_CUDA)
-    device::CudaBackendOptions options;
+    device::CudaPlatformOptions options;
     options.device_index = device_index;
     options.memory_budget_bytes = memory_budget_bytes;
-    return device::MakeCudaBackend(options);
+    return device::MakeCudaPlatform(options);
 #else
     (void)device_index;
     return device::Status(device::Outcome::kInvalid,

@@ -42,9 +42,9 @@ GroupUse UsedGroups(const ParallelConfig& c, bool moe, bool tied_embedding) {
   return use;
 }
 
-StatusOr<ProcessGroups> ProcessGroups::Create(device::Backend& backend, const device::Group& world,
-                                              const ParallelConfig& c, Deadline deadline,
-                                              const GroupUse& use) {
+StatusOr<ProcessGroups> ProcessGroups::Create(device::Platform& platform,
+                                              const device::Group& world, const ParallelConfig& c,
+                                              Deadline deadline, const GroupUse& use) {
   ProcessGroups g;
   const int rank = world.rank();
   const Coordinates at = Coordinates::Of(rank, c);
@@ -57,7 +57,7 @@ StatusOr<ProcessGroups> ProcessGroups::Create(device::Backend& backend, const de
   auto make = [&](bool used, int color, int key, Comm& out) -> Status {
     if (!used) return OkStatus();
     AUTOPAR_ASSIGN_OR_RETURN(device::Group group, world.Split(color, key));
-    AUTOPAR_ASSIGN_OR_RETURN(auto collectives, backend.ConnectSplit(world, group));
+    AUTOPAR_ASSIGN_OR_RETURN(auto collectives, platform.ConnectSplit(world, group));
     if (collectives != nullptr) out = Comm(std::move(collectives), deadline);
     if (!group.empty()) connected.push_back(group.world_ranks());
     return OkStatus();
@@ -89,7 +89,7 @@ StatusOr<ProcessGroups> ProcessGroups::Create(device::Backend& backend, const de
   AUTOPAR_RETURN_IF_ERROR(
       make(use.embedding, end_stage ? rank - at.pp * pp_stride : -1, at.pp, g.embedding));
   // Communicators cached for earlier configurations go before this one allocates anything.
-  backend.RetainGroups(connected);
+  platform.RetainGroups(connected);
   return g;
 }
 

@@ -82,7 +82,7 @@ class Prober {
   Status Norm(int64_t h);
   // All-reduces of one layer's activations on groups inside a node (stride 1, tp-like) and
   // across nodes (stride = a node, dp-like).
-  Status AllReduces(device::Backend& be, const ClusterSpec& cluster, int64_t h);
+  Status AllReduces(device::Platform& platform, const ClusterSpec& cluster, int64_t h);
   // The slowest rank's communicator set-up times and non-tensor memory.
   Status Overheads(ProbeOverheads& overheads);
 
@@ -91,7 +91,7 @@ class Prober {
  private:
   Status Gemm(const char* name, int64_t n, int64_t k, double sharded, int tp);
   // On the group of n ranks at `stride` that holds this rank.
-  Status AllReduce(device::Backend& be, int n, int stride, int64_t h);
+  Status AllReduce(device::Platform& platform, int n, int stride, int64_t h);
 
   device::Device& dev_;
   const device::Group& world_;
@@ -177,20 +177,20 @@ Status Prober::Norm(int64_t h) {
   return OkStatus();
 }
 
-Status Prober::AllReduces(device::Backend& be, const ClusterSpec& cluster, int64_t h) {
+Status Prober::AllReduces(device::Platform& platform, const ClusterSpec& cluster, int64_t h) {
   const int world_size = world_.size();
   const int gpn = static_cast<int>(cluster.gpus_per_node);
   for (int stride : {1, gpn}) {
     if (stride == gpn && cluster.nnodes == 1) continue;
     for (int n = 2; n * stride <= world_size; n *= 2) {
       if (world_size % (n * stride) != 0 || (stride == 1 && n > gpn)) continue;
-      AUTOPAR_RETURN_IF_ERROR(AllReduce(be, n, stride, h));
+      AUTOPAR_RETURN_IF_ERROR(AllReduce(platform, n, stride, h));
     }
   }
   return OkStatus();
 }
 
-Status Prober::AllReduce(device::Backend& be, int n, int stride, int64_t h) {
+Status Prober::AllReduce(device::Platform& platform, int n, int stride, int64_t h) {
   const int rank = world_.rank();
   const int block = n * stride;
   const int color = (rank / block) * stride + rank % stride;
@@ -198,11 +198,11 @@ Status Prober::AllReduce(device::Backend& be, int n, int stride, int64_t h) {
   // Twice: the first connection builds the communicator, the second shows what a later
   // trial over the same ranks pays.
   device::WallTimer setup;
-  AUTOPAR_ASSIGN_OR_RETURN(auto first, be.ConnectSplit(world_, group));
+  AUTOPAR_ASSIGN_OR_RETURN(auto first, platform.ConnectSplit(world_, group));
   setup_first_s_ += setup.Seconds();
   first.reset();
   setup.Start();
-  AUTOPAR_ASSIGN_OR_RETURN(auto coll, be.ConnectSplit(world_, group));
+  AUTOPAR_ASSIGN_OR_RETURN(auto coll, platform.ConnectSplit(world_, group));
   setup_cached_s_ += setup.Seconds();
   AUTOPAR_ASSIGN_OR_RETURN(Buffer buf, dev_.Allocate(tokens_ * h, device::DType::kF32));
   AUTOPAR_RETURN_IF_ERROR(dev_.Fill(buf.tensor(), 1.0f));
@@ -229,18 +229,18 @@ Status Prober::Overheads(ProbeOverheads& overheads) {
 
 }  // namespace
 
-StatusOr<std::vector<ProbeSample>> RunProbe(device::Backend& be, const device::Group& world,
+StatusOr<std::vector<ProbeSample>> RunProbe(device::Platform& platform, const device::Group& world,
                                             const ModelSpec& m, const TrainSpec& t,
                                             const ClusterSpec& cluster, const CostModel& cost,
                                             const ProbeOptions& options,
                                             ProbeOverheads* overheads) {
-  Prober probe(be.device(), world, cost, options.repetitions, t.seq_length);
+  Prober probe(platform.device(), world, cost, options.repetitions, t.seq_length);
   for (int tp : ProbedTpDegrees(m, cluster, options)) {
     AUTOPAR_RETURN_IF_ERROR(probe.Gemms(m, tp));
     AUTOPAR_RETURN_IF_ERROR(probe.Attention(m, tp));
   }
   AUTOPAR_RETURN_IF_ERROR(probe.Norm(m.hidden_size));
-  AUTOPAR_RETURN_IF_ERROR(probe.AllReduces(be, cluster, m.hidden_size));
+  AUTOPAR_RETURN_IF_ERROR(probe.AllReduces(platform, cluster, m.hidden_size));
   if (overheads != nullptr) AUTOPAR_RETURN_IF_ERROR(probe.Overheads(*overheads));
   return std::move(probe.samples);
 }

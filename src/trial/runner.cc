@@ -212,13 +212,13 @@ Status RunIterations(const RankRun& run, RankSamples& samples) {
 
 // This rank's part of the trial: its groups, shard and program, then the iterations. Everything
 // that allocates lives in here, so it is all freed before the agreement.
-Status RunOnRank(device::Backend& backend, const device::Group& world, const ModelSpec& model,
+Status RunOnRank(device::Platform& platform, const device::Group& world, const ModelSpec& model,
                  const TrainSpec& train, const ParallelConfig& c, const TrialOptions& options,
                  int run_microbatches, Deadline deadline, RankSamples& samples) {
-  Device& dev = backend.device();
+  Device& dev = platform.device();
   AUTOPAR_ASSIGN_OR_RETURN(
       ProcessGroups groups,
-      ProcessGroups::Create(backend, world, c, deadline,
+      ProcessGroups::Create(platform, world, c, deadline,
                             UsedGroups(c, model.is_moe(), !model.untie_embeddings)));
   const Shapes shapes = Shapes::Of(model, train, c, groups.at);
   const std::vector<PipelineOp> ops = PipelineSchedule(c.pp, c.vpp, groups.at.pp, run_microbatches);
@@ -263,7 +263,7 @@ bool AgreeOnOutcome(const Status& status, const device::Group& world, Deadline g
 
 // This rank's peak memory in GiB above `baseline`. Training sees the device's whole use: the
 // trial's tensors plus what the runtime holds besides them (CUDA context, library workspaces,
-// NCCL buffers; 0 on the CPU backend). Every rank goes on to the agreement whatever happens
+// NCCL buffers; 0 on the CPU platform). Every rank goes on to the agreement whatever happens
 // here, so a failed reading is noted in `notes` (after the attention engine's note) rather than
 // returned.
 double PeakMemoryGib(Device& dev, size_t baseline, std::string& notes) {
@@ -335,19 +335,19 @@ void Report(const Figures& f, int warmup_iterations, const TrainSpec& train, dou
 
 }  // namespace
 
-TrialMeasurement RunTrial(device::Backend& backend, const device::Group& world,
+TrialMeasurement RunTrial(device::Platform& platform, const device::Group& world,
                           const ModelSpec& model, const TrainSpec& train,
                           const ParallelConfig& config, const TrialOptions& options) {
   TrialMeasurement out;
   const ParallelConfig& c = config;
-  if (const std::string reason = Validate(world, backend.device(), model, train, c);
+  if (const std::string reason = Validate(world, platform.device(), model, train, c);
       !reason.empty()) {
     out.outcome = Outcome::kInvalid;
     out.message = reason;
     return out;
   }
   const Deadline deadline = After(std::chrono::steady_clock::now(), options.timeout_s);
-  Device& dev = backend.device();
+  Device& dev = platform.device();
   const size_t baseline = dev.bytes_in_use();
   dev.ResetPeak();
 
@@ -362,7 +362,7 @@ TrialMeasurement RunTrial(device::Backend& backend, const device::Group& world,
 
   RankSamples samples;
   const Status status =
-      RunOnRank(backend, world, model, train, c, options, run_microbatches, deadline, samples);
+      RunOnRank(platform, world, model, train, c, options, run_microbatches, deadline, samples);
 
   // ---- every rank agrees on the outcome and the figures ----
   const Deadline grace =

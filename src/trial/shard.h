@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "autopar/device/backend.h"
+#include "autopar/device/platform.h"
 #include "autopar/space/config.h"
 #include "autopar/spec/model.h"
 #include "autopar/spec/train.h"

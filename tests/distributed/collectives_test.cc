@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "autopar/device/backend.h"
+#include "autopar/device/platform.h"
 #include "tests/distributed/mpi_env.h"
 
 namespace autopar::device::testing {
@@ -28,7 +28,7 @@ class DistributedCollectives : public ::testing::Test {
   void SetUp() override {
     if (World().size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
   }
-  Device& dev() { return TestBackend().device(); }
+  Device& dev() { return TestPlatform().device(); }
 
   Tensor Put(const std::vector<float>& host) {
     StatusOr<Buffer> buf = dev().Allocate(static_cast<std::int64_t>(host.size()), DType::kF32);
@@ -57,7 +57,7 @@ class DistributedCollectives : public ::testing::Test {
   Connected Connect(const Split& split) {
     StatusOr<Group> group = World().Split(split.color(World().rank()), World().rank());
     EXPECT_TRUE(group.ok()) << group.status().ToString();
-    StatusOr<std::unique_ptr<Collectives>> comm = TestBackend().Connect(*group);
+    StatusOr<std::unique_ptr<Collectives>> comm = TestPlatform().Connect(*group);
     EXPECT_TRUE(comm.ok()) << comm.status().ToString();
     return Connected{std::move(group).value(), std::move(comm).value()};
   }
@@ -99,7 +99,7 @@ TEST_F(DistributedCollectives, SubgroupFromWorldRanksInListedOrder) {
   ASSERT_TRUE(sub.ok()) << sub.status().ToString();
   EXPECT_EQ(sub->world_ranks(), members);
   EXPECT_EQ(sub->world_ranks()[sub->rank()], me);
-  StatusOr<std::unique_ptr<Collectives>> comm = TestBackend().Connect(*sub);
+  StatusOr<std::unique_ptr<Collectives>> comm = TestPlatform().Connect(*sub);
   ASSERT_TRUE(comm.ok());
   const Tensor x = Put({static_cast<float>(me)});
   ASSERT_TRUE((*comm)->AllReduce(x, x, ReduceOp::kSum).ok());

@@ -17,8 +17,8 @@ namespace autopar::device::testing {
 namespace {
 
 std::optional<Group> g_world;
-std::unique_ptr<Backend> g_backend;
-CpuBackendOptions g_options;
+std::unique_ptr<Platform> g_platform;
+CpuPlatformOptions g_options;
 
 class FailurePrinter : public ::testing::EmptyTestEventListener {
  public:
@@ -37,8 +37,8 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 Group& World() { return *g_world; }
-Backend& TestBackend() { return *g_backend; }
-CpuBackendOptions TestBackendOptions() { return g_options; }
+Platform& TestPlatform() { return *g_platform; }
+CpuPlatformOptions TestPlatformOptions() { return g_options; }
 
 }  // namespace autopar::device::testing
 
@@ -81,15 +81,15 @@ int main(int argc, char** argv) {
         std::string(autopar::device::P2PSemanticsName(bt::g_options.p2p_semantics)).c_str());
   }
   autopar::device::StatusOr<autopar::device::Group> world = autopar::device::Group::World();
-  autopar::device::StatusOr<std::unique_ptr<autopar::device::Backend>> backend =
-      autopar::device::MakeCpuBackend(bt::g_options);
-  if (!world.ok() || !backend.ok()) {
+  autopar::device::StatusOr<std::unique_ptr<autopar::device::Platform>> platform =
+      autopar::device::MakeCpuPlatform(bt::g_options);
+  if (!world.ok() || !platform.ok()) {
     std::fprintf(stderr, "[rank %d] setup failed: %s %s\n", rank, world.status().ToString().c_str(),
-                 backend.status().ToString().c_str());
+                 platform.status().ToString().c_str());
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   bt::g_world.emplace(std::move(world).value());
-  bt::g_backend = std::move(backend).value();
+  bt::g_platform = std::move(platform).value();
 
   const int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   int any_failed = failed;
@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
   if (rank == 0 && any_failed && !failed) {
     std::printf("FAILED on another rank: see the [rank N] lines above\n");
   }
-  bt::g_backend.reset();
+  bt::g_platform.reset();
   bt::g_world.reset();  // frees the communicator while MPI is still up
   if (MPI_Finalize() != MPI_SUCCESS) return 1;
   return any_failed;

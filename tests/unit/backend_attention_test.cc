@@ -1,4 +1,4 @@
-// The CPU backend's blockwise attention against the naive reference (kernels/attention.h), and the
+// The CPU platform's blockwise attention against the naive reference (kernels/attention.h), and the
 // context-parallel ring pattern built from chunk calls, merges and accumulated backward passes.
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "autopar/device/backend.h"
+#include "autopar/device/platform.h"
 #include "kernels/attention.h"
 #include "kernels/init.h"
 
@@ -73,14 +73,14 @@ struct Problem {
 class BackendAttention : public ::testing::Test {
  protected:
   void MakeBackend(std::int64_t block_q, std::int64_t block_kv) {
-    CpuBackendOptions options;
+    CpuPlatformOptions options;
     options.attention_block_q = block_q;
     options.attention_block_kv = block_kv;
-    StatusOr<std::unique_ptr<Backend>> backend = MakeCpuBackend(options);
-    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-    backend_ = std::move(backend).value();
+    StatusOr<std::unique_ptr<Platform>> platform = MakeCpuPlatform(options);
+    ASSERT_TRUE(platform.ok()) << platform.status().ToString();
+    platform_ = std::move(platform).value();
   }
-  Device& dev() { return backend_->device(); }
+  Device& dev() { return platform_->device(); }
 
   Tensor Put(const std::vector<float>& host) {
     StatusOr<Buffer> buf = dev().Allocate(static_cast<std::int64_t>(host.size()), DType::kF32);
@@ -96,7 +96,7 @@ class BackendAttention : public ::testing::Test {
     return host.ok() ? *host : std::vector<float>{};
   }
 
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Platform> platform_;
   std::vector<Buffer> buffers_;
 };
 

@@ -1,4 +1,4 @@
-// The pure decisions behind the CUDA backend, tested on any host: communicator caching by member
+// The pure decisions behind the CUDA platform, tested on any host: communicator caching by member
 // set, the memory budget and non-tensor bytes, FP8 scaling and the FP8 GEMM's TN mapping.
 #include <gtest/gtest.h>
 

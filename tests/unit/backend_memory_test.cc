@@ -5,7 +5,7 @@
 #include <memory>
 #include <vector>
 
-#include "autopar/device/backend.h"
+#include "autopar/device/platform.h"
 #include "autopar/device/status.h"
 
 namespace autopar::device {
@@ -70,15 +70,15 @@ class BackendMemory : public ::testing::Test {
  protected:
   static constexpr std::size_t kBudget = 1 << 20;
   void SetUp() override {
-    CpuBackendOptions options;
+    CpuPlatformOptions options;
     options.memory_budget_bytes = kBudget;
-    StatusOr<std::unique_ptr<Backend>> backend = MakeCpuBackend(options);
-    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-    backend_ = std::move(backend).value();
+    StatusOr<std::unique_ptr<Platform>> platform = MakeCpuPlatform(options);
+    ASSERT_TRUE(platform.ok()) << platform.status().ToString();
+    platform_ = std::move(platform).value();
   }
-  Device& device() { return backend_->device(); }
+  Device& device() { return platform_->device(); }
 
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Platform> platform_;
 };
 
 TEST_F(BackendMemory, OverBudgetIsOomAndLeavesTheDeviceUsable) {
@@ -133,9 +133,9 @@ TEST_F(BackendMemory, TypedAllocationAndBufferLifetime) {
 }
 
 TEST(BackendMemoryUnbudgeted, AllocatorRefusalIsOomNotAnAbort) {
-  StatusOr<std::unique_ptr<Backend>> backend = MakeCpuBackend(CpuBackendOptions{});
-  ASSERT_TRUE(backend.ok());
-  Device& dev = (*backend)->device();
+  StatusOr<std::unique_ptr<Platform>> platform = MakeCpuPlatform(CpuPlatformOptions{});
+  ASSERT_TRUE(platform.ok());
+  Device& dev = (*platform)->device();
   // 1 PiB is beyond the 47-bit user address space, so the allocator itself says no.
   StatusOr<Buffer> huge = dev.Allocate(std::size_t{1} << 50);
   ASSERT_FALSE(huge.ok());

@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "autopar/device/backend.h"
+#include "autopar/device/platform.h"
 #include "kernels/activations.h"
 #include "kernels/adam.h"
 #include "kernels/cross_entropy.h"
@@ -31,11 +31,11 @@ std::vector<float> Random(std::uint64_t seed, std::int64_t n, float scale = 1.0f
 class BackendOps : public ::testing::Test {
  protected:
   void SetUp() override {
-    StatusOr<std::unique_ptr<Backend>> backend = MakeCpuBackend(CpuBackendOptions{});
-    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-    backend_ = std::move(backend).value();
+    StatusOr<std::unique_ptr<Platform>> platform = MakeCpuPlatform(CpuPlatformOptions{});
+    ASSERT_TRUE(platform.ok()) << platform.status().ToString();
+    platform_ = std::move(platform).value();
   }
-  Device& dev() { return backend_->device(); }
+  Device& dev() { return platform_->device(); }
 
   template <typename T>
   Tensor Put(const std::vector<T>& host) {
@@ -52,7 +52,7 @@ class BackendOps : public ::testing::Test {
     return host.ok() ? *host : std::vector<float>{};
   }
 
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Platform> platform_;
   std::vector<Buffer> buffers_;
 };
 

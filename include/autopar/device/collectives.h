@@ -1,7 +1,7 @@
 // Communication on one process group, over device memory.
 //
 // Ranks and peers are ranks within the group. Buffers may be the same view (in place) where noted.
-// Reductions need f32 (or i32) on the CPU backend; data movement works on any dtype. Every call
+// Reductions need f32 (or i32) on the CPU platform; data movement works on any dtype. Every call
 // returns kCommError when the transport fails and kInvalid for mismatched arguments.
 //
 // Non-blocking calls return a Request that must complete (Wait, or Test until true) before the

@@ -4,14 +4,14 @@
 // synchronously. Synchronize() waits for everything enqueued, so host timing of a region is
 // `Synchronize(); timer.Start(); ...; Synchronize(); timer.Seconds()`.
 //
-// Memory accounting lives here, shared by all backends: an allocation that would take bytes in use
+// Memory accounting lives here, shared by all devices: an allocation that would take bytes in use
 // past the budget, or that the allocator refuses, returns kOom and changes nothing else, so the
 // process stays healthy for the next (smaller) allocation. Budgets count requested bytes.
 //
 // Every op validates dtypes and the element counts it will touch and returns kInvalid on a
 // mismatch; a view may be larger than what an op touches (elementwise ops, whose extent is the
 // view, want equal sizes). "compute" below means compute_dtype() (f32 on the CPU, bf16 on
-// CUDA); "f32" means fp32 whatever the backend. Shapes and conventions are in ops.h.
+// CUDA); "f32" means fp32 whatever the device. Shapes and conventions are in ops.h.
 #pragma once
 
 #include <atomic>
@@ -114,10 +114,10 @@ class Device {
   // Merges a partial result into (out, lse) by log-sum-exp weights: rows = seq_q * batch * heads_q.
   virtual Status AttentionMerge(std::int64_t rows, std::int64_t head_dim, Tensor out, Tensor lse,
                                 Tensor part_out, Tensor part_lse) = 0;
-  // Empty while every attention call so far ran on the backend's fast engine; otherwise one line
+  // Empty while every attention call so far ran on the device's fast engine; otherwise one line
   // for the trial result saying how many calls fell back to the slower reference engine and the
   // first reason (the CUDA device: cuDNN's fused attention, else its CUDA-core kernel). The CPU
-  // backend has a single engine.
+  // device has a single engine.
   virtual std::string AttentionEngineNote() const { return ""; }
 
   // ---- vocab-parallel cross-entropy (logits, dlogits compute; the rest f32, targets i32) ----

@@ -1,7 +1,7 @@
 // A process group: an MPI communicator owned by RAII.
 //
-// Groups are the control plane of every backend: the CPU backend runs its collectives on (a
-// duplicate of) the group's communicator; a CUDA backend uses it to agree on an NCCL unique id.
+// Groups are the control plane of every platform: the CPU platform runs its collectives on (a
+// duplicate of) the group's communicator; the CUDA platform uses it to agree on an NCCL unique id.
 // Every communicator made here has MPI_ERRORS_RETURN, so failures come back as kCommError.
 //
 // Creation is collective. World() over all ranks; Split() over the members of the parent group;

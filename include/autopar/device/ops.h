@@ -137,7 +137,7 @@ struct AdamParams {
 // Deterministic fill: element (r, c) of a [rows, cols] view gets
 //   scale * HashUniform(seed, (row_offset + r) * global_cols + col_offset + c)
 // with HashUniform in [-1, 1) (kernels/init.h). A shard of a weight filled with its offsets equals
-// the same slice of the unsharded weight, bit for bit, on every backend. rows = 0 means one row of
+// the same slice of the unsharded weight, bit for bit, on every device. rows = 0 means one row of
 // numel columns with global_cols = numel.
 struct HashFill {
   std::uint64_t seed = 0;

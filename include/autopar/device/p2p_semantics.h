@@ -1,5 +1,5 @@
-// The `--p2p-semantics` choice, apart from the backend interface so the CLI can parse it without
-// MPI or a backend library.
+// The `--p2p-semantics` choice, apart from the platform interface so the CLI can parse it without
+// MPI or the device library.
 #pragma once
 
 #include <string>
@@ -9,7 +9,7 @@
 
 namespace autopar::device {
 
-// How the CPU backend's collectives run (`--p2p-semantics`).
+// How the CPU platform's collectives run (`--p2p-semantics`).
 //  kMpi:  as MPI runs them: operations on a communicator progress independently, and a send
 //         completes once MPI has buffered it.
 //  kNccl: as NCCL runs them on one CUDA stream per communicator: each communicator executes its

@@ -1,8 +1,9 @@
-// The failure class of backend work, carried as a value.
+// The failure class of device and trial work, carried as a value.
 //
 // Every device op and collective returns a Status instead of throwing or aborting, so a trial can
-// turn an out-of-memory, a communication failure or a non-finite loss into its outcome (docs/trial.md §10)
-// and the worker stays alive for the next trial. The check macros stamp the first error with
+// turn an out-of-memory, a communication failure or a non-finite loss into its outcome
+// (docs/trial.md §10) and the worker stays alive for the next trial. The check macros stamp the
+// first error with
 // `[host:pid] file:line` and add one `<- file:line` frame at every level it is passed up through,
 // like nccl-tests' testResult_t with its TESTCHECK.
 #pragma once

@@ -1,7 +1,7 @@
 // Device memory: owning buffers and the typed views that ops take.
 //
 // Ops take `Tensor` views (pointer, element count, dtype) and their shapes as separate arguments,
-// the way cuBLAS and cuDNN do, so one interface serves fp32 on the CPU and bf16 on a GPU: a backend
+// the way cuBLAS and cuDNN do, so one interface serves fp32 on the CPU and bf16 on a GPU: a device
 // checks the dtypes it supports and the element counts an op will touch, and answers kInvalid
 // rather than reading out of bounds.
 #pragma once

@@ -1,7 +1,7 @@
 // Wall-clock timing of device work.
 //
 // Callers bracket a region with Device::Synchronize() so the host clock measures finished work, the
-// way Megatron's timers do; on the CPU backend Synchronize is a no-op because ops are synchronous.
+// way Megatron's timers do; on the CPU device Synchronize is a no-op because ops are synchronous.
 #pragma once
 
 #include <chrono>

@@ -6,14 +6,14 @@
 #include <memory>
 #include <string>
 
-#include "autopar/device/backend.h"
+#include "autopar/device/platform.h"
 
 namespace autopar::trial {
 
 // `device_index` picks the GPU (the rank within its node); `p2p_semantics` is the CPU backend's
 // (the CUDA backend runs NCCL). A `cuda` request in a build without CUDA, or an unknown name, is
 // kInvalid with the allowed names.
-device::StatusOr<std::unique_ptr<device::Backend>> MakeBackend(
+device::StatusOr<std::unique_ptr<device::Platform>> MakeBackend(
     const std::string& name, std::size_t memory_budget_bytes, int device_index,
     device::P2PSemantics p2p_semantics = device::P2PSemantics::kMpi);
 bool CudaBackendBuilt();

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "autopar/device/backend.h"
 #include "autopar/device/group.h"
+#include "autopar/device/platform.h"
 #include "autopar/space/config.h"
 #include "autopar/spec/model.h"
 #include "autopar/spec/train.h"
@@ -86,7 +86,7 @@ struct TrialMeasurement {
 // on every rank. `world` must have exactly config.world_size() ranks. Configurations the runner
 // cannot express (multi-head latent attention, replicated kv heads over tp, ...) end as `invalid`
 // with the reason.
-TrialMeasurement RunTrial(device::Backend& backend, const device::Group& world,
+TrialMeasurement RunTrial(device::Platform& platform, const device::Group& world,
                           const ModelSpec& model, const TrainSpec& train,
                           const ParallelConfig& config, const TrialOptions& options);
 

@@ -23,7 +23,7 @@ bool FitsBlasInt(std::int64_t v) { return v >= 0 && v <= INT_MAX; }
 
 }  // namespace
 
-CpuDevice::CpuDevice(const CpuBackendOptions& options)
+CpuDevice::CpuDevice(const CpuPlatformOptions& options)
     : Device(options.memory_budget_bytes),
       block_q_(options.attention_block_q),
       block_kv_(options.attention_block_kv) {}

@@ -5,14 +5,14 @@
 #include <cstdint>
 #include <string_view>
 
-#include "autopar/device/backend.h"
 #include "autopar/device/device.h"
+#include "autopar/device/platform.h"
 
 namespace autopar::device {
 
 class CpuDevice final : public Device {
  public:
-  explicit CpuDevice(const CpuBackendOptions& options);
+  explicit CpuDevice(const CpuPlatformOptions& options);
 
   std::string_view name() const override { return "cpu"; }
   DType compute_dtype() const override { return DType::kF32; }

@@ -1,11 +1,11 @@
-// Collectives over MPI on host memory: the CPU backend's transport.
+// Collectives over MPI on host memory: the CPU platform's transport.
 #pragma once
 
 #include <memory>
 
-#include "autopar/device/backend.h"
 #include "autopar/device/collectives.h"
 #include "autopar/device/group.h"
+#include "autopar/device/platform.h"
 #include "src/device/cpu/stream_order.h"
 
 namespace autopar::device {

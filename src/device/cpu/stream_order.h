@@ -1,4 +1,4 @@
-// NCCL's execution semantics for a Collectives that is not NCCL (the CPU backend's
+// NCCL's execution semantics for a Collectives that is not NCCL (the CPU platform's
 // `--p2p-semantics nccl`).
 //
 // NCCL enqueues every operation of a communicator on a CUDA stream, so the communicator runs them

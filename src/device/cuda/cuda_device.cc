@@ -99,17 +99,17 @@ StatusOr<cublasHandle_t> CublasHandle::Get(cudaStream_t stream) {
 
 // ---- lifetime ----
 
-static_assert(CudaBackendOptions{}.memory_reserve_bytes == kDefaultMemoryReserveBytes,
-              "cuda_backend.h states the default of device_memory.h");
+static_assert(CudaPlatformOptions{}.memory_reserve_bytes == kDefaultMemoryReserveBytes,
+              "cuda_platform.h states the default of device_memory.h");
 
-CudaDevice::CudaDevice(const CudaBackendOptions& options, int index, std::size_t budget_bytes)
+CudaDevice::CudaDevice(const CudaPlatformOptions& options, int index, std::size_t budget_bytes)
     : Device(budget_bytes),
       index_(index),
       name_("cuda:" + std::to_string(index)),
       timeout_s_(options.timeout_s),
       reserve_bytes_(options.memory_reserve_bytes) {}
 
-StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaBackendOptions& options) {
+StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaPlatformOptions& options) {
   AUTOPAR_CHECK_ARG(options.timeout_s > 0.0, "CUDA backend: timeout_s must be positive");
   AUTOPAR_CHECK_CUDA(cudaSetDevice(options.device_index));
   // cudaFree(nullptr) makes the primary context (the runtime creates it lazily), so the reading
@@ -390,7 +390,7 @@ Status CudaDevice::CheckFinite(Tensor x) {
   unsigned long long index = 0;
   AUTOPAR_RETURN_IF_ERROR(ReadScalar(first_bad, sizeof(index), &index));
   if (index == ~0ull) return OkStatus();
-  // Name the culprit as the CPU backend does: its index and value.
+  // Name the culprit as the CPU device does: its index and value.
   float value = 0.0f;
   const Tensor element = x.Slice(static_cast<std::int64_t>(index), 1);
   if (x.dtype == DType::kF32) {

@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-#include "autopar/device/cuda_backend.h"
+#include "autopar/device/cuda_platform.h"
 #include "autopar/device/device.h"
 #include "kernels/cuda_kernels.cuh"
 #include "src/device/cuda/cuda_check.h"
@@ -66,7 +66,7 @@ class CublasHandle {
 
 class CudaDevice final : public Device {
  public:
-  static StatusOr<std::unique_ptr<CudaDevice>> Create(const CudaBackendOptions& options);
+  static StatusOr<std::unique_ptr<CudaDevice>> Create(const CudaPlatformOptions& options);
   ~CudaDevice() override;
 
   std::string_view name() const override { return name_; }
@@ -157,7 +157,7 @@ class CudaDevice final : public Device {
   void FreeRaw(void* data, std::size_t bytes) override;
 
  private:
-  CudaDevice(const CudaBackendOptions& options, int index, std::size_t budget_bytes);
+  CudaDevice(const CudaPlatformOptions& options, int index, std::size_t budget_bytes);
 
   // One idle step of Poll: kCommError (after aborting it) from a failed watched communicator, or
   // kTimeout (after aborting them all) once timeout_s has passed since `started_s` or the
@@ -176,7 +176,7 @@ class CudaDevice final : public Device {
   int index_ = 0;
   std::string name_;
   double timeout_s_ = 300.0;
-  std::size_t reserve_bytes_ = 0;        // kept free on the device (CudaBackendOptions)
+  std::size_t reserve_bytes_ = 0;  // kept free on the device (CudaPlatformOptions)
   // SteadySeconds() by which the work ordered with OrderAfter must be done; +inf when none is
   // pending (cleared by a successful Synchronize, which has waited for all of it).
   double ordered_deadline_s_ = std::numeric_limits<double>::infinity();

@@ -1,4 +1,4 @@
-// CUDA device: the transformer ops. Each checks its arguments exactly as the CPU backend does
+// CUDA device: the transformer ops. Each checks its arguments exactly as the CPU device does
 // (src/device/validate.h), with "compute" meaning the dtype of the op's first compute argument
 // (bf16, or f32 for tight tests), then enqueues the kernels of kernels/*.cu. Attention goes to
 // cuDNN's fused kernel when it takes the call (cudnn_attention.h), else to the CUDA-core kernel.

@@ -51,7 +51,7 @@ ncclRedOp_t NcclOp(ReduceOp op) {
 // NCCL's element counts are size_t.
 constexpr std::int64_t kMaxCount = INT64_MAX;
 
-// NCCL reduces these in hardware; u8 is data movement only (as on the CPU backend).
+// NCCL reduces these in hardware; u8 is data movement only (as on the CPU platform).
 Status CheckReducible(const char* op, const Tensor& t) {
   AUTOPAR_CHECK_ARG(t.dtype != DType::kU8,
                     std::string(op) + ": cannot reduce " + DTypeName(t.dtype));

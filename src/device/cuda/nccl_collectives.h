@@ -1,4 +1,4 @@
-// Collectives over NCCL on the CUDA device's memory: the CUDA backend's transport.
+// Collectives over NCCL on the CUDA device's memory: the CUDA platform's transport.
 #pragma once
 
 #include <memory>
@@ -17,7 +17,7 @@ namespace autopar::device {
 // requests refer to it and must be destroyed before it.
 StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(CudaDevice& device, const Group& group);
 
-// Collectives over an existing communicator, which they share (the CUDA backend's cache holds
+// Collectives over an existing communicator, which they share (the CUDA platform's cache holds
 // another reference); `comm` must not be null.
 std::unique_ptr<Collectives> MakeNcclCollectives(std::shared_ptr<NcclComm> comm);
 

@@ -9,7 +9,7 @@
 //
 // A communicator is made either from a unique id over an MPI group (Create) or by splitting a
 // parent (Split, ncclCommSplit). Children do not share their parent's resources (NcclCommConfig);
-// the backend still treats a world communicator and its children as one family, rebuilt whole
+// the platform still treats a world communicator and its children as one family, rebuilt whole
 // after any abort.
 #pragma once
 

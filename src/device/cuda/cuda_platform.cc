@@ -1,5 +1,5 @@
-// The CUDA backend: a CudaDevice plus NCCL collectives over its memory.
-#include "autopar/device/cuda_backend.h"
+// The CUDA platform: a CudaDevice plus NCCL collectives over its memory.
+#include "autopar/device/cuda_platform.h"
 
 #include <cuda_runtime_api.h>
 #include <mpi.h>
@@ -32,10 +32,10 @@ int LocalRank() {
   return 0;
 }
 
-class CudaBackend final : public Backend {
+class CudaPlatform final : public Platform {
  public:
-  explicit CudaBackend(std::unique_ptr<CudaDevice> device) : device_(std::move(device)) {}
-  ~CudaBackend() override {
+  explicit CudaPlatform(std::unique_ptr<CudaDevice> device) : device_(std::move(device)) {}
+  ~CudaPlatform() override {
     groups_.Clear();  // the children before the world communicator they were split from
     world_.reset();
   }
@@ -77,8 +77,8 @@ class CudaBackend final : public Backend {
 //     together, so the members of one group all pass its color.
 //  e. The rank returns collectives over the cached (or world) communicator: no NCCL set-up when
 //     (c) and (d) did nothing.
-StatusOr<std::unique_ptr<Collectives>> CudaBackend::ConnectSplit(const Group& world,
-                                                                 const Group& group) {
+StatusOr<std::unique_ptr<Collectives>> CudaPlatform::ConnectSplit(const Group& world,
+                                                                  const Group& group) {
   AUTOPAR_CHECK_ARG(!world.empty(), "ConnectSplit: empty world group");
   const std::vector<int>& members = group.world_ranks();
   const bool whole_world = !group.empty() && members == world.world_ranks();
@@ -139,7 +139,7 @@ int CudaDeviceCount() {
   return count;
 }
 
-StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options) {
+StatusOr<std::unique_ptr<Platform>> MakeCudaPlatform(const CudaPlatformOptions& options) {
   int count = 0;
   const cudaError_t rc = cudaGetDeviceCount(&count);
   if (rc != cudaSuccess || count == 0) {
@@ -149,7 +149,7 @@ StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& opt
     return Status::Error(Outcome::kDeviceError, "CUDA backend unavailable: " + why, __FILE__,
                          __LINE__);
   }
-  CudaBackendOptions resolved = options;
+  CudaPlatformOptions resolved = options;
   if (resolved.device_index < 0) resolved.device_index = LocalRank() % count;
   if (resolved.device_index >= count) {
     return Status::Error(Outcome::kDeviceError,
@@ -158,7 +158,7 @@ StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& opt
                          __FILE__, __LINE__);
   }
   AUTOPAR_ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> device, CudaDevice::Create(resolved));
-  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(std::move(device)));
+  return std::unique_ptr<Platform>(std::make_unique<CudaPlatform>(std::move(device)));
 }
 
 }  // namespace autopar::device

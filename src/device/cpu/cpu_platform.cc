@@ -1,19 +1,19 @@
-// The CPU backend: a CpuDevice plus MPI collectives.
+// The CPU platform: a CpuDevice plus MPI collectives.
 #include <cblas.h>
 
 #include <memory>
 #include <string>
 
-#include "autopar/device/backend.h"
+#include "autopar/device/platform.h"
 #include "src/device/cpu/cpu_device.h"
 #include "src/device/cpu/mpi_collectives.h"
 
 namespace autopar::device {
 namespace {
 
-class CpuBackend final : public Backend {
+class CpuPlatform final : public Platform {
  public:
-  explicit CpuBackend(const CpuBackendOptions& options)
+  explicit CpuPlatform(const CpuPlatformOptions& options)
       : device_(options), p2p_semantics_(options.p2p_semantics) {}
 
   std::string_view name() const override { return "cpu"; }
@@ -29,7 +29,7 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const CpuBackendOptions& options) {
+StatusOr<std::unique_ptr<Platform>> MakeCpuPlatform(const CpuPlatformOptions& options) {
   AUTOPAR_CHECK_ARG(options.blas_threads >= 1, "blas_threads must be at least 1");
   AUTOPAR_CHECK_ARG(options.attention_block_q >= 1 && options.attention_block_kv >= 1,
                     "attention blocks must be at least 1");
@@ -38,7 +38,7 @@ StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const CpuBackendOptions& optio
   // per core in every rank.
   openblas_set_num_threads(options.blas_threads);
 #endif
-  return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(options));
+  return std::unique_ptr<Platform>(std::make_unique<CpuPlatform>(options));
 }
 
 }  // namespace autopar::device

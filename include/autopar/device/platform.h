@@ -1,8 +1,10 @@
-// A backend: one device plus the way to build collectives over process groups on it.
+// A platform: one device plus the way to build collectives over process groups on it (what
+// `--backend cpu|cuda` selects for the trial runner).
 //
-// The trial runner is written against this interface; `MakeCpuBackend` gives OpenBLAS + MPI, and a
-// CUDA backend (cuBLAS + kernels/ + NCCL) will implement the same one. Collectives are made per
-// group because an NCCL communicator is bound to both a device and a group.
+// The trial runner is written against this interface; `MakeCpuPlatform` gives OpenBLAS + MPI, and
+// the CUDA platform (cuBLAS + kernels/ + NCCL, cuda_platform.h) implements the same one.
+// Collectives are made per group because an NCCL communicator is bound to both a device and a
+// group.
 #pragma once
 
 #include <cstddef>
@@ -21,9 +23,9 @@
 
 namespace autopar::device {
 
-class Backend {
+class Platform {
  public:
-  virtual ~Backend() = default;
+  virtual ~Platform() = default;
   virtual std::string_view name() const = 0;
   virtual Device& device() = 0;
   // Collective over the members of `group`; an empty group is kInvalid. The result keeps its own
@@ -31,7 +33,7 @@ class Backend {
   virtual StatusOr<std::unique_ptr<Collectives>> Connect(const Group& group) = 0;
   // Collective over `world` (every world rank calls it, in the same order): the collectives of
   // `group`, this rank's group from a split of `world`, or nullptr where `group` is empty (the
-  // rank is in none). A backend that builds groups by splitting one world communicator (CUDA:
+  // rank is in none). A platform that builds groups by splitting one world communicator (CUDA:
   // ncclCommSplit) needs every world rank in the call, and caches them by their members so a
   // later call for the same ranks reuses one; the default connects `group` alone.
   virtual StatusOr<std::unique_ptr<Collectives>> ConnectSplit(const Group& world,
@@ -41,14 +43,14 @@ class Backend {
     return Connect(group);
   }
   // Local, after a configuration's ConnectSplit calls: `member_sets` are the world ranks
-  // (Group::world_ranks()) of every group this rank connected for it. A backend that caches
+  // (Group::world_ranks()) of every group this rank connected for it. A platform that caches
   // communicators across calls drops the others, so the device holds only the buffers of the
   // groups the configuration uses, as the real job does. Consistent over a group's members, since
   // a group of a configuration is one of every member's groups. The default caches nothing.
   virtual void RetainGroups(std::span<const std::vector<int>> member_sets) { (void)member_sets; }
 };
 
-struct CpuBackendOptions {
+struct CpuPlatformOptions {
   // Per-rank device memory budget (`--device-memory-gib`); allocations past it are kOom.
   std::size_t memory_budget_bytes = std::numeric_limits<std::size_t>::max();
   // OpenBLAS threads; 1 keeps ranks sharing a host from oversubscribing its cores.
@@ -60,6 +62,6 @@ struct CpuBackendOptions {
 };
 
 // fp32 compute on the host; no MPI call is made until Connect.
-StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const CpuBackendOptions& options);
+StatusOr<std::unique_ptr<Platform>> MakeCpuPlatform(const CpuPlatformOptions& options);
 
 }  // namespace autopar::device

@@ -1,15 +1,15 @@
-// The CUDA backend: one GPU (cudaMalloc under the budget, one compute stream, bf16 compute,
+// The CUDA platform: one GPU (cudaMalloc under the budget, one compute stream, bf16 compute,
 // cuBLAS GEMMs with fp32 accumulation, the kernels of kernels/*.cu) plus NCCL collectives.
 //
-// Declared only when the build found CUDA and NCCL: the backend library then defines
+// Declared only when the build found CUDA and NCCL: the device library then defines
 // AUTOPAR_HAVE_CUDA=1 for every consumer, so callers write
 //
 //   #if AUTOPAR_HAVE_CUDA
-//     CudaBackendOptions options{.device_index = local_rank, .memory_budget_bytes = budget};
-//     StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(options);
+//     CudaPlatformOptions options{.device_index = local_rank, .memory_budget_bytes = budget};
+//     StatusOr<std::unique_ptr<Platform>> platform = MakeCudaPlatform(options);
 //   #endif
 //
-// Differences from the CPU backend a caller can observe:
+// Differences from the CPU platform a caller can observe:
 //  * Ops are enqueued on the device's stream and return at once; errors a kernel meets while
 //    running show up at the next Synchronize or host copy (as kDeviceError). Synchronize, the host
 //    copies, Request::Wait and Barrier poll the stream rather than block in the driver, and on
@@ -29,7 +29,7 @@
 //    kCommError).
 //  * Ids (embedding, cross-entropy targets) are not range-checked on the host, which would cost a
 //    device-to-host copy per call; a negative id acts like one outside the vocabulary shard.
-//  * Collectives keep a pointer to their backend's device: destroy them before the backend.
+//  * Collectives keep a pointer to their platform's device: destroy them before the platform.
 //  * Communicators are built once: ConnectSplit makes one world communicator (splitShare=1) and
 //    splits every group from it with ncclCommSplit, cached by the group's world ranks, so a later
 //    trial's group over the same ranks costs no NCCL set-up. A failure that aborted any of them
@@ -45,13 +45,13 @@
 #include <limits>
 #include <memory>
 
-#include "autopar/device/backend.h"
+#include "autopar/device/platform.h"
 
 #if defined(AUTOPAR_HAVE_CUDA) && AUTOPAR_HAVE_CUDA
 
 namespace autopar::device {
 
-struct CudaBackendOptions {
+struct CudaPlatformOptions {
   // CUDA device ordinal; negative: the node-local rank (OMPI_COMM_WORLD_LOCAL_RANK,
   // MPI_LOCALRANKID, SLURM_LOCALID or LOCAL_RANK, else 0) modulo the number of devices.
   int device_index = -1;
@@ -66,10 +66,10 @@ struct CudaBackendOptions {
 };
 
 // kDeviceError when there is no usable GPU (no driver, no device, bad ordinal).
-StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options);
+StatusOr<std::unique_ptr<Platform>> MakeCudaPlatform(const CudaPlatformOptions& options);
 
 // Visible CUDA devices; 0 (never an error) when the driver or the devices are missing, so tests
-// and the CLI can decide to skip or fall back to the CPU backend.
+// and the CLI can decide to skip or fall back to the CPU platform.
 int CudaDeviceCount();
 
 }  // namespace autopar::device
