@@ -16,7 +16,7 @@
 #include "autopar/common/errors.h"
 #include "autopar/perf/cost_model.h"
 #include "autopar/spec/units.h"
-#include "autopar/trial/backend_factory.h"
+#include "autopar/trial/device_factory.h"
 #include "autopar/trial/probe.h"
 #include "autopar/trial/trial.h"
 #include "src/cli/rank_worker.h"
@@ -133,8 +133,8 @@ RankWorker StartRankWorker(const std::string& name, const ClusterSpec& cluster,
                            device::P2PSemantics p2p_semantics) {
   device::Group world = StartMpiWorld(cluster);
   auto device =
-      trial::MakeBackend(name, static_cast<size_t>(cluster.gpu.memory_gib * kGiB),
-                         world.rank() % static_cast<int>(cluster.gpus_per_node), p2p_semantics);
+      trial::MakePlatform(name, static_cast<size_t>(cluster.gpu.memory_gib * kGiB),
+                          world.rank() % static_cast<int>(cluster.gpus_per_node), p2p_semantics);
   if (!device.ok()) throw InputError("--backend", device.status().message());
   return {std::move(world), std::move(*device)};
 }

@@ -70,9 +70,9 @@ struct Problem {
   std::vector<double> out, lse, dq, dk, dv;
 };
 
-class BackendAttention : public ::testing::Test {
+class DeviceAttention : public ::testing::Test {
  protected:
-  void MakeBackend(std::int64_t block_q, std::int64_t block_kv) {
+  void MakePlatform(std::int64_t block_q, std::int64_t block_kv) {
     CpuPlatformOptions options;
     options.attention_block_q = block_q;
     options.attention_block_kv = block_kv;
@@ -143,12 +143,12 @@ AttentionDesc Desc(std::int64_t batch, std::int64_t hq, std::int64_t hkv, std::i
   return d;
 }
 
-class BackendAttentionVsReference : public BackendAttention,
-                                    public ::testing::WithParamInterface<Case> {};
+class DeviceAttentionVsReference : public DeviceAttention,
+                                   public ::testing::WithParamInterface<Case> {};
 
-TEST_P(BackendAttentionVsReference, ForwardAndBackwardMatch) {
+TEST_P(DeviceAttentionVsReference, ForwardAndBackwardMatch) {
   const Case& c = GetParam();
-  MakeBackend(c.block_q, c.block_kv);
+  MakePlatform(c.block_q, c.block_kv);
   const Problem p(c.desc);
   const Tensor q = Put(p.q), k = Put(p.k), v = Put(p.v), dout = Put(p.dout);
   const Tensor out = Zeros(p.no), lse = Zeros(p.nstat);
@@ -195,7 +195,7 @@ TEST_P(BackendAttentionVsReference, ForwardAndBackwardMatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Shapes, BackendAttentionVsReference,
+    Shapes, DeviceAttentionVsReference,
     ::testing::Values(Case{"causal_gqa_small_tiles", Desc(2, 4, 2, 8, 37, 37, true), 8, 4},
                       Case{"causal_mha_odd_tiles", Desc(1, 3, 3, 16, 29, 29, true), 5, 7},
                       Case{"full_mqa", Desc(2, 4, 1, 8, 19, 23, false), 8, 8},
@@ -211,8 +211,8 @@ INSTANTIATE_TEST_SUITE_P(
 // to key chunks 0..i by global positions, partial results merge by lse, and the backward runs per
 // chunk pair with the final out and lse, accumulating into dq, dk, dv. The result must equal
 // attention over the whole sequence.
-TEST_F(BackendAttention, ContextParallelChunksReproduceFullAttention) {
-  MakeBackend(4, 4);
+TEST_F(DeviceAttention, ContextParallelChunksReproduceFullAttention) {
+  MakePlatform(4, 4);
   const AttentionDesc full = Desc(2, 4, 2, 8, 24, 24, true);
   const Problem p(full);
   const std::int64_t chunks = 3, len = full.seq_q / chunks;
@@ -270,8 +270,8 @@ TEST_F(BackendAttention, ContextParallelChunksReproduceFullAttention) {
   ExpectClose(Get(dv), p.dv, 5e-5, "ring dv");
 }
 
-TEST_F(BackendAttention, RejectsBadShapes) {
-  MakeBackend(8, 8);
+TEST_F(DeviceAttention, RejectsBadShapes) {
+  MakePlatform(8, 8);
   const Tensor t = Zeros(1024);
   AttentionDesc d = Desc(1, 3, 2, 8, 4, 4, true);  // 3 query heads over 2 groups
   EXPECT_EQ(dev().AttentionForward(d, t, t, t, t, t).outcome(), Outcome::kInvalid);

@@ -13,7 +13,7 @@
 namespace autopar::device {
 namespace {
 
-class BackendGemm : public ::testing::Test {
+class DeviceGemm : public ::testing::Test {
  protected:
   void SetUp() override {
     StatusOr<std::unique_ptr<Platform>> platform = MakeCpuPlatform(CpuPlatformOptions{});
@@ -69,7 +69,7 @@ std::vector<float> NaiveGemm(const GemmDesc& d, const std::vector<float>& a,
   return c;
 }
 
-TEST_F(BackendGemm, AllTransposesWithPaddedLeadingDimensionsAndBatches) {
+TEST_F(DeviceGemm, AllTransposesWithPaddedLeadingDimensionsAndBatches) {
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       GemmDesc d;
@@ -101,7 +101,7 @@ TEST_F(BackendGemm, AllTransposesWithPaddedLeadingDimensionsAndBatches) {
   }
 }
 
-TEST_F(BackendGemm, BetaZeroIgnoresGarbageInC) {
+TEST_F(DeviceGemm, BetaZeroIgnoresGarbageInC) {
   GemmDesc d;
   d.m = 2;
   d.n = 2;
@@ -112,7 +112,7 @@ TEST_F(BackendGemm, BetaZeroIgnoresGarbageInC) {
   EXPECT_EQ(Get(c), (std::vector<float>{1, 2, 3, 4}));
 }
 
-TEST_F(BackendGemm, RejectsViewsTooSmallAndWrongDtypes) {
+TEST_F(DeviceGemm, RejectsViewsTooSmallAndWrongDtypes) {
   GemmDesc d;
   d.m = 4;
   d.n = 4;

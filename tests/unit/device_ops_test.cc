@@ -28,7 +28,7 @@ std::vector<float> Random(std::uint64_t seed, std::int64_t n, float scale = 1.0f
   return v;
 }
 
-class BackendOps : public ::testing::Test {
+class DeviceOps : public ::testing::Test {
  protected:
   void SetUp() override {
     StatusOr<std::unique_ptr<Platform>> platform = MakeCpuPlatform(CpuPlatformOptions{});
@@ -56,7 +56,7 @@ class BackendOps : public ::testing::Test {
   std::vector<Buffer> buffers_;
 };
 
-TEST_F(BackendOps, NormsMatchReference) {
+TEST_F(DeviceOps, NormsMatchReference) {
   const NormDesc d{4, 16, 1e-5f};
   const std::vector<float> x = Random(1, 64, 2.0f), gamma = Random(2, 16, 0.1f, 1.0f);
   const std::vector<float> beta = Random(3, 16), dy = Random(4, 64);
@@ -91,7 +91,7 @@ TEST_F(BackendOps, NormsMatchReference) {
   EXPECT_EQ(bad.outcome(), Outcome::kInvalid);
 }
 
-TEST_F(BackendOps, RopeInPlaceInsideAFusedRowAndInverse) {
+TEST_F(DeviceOps, RopeInPlaceInsideAFusedRowAndInverse) {
   RopeDesc d;
   d.seq = 6;
   d.batch = 2;
@@ -119,7 +119,7 @@ TEST_F(BackendOps, RopeInPlaceInsideAFusedRowAndInverse) {
   EXPECT_EQ(dev().RopeForward(d, t, t).outcome(), Outcome::kInvalid);
 }
 
-TEST_F(BackendOps, ActivationsMatchReference) {
+TEST_F(DeviceOps, ActivationsMatchReference) {
   const std::vector<float> x = Random(6, 3 * 10, 3.0f), dy = Random(7, 3 * 5);
   std::vector<float> y(15), dx(30);
   kernels::ref::SwiGluForward(x.data(), 3, 5, y.data());
@@ -144,7 +144,7 @@ TEST_F(BackendOps, ActivationsMatchReference) {
 
 // Vocab-parallel cross-entropy on one device, two shards, with the reductions done by hand where
 // the trial runner would all-reduce.
-TEST_F(BackendOps, VocabShardedCrossEntropyEqualsUnsharded) {
+TEST_F(DeviceOps, VocabShardedCrossEntropyEqualsUnsharded) {
   const std::int64_t rows = 5, vocab = 12, half = 6;
   const std::vector<float> logits = Random(9, rows * vocab, 5.0f);
   const std::vector<std::int32_t> targets = {0, 5, 6, 11, 3};
@@ -198,7 +198,7 @@ TEST_F(BackendOps, VocabShardedCrossEntropyEqualsUnsharded) {
             Outcome::kInvalid);
 }
 
-TEST_F(BackendOps, EmbeddingShardAndBackward) {
+TEST_F(DeviceOps, EmbeddingShardAndBackward) {
   const std::vector<float> table = Random(10, 4 * 3);  // ids [4, 8) of a larger vocabulary
   const std::vector<std::int32_t> ids = {4, 9, 7, 4};
   const Tensor tt = Put(table), ti = Put(ids), out = Zeros(12), dtable = Zeros(12);
@@ -218,7 +218,7 @@ TEST_F(BackendOps, EmbeddingShardAndBackward) {
   EXPECT_EQ(grad[1 * 3], 0.0f);
 }
 
-TEST_F(BackendOps, AdamUpdatesMasterAndModelCopy) {
+TEST_F(DeviceOps, AdamUpdatesMasterAndModelCopy) {
   const std::vector<float> p = Random(11, 10), g = Random(12, 10);
   const Tensor master = Put(p), grad = Put(g), m = Zeros(10), v = Zeros(10), model = Zeros(10);
   AdamParams params;
@@ -242,7 +242,7 @@ TEST_F(BackendOps, AdamUpdatesMasterAndModelCopy) {
   EXPECT_EQ(dev().AdamStep(params, master, grad, m, v, model).outcome(), Outcome::kInvalid);
 }
 
-TEST_F(BackendOps, ElementwiseReductionsAndFiniteness) {
+TEST_F(DeviceOps, ElementwiseReductionsAndFiniteness) {
   const Tensor a = Put(std::vector<float>{1, 2, 3}), b = Put(std::vector<float>{10, 20, 30});
   const Tensor out = Zeros(3), sum = Zeros(1);
   ASSERT_TRUE(dev().Add(a, b, out).ok());
@@ -268,7 +268,7 @@ TEST_F(BackendOps, ElementwiseReductionsAndFiniteness) {
 }
 
 // A column shard of a weight, filled with its offsets, is the same slice of the full weight.
-TEST_F(BackendOps, HashFillShardsAreSlicesOfTheFullTensor) {
+TEST_F(DeviceOps, HashFillShardsAreSlicesOfTheFullTensor) {
   const std::int64_t rows = 6, cols = 8;
   const Tensor full = Zeros(rows * cols), shard = Zeros(rows / 2 * cols / 2);
   HashFill fill;

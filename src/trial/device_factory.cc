@@ -1,4 +1,4 @@
-#include "autopar/trial/backend_factory.h"
+#include "autopar/trial/device_factory.h"
 
 #if defined(AUTOPAR_HAVE_CUDA)
 #include "autopar/device/cuda_platform.h"
@@ -6,7 +6,7 @@
 
 namespace autopar::trial {
 
-bool CudaBackendBuilt() {
+bool CudaPlatformBuilt() {
 #if defined(AUTOPAR_HAVE_CUDA)
   return true;
 #else
@@ -14,7 +14,7 @@ bool CudaBackendBuilt() {
 #endif
 }
 
-device::StatusOr<std::unique_ptr<device::Platform>> MakeBackend(
+device::StatusOr<std::unique_ptr<device::Platform>> MakePlatform(
     const std::string& name, std::size_t memory_budget_bytes, int device_index,
     device::P2PSemantics p2p_semantics) {
   if (name == "cpu") {

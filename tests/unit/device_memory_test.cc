@@ -29,19 +29,19 @@ Status Quarter(int x, int* out) {
   return OkStatus();
 }
 
-TEST(BackendStatus, CarriesOutcomeOriginAndFrames) {
+TEST(DeviceStatus, CarriesOutcomeOriginAndFrames) {
   const Status status = PassesUp();
   EXPECT_EQ(status.outcome(), Outcome::kOom);
   EXPECT_NE(status.message().find("y.cc:12: no room"), std::string::npos) << status.message();
   EXPECT_NE(status.message().find(HostPidTag()), std::string::npos);
-  EXPECT_NE(status.message().find("<- backend_memory_test.cc:"), std::string::npos);
+  EXPECT_NE(status.message().find("<- device_memory_test.cc:"), std::string::npos);
   EXPECT_EQ(status.ToString().rfind("oom: ", 0), 0u);
   EXPECT_TRUE(OkStatus().ok());
   EXPECT_STREQ(OutcomeName(Outcome::kCommError), "comm_error");
   EXPECT_STREQ(OutcomeName(Outcome::kNonfinite), "nonfinite");
 }
 
-TEST(BackendStatusDeathTest, ValueOfAnErrorAbortsNamingTheError) {
+TEST(DeviceStatusDeathTest, ValueOfAnErrorAbortsNamingTheError) {
   const StatusOr<int> error = Status(Outcome::kOom, "no room for the activations");
   EXPECT_DEATH((void)error.value(), "StatusOr::value\\(\\) of an error: oom: no room");
   EXPECT_DEATH((void)*error, "no room for the activations");
@@ -49,13 +49,13 @@ TEST(BackendStatusDeathTest, ValueOfAnErrorAbortsNamingTheError) {
   EXPECT_EQ(fine.value(), 7);
 }
 
-TEST(BackendStatusDeathTest, BrokenInvariantAbortsNamingTheCondition) {
+TEST(DeviceStatusDeathTest, BrokenInvariantAbortsNamingTheCondition) {
   const int slots = 0;
   EXPECT_DEATH(AUTOPAR_INVARIANT(slots > 0), "internal invariant broken: slots > 0");
   AUTOPAR_INVARIANT(slots == 0);  // holds: nothing happens
 }
 
-TEST(BackendStatus, AssignOrReturnPropagates) {
+TEST(DeviceStatus, AssignOrReturnPropagates) {
   int out = 0;
   EXPECT_TRUE(Quarter(12, &out).ok());
   EXPECT_EQ(out, 3);
@@ -66,7 +66,7 @@ TEST(BackendStatus, AssignOrReturnPropagates) {
   EXPECT_EQ(wrong.status().outcome(), Outcome::kInvalid);
 }
 
-class BackendMemory : public ::testing::Test {
+class CpuDeviceMemory : public ::testing::Test {
  protected:
   static constexpr std::size_t kBudget = 1 << 20;
   void SetUp() override {
@@ -81,7 +81,7 @@ class BackendMemory : public ::testing::Test {
   std::unique_ptr<Platform> platform_;
 };
 
-TEST_F(BackendMemory, OverBudgetIsOomAndLeavesTheDeviceUsable) {
+TEST_F(CpuDeviceMemory, OverBudgetIsOomAndLeavesTheDeviceUsable) {
   Device& dev = device();
   EXPECT_EQ(dev.budget_bytes(), kBudget);
   StatusOr<Buffer> a = dev.Allocate(std::size_t{600} << 10);
@@ -109,7 +109,7 @@ TEST_F(BackendMemory, OverBudgetIsOomAndLeavesTheDeviceUsable) {
   EXPECT_EQ(dev.peak_bytes(), std::size_t{1000} << 10);
 }
 
-TEST_F(BackendMemory, TypedAllocationAndBufferLifetime) {
+TEST_F(CpuDeviceMemory, TypedAllocationAndBufferLifetime) {
   Device& dev = device();
   {
     StatusOr<Buffer> f = dev.Allocate(std::int64_t{1000}, DType::kF32);
@@ -132,7 +132,7 @@ TEST_F(BackendMemory, TypedAllocationAndBufferLifetime) {
   EXPECT_EQ(dev.Allocate(std::int64_t{-1}, DType::kF32).status().outcome(), Outcome::kInvalid);
 }
 
-TEST(BackendMemoryUnbudgeted, AllocatorRefusalIsOomNotAnAbort) {
+TEST(DeviceMemoryUnbudgeted, AllocatorRefusalIsOomNotAnAbort) {
   StatusOr<std::unique_ptr<Platform>> platform = MakeCpuPlatform(CpuPlatformOptions{});
   ASSERT_TRUE(platform.ok());
   Device& dev = (*platform)->device();
@@ -146,7 +146,7 @@ TEST(BackendMemoryUnbudgeted, AllocatorRefusalIsOomNotAnAbort) {
   EXPECT_TRUE(dev.Allocate(std::size_t{4096}).ok());
 }
 
-TEST_F(BackendMemory, SliceUploadDownload) {
+TEST_F(CpuDeviceMemory, SliceUploadDownload) {
   Device& dev = device();
   StatusOr<Buffer> buf = dev.Allocate(std::int64_t{8}, DType::kF32);
   ASSERT_TRUE(buf.ok());
