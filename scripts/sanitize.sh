@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The sanitizer stages of CI (docs/testing.md §1–§3), run by scripts/test.sh after the normal
-# build and tests. Each builds, into its own directory with clang and the CUDA backend off, only
+# build and tests. Each builds, into its own directory with clang and the CUDA platform off, only
 # the targets it runs:
 #
 #   asan   build-asan: AddressSanitizer + UndefinedBehaviorSanitizer (-fno-sanitize-recover) with
@@ -18,7 +18,7 @@
 # Every finding fails the stage: a sanitizer report ends the program with a non-zero status, and
 # the test fails on it. Nothing is suppressed. Two settings are not suppressions:
 #   allocator_may_return_null=1  malloc returns NULL when it cannot allocate, as C says, instead of
-#                                ASan aborting: the backend turns that NULL into `oom`
+#                                ASan aborting: the device turns that NULL into `oom`
 #                                (DeviceMemoryUnbudgeted.AllocatorRefusalIsOomNotAnAbort).
 #   detect_leaks=0 for processes that start MPI: Open MPI does not free what MPI_Init allocates
 #                  (every leak reported there is inside MPI_Init, hwloc or an MCA plugin).

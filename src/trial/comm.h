@@ -1,6 +1,6 @@
 // Collectives of a trial, each bounded by the trial's deadline.
 //
-// Every call is the non-blocking form of the backend's collective, completed by polling Test()
+// Every call is the non-blocking form of the platform's collective, completed by polling Test()
 // against the deadline: a rank whose peer stalls or died gives up with kTimeout instead of
 // blocking forever, which is how a trial ends as `timeout` on every rank (docs/trial.md §10).
 // On a stream-ordered transport (Collectives::stream_ordered(): NCCL) a call completes instead

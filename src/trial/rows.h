@@ -1,6 +1,6 @@
 // Row gathers: the data movement of the Ulysses all-to-alls and of MoE dispatch and combine,
 // built from the Device interface's vocabulary-parallel embedding lookup (a row gather whose
-// out-of-range ids give zero rows), so every backend runs them with the ops it already has.
+// out-of-range ids give zero rows), so every device runs them with the ops it already has.
 #pragma once
 
 #include <algorithm>
