@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -223,12 +224,12 @@ TEST_F(DistributedCollectives, AllToAllVVariableBlocks) {
     // Block j of a rank's send is elements [offset_j, offset_j + count) of its Data(8, ...).
     std::vector<float> want;
     for (int src = 0; src < size; ++src) {
-      const std::vector<float> theirs = Data(8, 3 * size, c.group.world_ranks()[src]);
+      const std::vector<float> theirs = Data(8, std::int64_t{3} * size, c.group.world_ranks()[src]);
       std::int64_t offset = 0;
       for (int j = 0; j < me; ++j) offset += count(src, j);
       want.insert(want.end(), theirs.begin() + offset, theirs.begin() + offset + count(src, me));
     }
-    const std::vector<float> mine = Data(8, 3 * size, World().rank());
+    const std::vector<float> mine = Data(8, std::int64_t{3} * size, World().rank());
     const Tensor send = Put(mine), recv = Zeros(recv_total + 1);
     ASSERT_TRUE(c.comm->AllToAllV(send, send_counts, recv, recv_counts).ok());
     std::vector<float> got = Get(recv);
@@ -243,7 +244,7 @@ TEST_F(DistributedCollectives, AllToAllVVariableBlocks) {
     EXPECT_EQ(Get(recv2), want) << split.name;
 
     std::vector<std::int64_t> too_many = send_counts;
-    too_many[0] += 3 * size;
+    too_many[0] += std::int64_t{3} * size;
     EXPECT_EQ(c.comm->AllToAllV(send, too_many, recv, recv_counts).outcome(), Outcome::kInvalid);
     EXPECT_EQ(c.comm->AllToAllV(send, std::vector<std::int64_t>(size + 1), recv, recv_counts)
                   .outcome(),
@@ -275,7 +276,8 @@ TEST_F(DistributedCollectives, NonBlockingCollectivesOverlapCompute) {
 
   GemmDesc gemm;
   gemm.m = gemm.n = gemm.k = 64;
-  const Tensor a = Put(Data(7, 64 * 64, World().rank())), out = Zeros(64 * 64);
+  const Tensor a = Put(Data(7, std::int64_t{64} * 64, World().rank())),
+               out = Zeros(std::int64_t{64} * 64);
   bool done = false;
   int gemms = 0;
   while (!done) {  // compute, poll, compute, ... until the reduction lands
@@ -302,8 +304,8 @@ TEST_F(DistributedCollectives, NonBlockingCollectivesOverlapCompute) {
   ASSERT_TRUE((*ag)->Wait().ok());
   EXPECT_EQ(Get(gathered), want);  // max over identical reduced copies is the copy
 
-  std::vector<float> host(64 * 64, 0.0f);
-  const std::vector<float> ah = Data(7, 64 * 64, World().rank());
+  std::vector<float> host(std::size_t{64} * 64, 0.0f);
+  const std::vector<float> ah = Data(7, std::int64_t{64} * 64, World().rank());
   for (int i = 0; i < 64; ++i) {
     for (int j = 0; j < 64; ++j) {
       double acc = 0.0;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -99,7 +100,7 @@ TEST_F(DeviceOps, RopeInPlaceInsideAFusedRowAndInverse) {
   d.head_dim = 8;
   d.position_offset = 100;
   d.row_stride = 40;  // q heads (16) followed by other data in each row
-  const std::vector<float> x = Random(5, 6 * 2 * 40);
+  const std::vector<float> x = Random(5, std::int64_t{6} * 2 * 40);
   const Tensor t = Put(x);
   ASSERT_TRUE(dev().RopeForward(d, t, t).ok());
   std::vector<float> want = x;
@@ -120,7 +121,8 @@ TEST_F(DeviceOps, RopeInPlaceInsideAFusedRowAndInverse) {
 }
 
 TEST_F(DeviceOps, ActivationsMatchReference) {
-  const std::vector<float> x = Random(6, 3 * 10, 3.0f), dy = Random(7, 3 * 5);
+  const std::vector<float> x = Random(6, std::int64_t{3} * 10, 3.0f),
+                           dy = Random(7, std::int64_t{3} * 5);
   std::vector<float> y(15), dx(30);
   kernels::ref::SwiGluForward(x.data(), 3, 5, y.data());
   kernels::ref::SwiGluBackward(dy.data(), x.data(), 3, 5, dx.data());
@@ -199,7 +201,8 @@ TEST_F(DeviceOps, VocabShardedCrossEntropyEqualsUnsharded) {
 }
 
 TEST_F(DeviceOps, EmbeddingShardAndBackward) {
-  const std::vector<float> table = Random(10, 4 * 3);  // ids [4, 8) of a larger vocabulary
+  const std::vector<float> table =
+      Random(10, std::int64_t{4} * 3);  // ids [4, 8) of a larger vocabulary
   const std::vector<std::int32_t> ids = {4, 9, 7, 4};
   const Tensor tt = Put(table), ti = Put(ids), out = Zeros(12), dtable = Zeros(12);
   const EmbeddingDesc d{4, 3, 4, 4};
@@ -214,8 +217,8 @@ TEST_F(DeviceOps, EmbeddingShardAndBackward) {
   ASSERT_TRUE(dev().EmbeddingBackward(d, out, ti, dtable).ok());
   const std::vector<float> grad = Get(dtable);
   EXPECT_EQ(grad[0], 2.0f);  // id 4 twice
-  EXPECT_EQ(grad[3 * 3], 1.0f);
-  EXPECT_EQ(grad[1 * 3], 0.0f);
+  EXPECT_EQ(grad[std::size_t{3} * 3], 1.0f);
+  EXPECT_EQ(grad[std::size_t{1} * 3], 0.0f);
 }
 
 TEST_F(DeviceOps, AdamUpdatesMasterAndModelCopy) {

@@ -1,6 +1,7 @@
 #include "src/device/cpu/mpi_collectives.h"
 
 #include <climits>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -174,7 +175,7 @@ class MpiCollectives final : public Collectives {
                    std::span<const std::int64_t> recv_counts) override {
     AUTOPAR_ASSIGN_OR_RETURN(std::vector<int> a,
                              AllToAllVArrays(send, send_counts, recv, recv_counts));
-    const int n = size();
+    const std::ptrdiff_t n = size();
     AUTOPAR_CHECK_MPI(MPI_Alltoallv(send.data, a.data(), a.data() + n, MpiType(send.dtype),
                                     recv.data, a.data() + 2 * n, a.data() + 3 * n,
                                     MpiType(recv.dtype), comm()));
@@ -298,7 +299,7 @@ class MpiCollectives final : public Collectives {
     auto wrapped = std::make_unique<MpiRequest>(MPI_REQUEST_NULL, /*point_to_point=*/false);
     wrapped->arrays = std::move(a);  // MPI reads them until the operation completes
     const int* arrays = wrapped->arrays.data();
-    const int n = size();
+    const std::ptrdiff_t n = size();
     MPI_Request request = MPI_REQUEST_NULL;
     AUTOPAR_CHECK_MPI(MPI_Ialltoallv(send.data, arrays, arrays + n, MpiType(send.dtype), recv.data,
                                      arrays + 2 * n, arrays + 3 * n, MpiType(recv.dtype), comm(),
