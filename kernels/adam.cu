@@ -3,7 +3,7 @@
 //
 // Every multiply, add, divide and square root is an explicitly rounded IEEE operation (no fused
 // multiply-add), in the host reference's order with the host's per-step scalars, so the fp32
-// state matches the CPU backend bit for bit.
+// state matches the CPU device bit for bit.
 #include "kernels/cuda_common.cuh"
 
 namespace AUTOPAR_CUDA_KERNELS_NS {

@@ -1,7 +1,7 @@
 // Host reference scaled-dot-product attention: the naive O(seq_q * seq_kv) algorithm in double,
 // the oracle for the blockwise CPU kernel and for future CUDA kernels.
 //
-// Layouts (autopar/backend/ops.h, AttentionDesc): q, dq [seq_q, batch, heads_q, head_dim] with
+// Layouts (autopar/device/ops.h, AttentionDesc): q, dq [seq_q, batch, heads_q, head_dim] with
 // q_stride elements between (s, b) rows; k, v, dk, dv [seq_kv, batch, heads_kv, head_dim] with
 // kv_stride; out, dout packed like q; lse [seq_q, batch, heads_q]. Query head h uses key/value head
 // h / (heads_q / heads_kv). With `causal`, key j is visible to query i iff

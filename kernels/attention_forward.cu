@@ -5,7 +5,7 @@
 // Gimelshein 2018) and an fp32 output accumulator, so memory is O(tile) and never
 // O(seq_q * seq_kv). Key tiles wholly past the causal diagonal of the block's last query are not
 // visited. The algorithm and its special cases (fully masked rows: out = 0, lse = -inf) are those
-// of the CPU backend's blockwise attention; correctness over speed: scores are dot products from
+// of the CPU device's blockwise attention; correctness over speed: scores are dot products from
 // fp32 shared memory, not tensor-core MMAs.
 #include "kernels/cuda_attention.cuh"
 

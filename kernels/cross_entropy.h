@@ -1,6 +1,6 @@
 // Host reference softmax cross-entropy over one vocabulary shard, in the per-row pieces that
 // Megatron's vocab-parallel cross-entropy combines across tensor-parallel ranks (see
-// autopar/backend/ops.h, CrossEntropyDesc): max, then sum-exp and target logit, then the loss.
+// autopar/device/ops.h, CrossEntropyDesc): max, then sum-exp and target logit, then the loss.
 //
 // logits [rows, vocab] hold global columns [vocab_start, vocab_start + vocab); targets are global
 // ids. Combining shards: row_max = max over shards, partials = sum over shards (computed with the

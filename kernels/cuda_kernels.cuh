@@ -3,7 +3,7 @@
 // Each launcher enqueues its kernels on `stream` and returns the launch status (cudaGetLastError),
 // so a bad configuration is reported at the call; faults while running surface at the next
 // synchronisation. Launchers do not validate shapes or sizes: the CUDA device checks its
-// arguments (src/backend/validate.h) before calling them. A count of zero launches nothing.
+// arguments (src/device/validate.h) before calling them. A count of zero launches nothing.
 //
 // Every kernel has a host reference in autopar::kernels::ref with the same semantics; see the
 // matching header (norms.h, rope.h, ...). Data of the "compute" class are float or bf16 in

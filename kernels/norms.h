@@ -1,7 +1,7 @@
 // Host reference RMSNorm and LayerNorm over the last dimension of x [rows, hidden].
 //
 // Row statistics accumulate in double. Weight gradients are accumulated (+=), activation
-// gradients overwritten (autopar/backend/ops.h). Instantiated for float and double; the double
+// gradients overwritten (autopar/device/ops.h). Instantiated for float and double; the double
 // versions are what finite-difference tests differentiate.
 #pragma once
 

@@ -4,8 +4,8 @@ src/, include/ and kernels/ must go from a folder to itself or to a folder below
 core must not include MPI, CUDA or protobuf headers.
 
     spec -> space -> perf -> search          the pure core (and common, the header-only base)
-    kernels <- backend <- trial              trial also reads the core's specs and cost model
-    proto <- coord                           coord sits on search; no MPI, no backends
+    kernels <- device <- trial               trial also reads the core's specs and cost model
+    proto <- coord                           coord sits on search; no MPI, no devices
     cli                                      on top of everything
 
 A file's folder is its module: src/<m>/..., include/autopar/<m>/..., kernels/...; a header
@@ -31,13 +31,13 @@ LAYERS = {
     "perf": {"common", "spec", "space"},
     "search": {"common", "spec", "space", "perf"},
     "kernels": set(),
-    # backend and trial report failures as backend::Status values, never InputError
+    # device and trial report failures as device::Status values, never InputError
     # (architecture.md §5), so common is not theirs.
-    "backend": {"kernels"},
-    "trial": {"backend", "kernels", "spec", "space", "perf"},
+    "device": {"kernels"},
+    "trial": {"device", "kernels", "spec", "space", "perf"},
     "proto": set(),
     "coord": {"common", "spec", "space", "perf", "search", "proto"},
-    "cli": {"common", "spec", "space", "perf", "search", "kernels", "backend", "trial", "proto",
+    "cli": {"common", "spec", "space", "perf", "search", "kernels", "device", "trial", "proto",
             "coord"},
 }
 # System headers a module must not include: the core builds and tests without MPI, CUDA and

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The sanitizer stages of CI (docs/testing.md §1–§3), run by scripts/test.sh after the normal
-# build and tests. Each builds, into its own directory with clang and the CUDA backend off, only
+# build and tests. Each builds, into its own directory with clang and the CUDA platform off, only
 # the targets it runs:
 #
 #   asan   build-asan: AddressSanitizer + UndefinedBehaviorSanitizer (-fno-sanitize-recover) with
@@ -18,8 +18,8 @@
 # Every finding fails the stage: a sanitizer report ends the program with a non-zero status, and
 # the test fails on it. Nothing is suppressed. Two settings are not suppressions:
 #   allocator_may_return_null=1  malloc returns NULL when it cannot allocate, as C says, instead of
-#                                ASan aborting: the backend turns that NULL into `oom`
-#                                (BackendMemoryUnbudgeted.AllocatorRefusalIsOomNotAnAbort).
+#                                ASan aborting: the device turns that NULL into `oom`
+#                                (DeviceMemoryUnbudgeted.AllocatorRefusalIsOomNotAnAbort).
 #   detect_leaks=0 for processes that start MPI: Open MPI does not free what MPI_Init allocates
 #                  (every leak reported there is inside MPI_Init, hwloc or an MCA plugin).
 set -euo pipefail
@@ -59,7 +59,7 @@ step() {
 
 # The unit-test binaries the asan stage builds: every one of tests/CMakeLists.txt with trials on
 # and CUDA off. One missing here is not silently skipped: its ctest entry <name>_NOT_BUILT fails.
-asan_unit_binaries=(spec_test space_test perf_test search_test coord_test cli_test backend_test
+asan_unit_binaries=(spec_test space_test perf_test search_test coord_test cli_test device_test
                     trial_test)
 # The fuzz targets: one per seed directory (tests/fuzz/CMakeLists.txt: fuzz_<name>, seeds in
 # corpus/<name>/).

@@ -9,7 +9,7 @@
 #                                          compile_commands.json (default $AUTOPAR_BUILD_DIR or build/)
 #
 # Headers are checked through the sources that include them (HeaderFilterRegex). Only files in
-# the build's compile_commands.json are checked (a CUDA-less build skips src/backend/cuda/). The
+# the build's compile_commands.json are checked (a CUDA-less build skips src/device/cuda/). The
 # build must have run: the protobuf headers are generated. Every finding is an error (exit 1).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

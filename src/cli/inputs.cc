@@ -284,15 +284,15 @@ void ApplyBackend(const std::string& backend, Inputs& in) {
   ApplyCpuBackend(backend, in);
 }
 
-backend::P2PSemantics ReadP2PSemantics(Args& args, const std::string& backend) {
+device::P2PSemantics ReadP2PSemantics(Args& args, const std::string& backend) {
   const auto value = args.Value("--p2p-semantics");
   if (backend == "replay" && value) {
     throw InputError("--p2p-semantics", "not with --backend replay: it runs no trials");
   }
   const std::string name = value.value_or(backend == "cuda" ? "nccl" : "mpi");
-  const backend::StatusOr<backend::P2PSemantics> semantics = backend::ParseP2PSemantics(name);
+  const device::StatusOr<device::P2PSemantics> semantics = device::ParseP2PSemantics(name);
   if (!semantics.ok()) throw InputError("--p2p-semantics", "allowed: mpi, nccl; got '" + name + "'");
-  if (backend == "cuda" && *semantics != backend::P2PSemantics::kNccl) {
+  if (backend == "cuda" && *semantics != device::P2PSemantics::kNccl) {
     throw InputError("--p2p-semantics", "--backend cuda runs NCCL; allowed: nccl; got '" + name +
                                             "'");
   }

@@ -109,7 +109,7 @@ enum class Ending { kAllExited, kFailed, kEnough, kTimedOut };
 
 class MegatronRankRunner : public coord::RankRunner {
  public:
-  MegatronRankRunner(const TuneContext& context, backend::Group trials)
+  MegatronRankRunner(const TuneContext& context, device::Group trials)
       : context_(context), in_(context.inputs), trials_(std::move(trials)) {
     // MASTER_ADDR: rank 0's host, as every rank must name the same one.
     std::string host = trials_.rank() == 0 ? HostName() : std::string();
@@ -159,7 +159,7 @@ class MegatronRankRunner : public coord::RankRunner {
 
   const TuneContext context_;  // a copy: rank 0's factory returns before the trials run
   const Inputs& in_;
-  backend::Group trials_;
+  device::Group trials_;
   std::string master_addr_;
 };
 
@@ -357,7 +357,7 @@ pb::RankTrialResult MegatronRankRunner::RunTrialOrThrow(const pb::TrialRequest& 
 
 std::unique_ptr<coord::TrialBackend> MakeMegatronBackend(const TuneContext& context) {
   const Inputs& in = context.inputs;
-  auto make_runner = [&](backend::Group trials) {
+  auto make_runner = [&](device::Group trials) {
     return std::make_unique<MegatronRankRunner>(context, std::move(trials));
   };
   return CoordinateOrServe(StartMpiWorld(in.cluster), in.cluster, coord::Fingerprint(context.study),

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "autopar/backend/group.h"
 #include "autopar/coord/protocol.h"
+#include "autopar/device/group.h"
 #include "autopar/spec/cluster.h"
 
 namespace autopar::cli {
@@ -28,7 +28,7 @@ inline void CheckMpiChannel(int rc, const char* what) {
 // duplicate, so they never match a trial's messages.
 class MpiChannel : public coord::Channel {
  public:
-  explicit MpiChannel(backend::Group world)
+  explicit MpiChannel(device::Group world)
       : world_(std::move(world)),
         comm_(world_.comm()),
         rank_(world_.rank()),
@@ -82,7 +82,7 @@ class MpiChannel : public coord::Channel {
   }
 
  private:
-  backend::Group world_;
+  device::Group world_;
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
 };
@@ -113,7 +113,7 @@ class CoordinatorBackend : public coord::TrialBackend {
 // TrialBackend named `name`; every other rank serves the trials of the runner that
 // `make_runner(trials)` builds until the coordinator shuts the study down, then returns nullptr.
 template <typename MakeRunner>
-std::unique_ptr<coord::TrialBackend> CoordinateOrServe(backend::Group world,
+std::unique_ptr<coord::TrialBackend> CoordinateOrServe(device::Group world,
                                                        const ClusterSpec& cluster,
                                                        uint64_t study_fingerprint,
                                                        const MakeRunner& make_runner,

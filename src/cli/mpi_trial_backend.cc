@@ -24,25 +24,32 @@
 namespace autopar::cli {
 namespace {
 
-pb::TrialStatus ToStatus(backend::Outcome o) {
+pb::TrialStatus ToStatus(device::Outcome o) {
   switch (o) {
-    case backend::Outcome::kOk: return pb::OK;
-    case backend::Outcome::kOom: return pb::OOM;
-    case backend::Outcome::kTimeout: return pb::TIMEOUT;
-    case backend::Outcome::kCommError: return pb::COMM_ERROR;
-    case backend::Outcome::kDeviceError: return pb::DEVICE_ERROR;
-    case backend::Outcome::kNonfinite: return pb::NONFINITE;
-    case backend::Outcome::kInvalid: return pb::INVALID;
+    case device::Outcome::kOk:
+      return pb::OK;
+    case device::Outcome::kOom:
+      return pb::OOM;
+    case device::Outcome::kTimeout:
+      return pb::TIMEOUT;
+    case device::Outcome::kCommError:
+      return pb::COMM_ERROR;
+    case device::Outcome::kDeviceError:
+      return pb::DEVICE_ERROR;
+    case device::Outcome::kNonfinite:
+      return pb::NONFINITE;
+    case device::Outcome::kInvalid:
+      return pb::INVALID;
   }
   return pb::INVALID;
 }
 
-// One rank's work: the trial runner on this rank's backend, over the world group.
+// One rank's work: the trial runner on this rank's platform, over the world group.
 class TrialRankRunner : public coord::RankRunner {
  public:
-  TrialRankRunner(const TuneContext& context, backend::Group world,
-                  std::unique_ptr<backend::Backend> backend)
-      : in_(context.inputs), world_(std::move(world)), backend_(std::move(backend)) {}
+  TrialRankRunner(const TuneContext& context, device::Group world,
+                  std::unique_ptr<device::Platform> platform)
+      : in_(context.inputs), world_(std::move(world)), platform_(std::move(platform)) {}
 
   pb::HostFacts Facts() override {
     pb::HostFacts f;
@@ -52,8 +59,8 @@ class TrialRankRunner : public coord::RankRunner {
     f.set_hostname(host);
     f.set_pid(getpid());
     f.set_local_rank(world_.rank() % static_cast<int>(in_.cluster.gpus_per_node));
-    f.set_device(std::string(backend_->name()));
-    f.set_device_memory_gib(static_cast<double>(backend_->device().budget_bytes()) / kGiB);
+    f.set_device(std::string(platform_->name()));
+    f.set_device_memory_gib(static_cast<double>(platform_->device().budget_bytes()) / kGiB);
     return f;
   }
 
@@ -65,7 +72,7 @@ class TrialRankRunner : public coord::RankRunner {
     options.repetitions = std::max(1, request.timed_iterations());
     options.tp_values = in_.space.tp;
     trial::ProbeOverheads overheads;
-    auto samples = trial::RunProbe(*backend_, world_, in_.model, in_.train, in_.cluster, cost,
+    auto samples = trial::RunProbe(*platform_, world_, in_.model, in_.train, in_.cluster, cost,
                                    options, &overheads);
     if (!samples.ok()) {
       r.set_status(ToStatus(samples.status().outcome()));
@@ -98,7 +105,7 @@ class TrialRankRunner : public coord::RankRunner {
     const ParallelConfig c = coord::FromProto(request.config());
     const auto start = std::chrono::steady_clock::now();
     const trial::TrialMeasurement m =
-        trial::RunTrial(*backend_, world_, in_.model, in_.train, c, options);
+        trial::RunTrial(*platform_, world_, in_.model, in_.train, c, options);
     pb::RankTrialResult r;
     r.set_rank(world_.rank());
     r.set_status(ToStatus(m.outcome));
@@ -127,15 +134,16 @@ class TrialRankRunner : public coord::RankRunner {
   }
 
   const Inputs& in_;
-  backend::Group world_;
-  std::unique_ptr<backend::Backend> backend_;
+  device::Group world_;
+  std::unique_ptr<device::Platform> platform_;
 };
 
 std::unique_ptr<coord::TrialBackend> MakeMpiTrialBackend(const TuneContext& context) {
   const Inputs& in = context.inputs;
   RankWorker worker = StartRankWorker(context.backend, in.cluster, context.p2p_semantics);
-  auto make_runner = [&](backend::Group trials) {
-    return std::make_unique<TrialRankRunner>(context, std::move(trials), std::move(worker.backend));
+  auto make_runner = [&](device::Group trials) {
+    return std::make_unique<TrialRankRunner>(context, std::move(trials),
+                                             std::move(worker.platform));
   };
   return CoordinateOrServe(std::move(worker.world), in.cluster, coord::Fingerprint(context.study),
                            make_runner, "mpi");

@@ -1,20 +1,20 @@
 // What every rank of an MPI command (trial, probe, tune --backend cpu|cuda) starts from: MPI, the
-// world group, and the trial backend of its GPU. Internal to src/cli; needs the trial runner.
+// world group, and the device platform of its GPU. Internal to src/cli; needs the trial runner.
 #pragma once
 
 #include <memory>
 #include <string>
 
-#include "autopar/backend/backend.h"
-#include "autopar/backend/group.h"
 #include "autopar/coord/backend.h"
+#include "autopar/device/group.h"
+#include "autopar/device/platform.h"
 #include "autopar/spec/cluster.h"
 
 namespace autopar::cli {
 
 struct RankWorker {
-  backend::Group world;
-  std::unique_ptr<backend::Backend> backend;
+  device::Group world;
+  std::unique_ptr<device::Platform> platform;
 };
 
 // Initialises MPI, checks that mpirun started --nnodes × --nproc-per-node ranks (InputError
@@ -23,10 +23,10 @@ struct RankWorker {
 // Throws std::runtime_error when MPI cannot give the world group.
 // `p2p_semantics`: ReadP2PSemantics' value.
 RankWorker StartRankWorker(const std::string& backend, const ClusterSpec& cluster,
-                           backend::P2PSemantics p2p_semantics);
+                           device::P2PSemantics p2p_semantics);
 
 // MPI and the world group alone (StartRankWorker without a device): the same checks.
-backend::Group StartMpiWorld(const ClusterSpec& cluster);
+device::Group StartMpiWorld(const ClusterSpec& cluster);
 
 struct TuneContext;
 // `tune --backend megatron` (megatron_backend.cc): as the cpu/cuda factory, rank 0's backend or

@@ -16,7 +16,7 @@
 #include "autopar/common/errors.h"
 #include "autopar/perf/cost_model.h"
 #include "autopar/spec/units.h"
-#include "autopar/trial/backend_factory.h"
+#include "autopar/trial/device_factory.h"
 #include "autopar/trial/probe.h"
 #include "autopar/trial/trial.h"
 #include "src/cli/rank_worker.h"
@@ -27,7 +27,7 @@ namespace {
 // Flags every MPI command takes besides the planning inputs.
 struct WorkerFlags {
   std::string backend = "cpu";
-  backend::P2PSemantics p2p_semantics = backend::P2PSemantics::kMpi;
+  device::P2PSemantics p2p_semantics = device::P2PSemantics::kMpi;
   trial::TrialOptions options;
 };
 
@@ -60,7 +60,7 @@ void PrintTrial(std::ostream& out, Format format, const ParallelConfig& c, const
     JsonWriter j(out);
     j.BeginObject();
     j.Field("config", ToSpec(c)).Field("backend", backend);
-    j.Field("status", std::string(backend::OutcomeName(m.outcome)));
+    j.Field("status", std::string(device::OutcomeName(m.outcome)));
     j.Field("message", m.message).Field("notes", m.notes);
     j.Field("step_time_s", m.step_time_s);
     j.Key("iteration_times_s").BeginArray();
@@ -82,8 +82,8 @@ void PrintTrial(std::ostream& out, Format format, const ParallelConfig& c, const
   }
   char line[256];
   out << "trial " << ToSpec(c) << "\n  " << in.model.name << ", " << in.cluster.world_size()
-      << " ranks, " << backend << " backend: " << backend::OutcomeName(m.outcome) << "\n";
-  if (m.outcome != backend::Outcome::kOk) {
+      << " ranks, " << backend << " backend: " << device::OutcomeName(m.outcome) << "\n";
+  if (m.outcome != device::Outcome::kOk) {
     out << "  " << m.message << "\n";
     return;
   }
@@ -115,7 +115,7 @@ void PrintTrial(std::ostream& out, Format format, const ParallelConfig& c, const
 
 }  // namespace
 
-backend::Group StartMpiWorld(const ClusterSpec& cluster) {
+device::Group StartMpiWorld(const ClusterSpec& cluster) {
   EnsureMpi();
   const int world_size = MpiWorldSize();
   if (world_size != cluster.world_size()) {
@@ -124,17 +124,17 @@ backend::Group StartMpiWorld(const ClusterSpec& cluster) {
                                      " but mpirun started " + std::to_string(world_size) +
                                      " ranks");
   }
-  auto world = backend::Group::World();
+  auto world = device::Group::World();
   if (!world.ok()) throw std::runtime_error(world.status().ToString());
   return std::move(*world);
 }
 
 RankWorker StartRankWorker(const std::string& name, const ClusterSpec& cluster,
-                           backend::P2PSemantics p2p_semantics) {
-  backend::Group world = StartMpiWorld(cluster);
+                           device::P2PSemantics p2p_semantics) {
+  device::Group world = StartMpiWorld(cluster);
   auto device =
-      trial::MakeBackend(name, static_cast<size_t>(cluster.gpu.memory_gib * kGiB),
-                         world.rank() % static_cast<int>(cluster.gpus_per_node), p2p_semantics);
+      trial::MakePlatform(name, static_cast<size_t>(cluster.gpu.memory_gib * kGiB),
+                          world.rank() % static_cast<int>(cluster.gpus_per_node), p2p_semantics);
   if (!device.ok()) throw InputError("--backend", device.status().message());
   return {std::move(world), std::move(*device)};
 }
@@ -152,14 +152,14 @@ int RunTrialCommand(const std::vector<std::string>& argv_in, std::ostream& out,
   const int rank = worker.world.rank();
   flags.options.ddp_bucket_size = in.constants.stack.ddp_bucket_size;  // as the model assumes
   const trial::TrialMeasurement m =
-      trial::RunTrial(*worker.backend, worker.world, in.model, in.train, c, flags.options);
+      trial::RunTrial(*worker.platform, worker.world, in.model, in.train, c, flags.options);
   // Every rank holds the agreed outcome; rank 0 reports it, in its output and its exit status.
   // The others exit 0: one that exited non-zero first would make mpirun kill rank 0 before it
   // has printed the result.
   if (rank != 0) return kExitOk;
   const CostModel model(in.model, in.train, in.cluster, in.constants);
   PrintTrial(out, in.format, c, in, flags.backend, m, model.Evaluate(c));
-  return m.outcome == backend::Outcome::kOk ? kExitOk : kExitFailure;
+  return m.outcome == device::Outcome::kOk ? kExitOk : kExitFailure;
 }
 
 int RunProbeCommand(const std::vector<std::string>& argv_in, std::ostream& out,
@@ -176,7 +176,7 @@ int RunProbeCommand(const std::vector<std::string>& argv_in, std::ostream& out,
   options.repetitions = static_cast<int>(repetitions);
   options.tp_values = in.space.tp;
   trial::ProbeOverheads overheads;
-  auto samples = trial::RunProbe(*worker.backend, worker.world, in.model, in.train, in.cluster,
+  auto samples = trial::RunProbe(*worker.platform, worker.world, in.model, in.train, in.cluster,
                                  cost, options, &overheads);
   if (!samples.ok()) {
     err << "autopar-tune probe: " << samples.status().ToString() << "\n";

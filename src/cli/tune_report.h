@@ -21,7 +21,7 @@ struct TuneFlags {
   bool salvage = false;  // --salvage (with --resume): keep every valid record of a corrupt journal
   std::optional<uint64_t> seed;  // unset: 0 for a new study, the study's own when resuming
   std::string backend;
-  backend::P2PSemantics p2p_semantics = backend::P2PSemantics::kMpi;
+  device::P2PSemantics p2p_semantics = device::P2PSemantics::kMpi;
   std::optional<std::string> replay_table;
   std::string searcher;
   double max_p_oom = 0.9;

@@ -4,23 +4,23 @@
 
 #include <cstdint>
 
-#include "autopar/backend/tensor.h"
+#include "autopar/device/tensor.h"
 
 namespace autopar::trial {
 
 class Carver {
  public:
   Carver() = default;  // measures only
-  explicit Carver(backend::Tensor base) : base_(base), measure_(false) {}
-  backend::Tensor Take(int64_t numel) {
-    const backend::Tensor t = measure_ ? backend::Tensor{} : base_.Slice(used_, numel);
+  explicit Carver(device::Tensor base) : base_(base), measure_(false) {}
+  device::Tensor Take(int64_t numel) {
+    const device::Tensor t = measure_ ? device::Tensor{} : base_.Slice(used_, numel);
     used_ += numel;
     return t;
   }
   int64_t used() const { return used_; }
 
  private:
-  backend::Tensor base_;
+  device::Tensor base_;
   bool measure_ = true;
   int64_t used_ = 0;
 };

@@ -9,19 +9,19 @@ namespace autopar::trial {
 namespace {
 // A group of one is not connected (no communicator is made for it): callers skip its collectives.
 Status NotConnected(const char* file, int line) {
-  return Status::Error(backend::Outcome::kInvalid, "collective on a group of one", file, line);
+  return Status::Error(device::Outcome::kInvalid, "collective on a group of one", file, line);
 }
 }  // namespace
 
-Status WaitUntil(backend::Request& request, Deadline deadline) {
+Status WaitUntil(device::Request& request, Deadline deadline) {
   for (;;) {
-    backend::StatusOr<bool> done = request.Test();
+    device::StatusOr<bool> done = request.Test();
     if (!done.ok()) return done.status();
-    if (*done) return backend::OkStatus();
+    if (*done) return device::OkStatus();
     if (std::chrono::steady_clock::now() > deadline) {
       request.Abandon();
-      return Status::Error(backend::Outcome::kTimeout,
-                           "collective did not complete by the deadline", __FILE__, __LINE__);
+      return Status::Error(device::Outcome::kTimeout, "collective did not complete by the deadline",
+                           __FILE__, __LINE__);
     }
     // With more ranks than cores (the CPU backend on a laptop), a spinning waiter would take the
     // core from the peer it waits for.
@@ -29,7 +29,7 @@ Status WaitUntil(backend::Request& request, Deadline deadline) {
   }
 }
 
-Status Comm::Complete(backend::Request& request) {
+Status Comm::Complete(device::Request& request) {
   if (c_ != nullptr && c_->stream_ordered()) return request.OrderOnDevice(deadline_);
   return WaitUntil(request, deadline_);
 }
@@ -43,25 +43,25 @@ Status Comm::Complete(backend::Request& request) {
   } while (0)
 
 Status Comm::AllReduce(Tensor buf, ReduceOp op) {
-  if (!active()) return backend::OkStatus();
+  if (!active()) return device::OkStatus();
   AUTOPAR_POLL(c_->IAllReduce(buf, buf, op));
-  return backend::OkStatus();
+  return device::OkStatus();
 }
 
 Status Comm::AllGather(Tensor send, Tensor recv) {
   AUTOPAR_POLL(c_->IAllGather(send, recv));
-  return backend::OkStatus();
+  return device::OkStatus();
 }
 
 Status Comm::ReduceScatter(Tensor send, Tensor recv) {
   AUTOPAR_POLL(c_->IReduceScatter(send, recv, ReduceOp::kSum));
-  return backend::OkStatus();
+  return device::OkStatus();
 }
 
 Status Comm::AllToAll(Tensor send, Tensor recv) {
   const int n = size();
   if (send.numel % n != 0) {
-    return Status::Error(backend::Outcome::kInvalid, "AllToAll: numel is not a multiple of size",
+    return Status::Error(device::Outcome::kInvalid, "AllToAll: numel is not a multiple of size",
                          __FILE__, __LINE__);
   }
   const std::vector<int64_t> counts(static_cast<size_t>(n), send.numel / n);
@@ -71,13 +71,13 @@ Status Comm::AllToAll(Tensor send, Tensor recv) {
 Status Comm::AllToAllV(Tensor send, std::span<const int64_t> send_counts, Tensor recv,
                        std::span<const int64_t> recv_counts) {
   AUTOPAR_POLL(c_->IAllToAllV(send, send_counts, recv, recv_counts));
-  return backend::OkStatus();
+  return device::OkStatus();
 }
 
-Status Comm::SendRecv(std::span<const backend::P2POp> ops) {
-  if (ops.empty()) return backend::OkStatus();
+Status Comm::SendRecv(std::span<const device::P2POp> ops) {
+  if (ops.empty()) return device::OkStatus();
   AUTOPAR_POLL(c_->IBatchSendRecv(ops));
-  return backend::OkStatus();
+  return device::OkStatus();
 }
 
 #define AUTOPAR_START(start_expr)                     \
@@ -89,36 +89,36 @@ Status Comm::SendRecv(std::span<const backend::P2POp> ops) {
     pending = std::move(*request_);                   \
   } while (0)
 
-Status Comm::StartSendRecv(std::span<const backend::P2POp> ops,
-                           std::unique_ptr<backend::Request>& pending) {
+Status Comm::StartSendRecv(std::span<const device::P2POp> ops,
+                           std::unique_ptr<device::Request>& pending) {
   if (ops.empty()) return Wait(pending);
   AUTOPAR_START(c_->IBatchSendRecv(ops));
-  return backend::OkStatus();
+  return device::OkStatus();
 }
 
-Status Comm::StartAllReduce(Tensor buf, std::unique_ptr<backend::Request>& pending) {
+Status Comm::StartAllReduce(Tensor buf, std::unique_ptr<device::Request>& pending) {
   if (!active()) return Wait(pending);
   AUTOPAR_START(c_->IAllReduce(buf, buf, ReduceOp::kSum));
-  return backend::OkStatus();
+  return device::OkStatus();
 }
 
 Status Comm::StartReduceScatter(Tensor send, Tensor recv,
-                                std::unique_ptr<backend::Request>& pending) {
+                                std::unique_ptr<device::Request>& pending) {
   AUTOPAR_START(c_->IReduceScatter(send, recv, ReduceOp::kSum));
-  return backend::OkStatus();
+  return device::OkStatus();
 }
 
-Status Comm::StartAllGather(Tensor send, Tensor recv, std::unique_ptr<backend::Request>& pending) {
+Status Comm::StartAllGather(Tensor send, Tensor recv, std::unique_ptr<device::Request>& pending) {
   AUTOPAR_START(c_->IAllGather(send, recv));
-  return backend::OkStatus();
+  return device::OkStatus();
 }
 
-Status Comm::Wait(std::unique_ptr<backend::Request>& pending) {
+Status Comm::Wait(std::unique_ptr<device::Request>& pending) {
   if (pending) {
     AUTOPAR_RETURN_IF_ERROR(Complete(*pending));
     pending.reset();
   }
-  return backend::OkStatus();
+  return device::OkStatus();
 }
 
 }  // namespace autopar::trial

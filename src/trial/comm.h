@@ -1,6 +1,6 @@
 // Collectives of a trial, each bounded by the trial's deadline.
 //
-// Every call is the non-blocking form of the backend's collective, completed by polling Test()
+// Every call is the non-blocking form of the platform's collective, completed by polling Test()
 // against the deadline: a rank whose peer stalls or died gives up with kTimeout instead of
 // blocking forever, which is how a trial ends as `timeout` on every rank (docs/trial.md §10).
 // On a stream-ordered transport (Collectives::stream_ordered(): NCCL) a call completes instead
@@ -14,23 +14,23 @@
 #include <memory>
 #include <span>
 
-#include "autopar/backend/collectives.h"
-#include "autopar/backend/status.h"
+#include "autopar/device/collectives.h"
+#include "autopar/device/status.h"
 
 namespace autopar::trial {
 
-using backend::ReduceOp;
-using backend::Status;
-using backend::Tensor;
+using device::ReduceOp;
+using device::Status;
+using device::Tensor;
 using Deadline = std::chrono::steady_clock::time_point;
 
 // Polls `request` until it completes or the deadline passes.
-Status WaitUntil(backend::Request& request, Deadline deadline);
+Status WaitUntil(device::Request& request, Deadline deadline);
 
 class Comm {
  public:
   Comm() = default;
-  Comm(std::unique_ptr<backend::Collectives> c, Deadline deadline)
+  Comm(std::unique_ptr<device::Collectives> c, Deadline deadline)
       : c_(std::move(c)), deadline_(deadline) {}
 
   bool active() const { return c_ != nullptr && c_->size() > 1; }
@@ -47,24 +47,24 @@ class Comm {
                    std::span<const int64_t> recv_counts);
   // Runs the sends and receives of `ops` as one group (Collectives::IBatchSendRecv) and waits for
   // them; an empty batch does nothing.
-  Status SendRecv(std::span<const backend::P2POp> ops);
+  Status SendRecv(std::span<const device::P2POp> ops);
   // Starts them into `pending` (completing an earlier `pending` first); the buffers must stay
   // untouched until Wait(pending).
-  Status StartSendRecv(std::span<const backend::P2POp> ops,
-                       std::unique_ptr<backend::Request>& pending);
+  Status StartSendRecv(std::span<const device::P2POp> ops,
+                       std::unique_ptr<device::Request>& pending);
   // Start the collective into `pending` (completing an earlier `pending` first), for the
   // data-parallel overlap (grad_buckets.h); the buffers must stay untouched until Wait(pending).
-  Status StartAllReduce(Tensor buf, std::unique_ptr<backend::Request>& pending);  // in place
-  Status StartReduceScatter(Tensor send, Tensor recv, std::unique_ptr<backend::Request>& pending);
-  Status StartAllGather(Tensor send, Tensor recv, std::unique_ptr<backend::Request>& pending);
+  Status StartAllReduce(Tensor buf, std::unique_ptr<device::Request>& pending);  // in place
+  Status StartReduceScatter(Tensor send, Tensor recv, std::unique_ptr<device::Request>& pending);
+  Status StartAllGather(Tensor send, Tensor recv, std::unique_ptr<device::Request>& pending);
   // Completes `pending` if there is one.
-  Status Wait(std::unique_ptr<backend::Request>& pending);
+  Status Wait(std::unique_ptr<device::Request>& pending);
 
  private:
   // Completes `request` as the transport allows: ordered on the device, or polled on the host.
-  Status Complete(backend::Request& request);
+  Status Complete(device::Request& request);
 
-  std::unique_ptr<backend::Collectives> c_;
+  std::unique_ptr<device::Collectives> c_;
   Deadline deadline_{};
 };
 

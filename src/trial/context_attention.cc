@@ -8,10 +8,10 @@
 namespace autopar::trial {
 namespace {
 
-using backend::AttentionDesc;
-using backend::DType;
-using backend::OkStatus;
-using backend::P2POp;
+using device::AttentionDesc;
+using device::DType;
+using device::OkStatus;
+using device::P2POp;
 
 constexpr int kKvTag = 101, kDkvTag = 102;  // ring messages on the cp group
 
@@ -190,7 +190,7 @@ Status ContextAttention::Rope(Tensor ul, bool backward) {
   const int64_t d = s_.head_dim, chunk_rows = s_.chunk * s_.mbs;
   const int chunks = s_.cp > 1 ? 2 : 1;
   for (int c = 0; c < chunks; ++c) {
-    backend::RopeDesc r;
+    device::RopeDesc r;
     r.seq = chunks == 2 ? s_.chunk : 2 * s_.chunk;
     r.batch = s_.mbs;
     r.head_dim = d;
@@ -290,7 +290,7 @@ Status ContextAttention::RingForward(Tensor qkv_ul, Tensor o_ul, Tensor lse) {
   const int64_t chunk_rows = s_.chunk * s_.mbs, kv_cols = 2 * kvu * d;
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, qkv_ul, d, ids_[kv_pack_], kv_[0]));
   bool written[2] = {false, false};
-  std::unique_ptr<backend::Request> ring;
+  std::unique_ptr<device::Request> ring;
   for (int step = 0; step < cp; ++step) {
     const int src = (me - step + cp) % cp;
     const Tensor cur = kv_[step == 0 ? 0 : 1 + (step - 1) % 2];
@@ -334,7 +334,7 @@ Status ContextAttention::RingBackward(Tensor qkv_ul, Tensor o_ul, Tensor lse, Te
   // Each step's transfers are one group: the next K/V block, and the previous step's dK/dV sum
   // out and the one this step adds to in. A lone dK/dV send after the compute would wait on NCCL
   // for a receive that the next rank queues behind its own lone send: a cycle around the ring.
-  std::unique_ptr<backend::Request> ring;
+  std::unique_ptr<device::Request> ring;
   const Tensor incoming = dkv_[2];
   for (int step = 0; step < cp; ++step) {
     const int src = (me - step + cp) % cp;

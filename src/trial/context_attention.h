@@ -54,7 +54,7 @@ class ContextAttention {
   Status RingBackward(Tensor qkv_ul, Tensor o_ul, Tensor lse, Tensor do_ul, Tensor dqkv_ul);
   // The causal descriptor of query chunk qc (0: first, 1: second) against kv chunk kc of the
   // block owned by cp rank `src`.
-  backend::AttentionDesc PairDesc(int qc, int src, int kc) const;
+  device::AttentionDesc PairDesc(int qc, int src, int kc) const;
   int64_t ChunkStart(int cp_rank, int c) const;
 
   Device& dev_;

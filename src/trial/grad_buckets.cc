@@ -5,7 +5,7 @@
 
 namespace autopar::trial {
 
-using backend::OkStatus;
+using device::OkStatus;
 
 std::vector<GradBucket> PlanGradBuckets(std::span<const ParamSpan> params, int64_t padded_numel,
                                         int64_t bucket_size, int shards) {

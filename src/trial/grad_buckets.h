@@ -130,10 +130,10 @@ class GradBuckets {
   bool overlap_ = false;
   int microbatches_ = 0;           // 0 until BeginStep: Ready starts nothing
   std::vector<int> ready_counts_;  // per unit, this step
-  std::vector<std::unique_ptr<backend::Request>> reduce_;
+  std::vector<std::unique_ptr<device::Request>> reduce_;
   std::vector<bool> reduce_started_;
   // Gathers in flight, and the buckets whose gather is deferred and not yet complete.
-  std::vector<std::unique_ptr<backend::Request>> gather_;
+  std::vector<std::unique_ptr<device::Request>> gather_;
   std::vector<bool> gather_pending_;
   int reduced_early_ = 0, gathered_late_ = 0;
 };

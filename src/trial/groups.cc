@@ -6,7 +6,7 @@
 
 namespace autopar::trial {
 
-using backend::OkStatus;
+using device::OkStatus;
 
 Coordinates Coordinates::Of(int rank, const ParallelConfig& c) {
   Coordinates at;
@@ -42,8 +42,8 @@ GroupUse UsedGroups(const ParallelConfig& c, bool moe, bool tied_embedding) {
   return use;
 }
 
-StatusOr<ProcessGroups> ProcessGroups::Create(backend::Backend& backend,
-                                              const backend::Group& world, const ParallelConfig& c,
+StatusOr<ProcessGroups> ProcessGroups::Create(device::Platform& platform,
+                                              const device::Group& world, const ParallelConfig& c,
                                               Deadline deadline, const GroupUse& use) {
   ProcessGroups g;
   const int rank = world.rank();
@@ -56,8 +56,8 @@ StatusOr<ProcessGroups> ProcessGroups::Create(backend::Backend& backend,
   std::vector<std::vector<int>> connected;  // the member sets of this rank's groups
   auto make = [&](bool used, int color, int key, Comm& out) -> Status {
     if (!used) return OkStatus();
-    AUTOPAR_ASSIGN_OR_RETURN(backend::Group group, world.Split(color, key));
-    AUTOPAR_ASSIGN_OR_RETURN(auto collectives, backend.ConnectSplit(world, group));
+    AUTOPAR_ASSIGN_OR_RETURN(device::Group group, world.Split(color, key));
+    AUTOPAR_ASSIGN_OR_RETURN(auto collectives, platform.ConnectSplit(world, group));
     if (collectives != nullptr) out = Comm(std::move(collectives), deadline);
     if (!group.empty()) connected.push_back(group.world_ranks());
     return OkStatus();
@@ -89,7 +89,7 @@ StatusOr<ProcessGroups> ProcessGroups::Create(backend::Backend& backend,
   AUTOPAR_RETURN_IF_ERROR(
       make(use.embedding, end_stage ? rank - at.pp * pp_stride : -1, at.pp, g.embedding));
   // Communicators cached for earlier configurations go before this one allocates anything.
-  backend.RetainGroups(connected);
+  platform.RetainGroups(connected);
   return g;
 }
 
@@ -134,9 +134,9 @@ Shapes Shapes::Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& 
     s.chunk_first_layer.push_back(ChunkFirstLayer(c, m.num_layers, at.pp, model_chunk));
   }
   if (t.precision == Precision::kFP8) {
-    s.fp8.fwd = backend::Fp8Operand::kE4M3;
-    s.fp8.grad = t.fp8_format == TrainSpec::Fp8Format::kHybrid ? backend::Fp8Operand::kE5M2
-                                                               : backend::Fp8Operand::kE4M3;
+    s.fp8.fwd = device::Fp8Operand::kE4M3;
+    s.fp8.grad = t.fp8_format == TrainSpec::Fp8Format::kHybrid ? device::Fp8Operand::kE5M2
+                                                               : device::Fp8Operand::kE4M3;
   }
   if (m.is_moe()) {
     s.experts = m.num_experts;

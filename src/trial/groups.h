@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "autopar/backend/backend.h"
+#include "autopar/device/platform.h"
 #include "autopar/space/config.h"
 #include "autopar/spec/model.h"
 #include "autopar/spec/train.h"
@@ -16,7 +16,7 @@
 
 namespace autopar::trial {
 
-using backend::StatusOr;
+using device::StatusOr;
 
 // Megatron-core rank order with Ulysses next to tp: rank = tp + TP·(up + UP·(cp + CP·(dp +
 // DP·pp))). The experts' grid (MoE parallel folding, docs/architecture.md §3: etp·ep | tp·cp·dp)
@@ -45,7 +45,7 @@ struct GroupUse {
 GroupUse UsedGroups(const ParallelConfig& c, bool moe, bool tied_embedding);
 
 // The groups a trial communicates on, built per trial with MPI_Comm_split and connected with
-// Backend::ConnectSplit (so a CUDA backend reuses the communicators of earlier trials over the
+// Platform::ConnectSplit (so a CUDA platform reuses the communicators of earlier trials over the
 // same ranks). Groups not in `use` are neither split nor connected; a group of one rank is left
 // unconnected (callers skip its collectives).
 struct ProcessGroups {
@@ -59,7 +59,7 @@ struct ProcessGroups {
   Comm dp, edp, ep, etp;
   Comm seq;        // the ranks that hold pieces of the same samples (tp·up·cp): MoE statistics
   Comm embedding;  // first and last pipeline stage (tied weights)
-  static StatusOr<ProcessGroups> Create(backend::Backend& backend, const backend::Group& world,
+  static StatusOr<ProcessGroups> Create(device::Platform& platform, const device::Group& world,
                                         const ParallelConfig& c, Deadline deadline,
                                         const GroupUse& use);
 };

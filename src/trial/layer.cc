@@ -8,18 +8,18 @@
 
 namespace autopar::trial {
 
-using backend::AttentionDesc;
-using backend::OkStatus;
+using device::AttentionDesc;
+using device::OkStatus;
 
 Status StageProgram::Norm(Tensor gamma, Tensor beta, Tensor x, Tensor y, Tensor rstd, Tensor mean) {
-  const backend::NormDesc d{s_.local_tokens, s_.hidden, 1e-5f};
+  const device::NormDesc d{s_.local_tokens, s_.hidden, 1e-5f};
   if (s_.rmsnorm) return dev_.RmsNormForward(d, x, gamma, y, rstd);
   return dev_.LayerNormForward(d, x, gamma, beta, y, mean, rstd);
 }
 
 Status StageProgram::NormBackward(Tensor gamma, Tensor dgamma, Tensor dbeta, Tensor dy, Tensor x,
                                   Tensor rstd, Tensor mean, Tensor dx) {
-  const backend::NormDesc d{s_.local_tokens, s_.hidden, 1e-5f};
+  const device::NormDesc d{s_.local_tokens, s_.hidden, 1e-5f};
   if (s_.rmsnorm) return dev_.RmsNormBackward(d, dy, x, gamma, rstd, dx, dgamma);
   return dev_.LayerNormBackward(d, dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
 }
@@ -41,7 +41,7 @@ Status StageProgram::ReduceRows(Tensor partial, Tensor local_out) {
 
 Status StageProgram::Rope(Tensor qkv, bool backward) {
   if (!s_.rope) return OkStatus();
-  backend::RopeDesc d;
+  device::RopeDesc d;
   d.seq = s_.seq_local;  // the dense path: cp = up = 1
   d.batch = s_.mbs;
   d.head_dim = s_.head_dim;

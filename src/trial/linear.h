@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "autopar/backend/ops.h"
+#include "autopar/device/ops.h"
 
 namespace autopar::trial {
 
@@ -11,16 +11,16 @@ namespace autopar::trial {
 // activations and weights in `fwd` (e4m3), gradients in `grad` (e5m2 with hybrid, e4m3 with
 // e4m3). kNone: the compute dtype.
 struct Fp8Formats {
-  backend::Fp8Operand fwd = backend::Fp8Operand::kNone;
-  backend::Fp8Operand grad = backend::Fp8Operand::kNone;
-  bool on() const { return fwd != backend::Fp8Operand::kNone; }
+  device::Fp8Operand fwd = device::Fp8Operand::kNone;
+  device::Fp8Operand grad = device::Fp8Operand::kNone;
+  bool on() const { return fwd != device::Fp8Operand::kNone; }
 };
 
 // y[m, n] (+)= x[m, k] · W[n, k]ᵀ. In fp8 with fast accumulation, as TransformerEngine's forward
 // (its gradient GEMMs below use split accumulation).
-inline backend::GemmDesc Linear(int64_t m, int64_t n, int64_t k, float beta = 0,
-                                Fp8Formats fp8 = {}) {
-  backend::GemmDesc d;
+inline device::GemmDesc Linear(int64_t m, int64_t n, int64_t k, float beta = 0,
+                               Fp8Formats fp8 = {}) {
+  device::GemmDesc d;
   d.fp8_a = fp8.fwd;  // x
   d.fp8_b = fp8.fwd;  // W
   d.fp8_fast_accumulate = fp8.on();
@@ -32,9 +32,9 @@ inline backend::GemmDesc Linear(int64_t m, int64_t n, int64_t k, float beta = 0,
   return d;
 }
 // dx[m, k] (+)= dy[m, n] · W[n, k].
-inline backend::GemmDesc LinearInputGrad(int64_t m, int64_t n, int64_t k, float beta = 0,
-                                         Fp8Formats fp8 = {}) {
-  backend::GemmDesc d;
+inline device::GemmDesc LinearInputGrad(int64_t m, int64_t n, int64_t k, float beta = 0,
+                                        Fp8Formats fp8 = {}) {
+  device::GemmDesc d;
   d.fp8_a = fp8.grad;  // dy
   d.fp8_b = fp8.fwd;   // W
   d.m = m;
@@ -44,8 +44,8 @@ inline backend::GemmDesc LinearInputGrad(int64_t m, int64_t n, int64_t k, float 
   return d;
 }
 // dW[n, k] += dy[m, n]ᵀ · x[m, k].
-inline backend::GemmDesc LinearWeightGrad(int64_t m, int64_t n, int64_t k, Fp8Formats fp8 = {}) {
-  backend::GemmDesc d;
+inline device::GemmDesc LinearWeightGrad(int64_t m, int64_t n, int64_t k, Fp8Formats fp8 = {}) {
+  device::GemmDesc d;
   d.fp8_a = fp8.grad;  // dy
   d.fp8_b = fp8.fwd;   // x
   d.trans_a = true;
@@ -56,9 +56,9 @@ inline backend::GemmDesc LinearWeightGrad(int64_t m, int64_t n, int64_t k, Fp8Fo
   return d;
 }
 // `batch` row-vector products, item i: C_i[m, n] (+)= A_i[m, k] · op(B_i), all packed.
-inline backend::GemmDesc Batched(int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_b,
-                                 float beta = 0) {
-  backend::GemmDesc d;
+inline device::GemmDesc Batched(int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_b,
+                                float beta = 0) {
+  device::GemmDesc d;
   d.batch = batch;
   d.trans_b = trans_b;
   d.m = m;

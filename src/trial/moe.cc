@@ -10,9 +10,9 @@
 namespace autopar::trial {
 namespace {
 
-using backend::DType;
-using backend::OkStatus;
-using backend::Outcome;
+using device::DType;
+using device::OkStatus;
+using device::Outcome;
 
 // Host floats into a compute-dtype tensor (bf16: round to nearest even).
 Status UploadCompute(Device& dev, Tensor dst, const std::vector<float>& v) {

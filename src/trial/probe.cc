@@ -5,22 +5,22 @@
 #include <algorithm>
 #include <cmath>
 
-#include "autopar/backend/timer.h"
+#include "autopar/device/timer.h"
 #include "autopar/spec/units.h"
 
 namespace autopar::trial {
 namespace {
 
-using backend::Buffer;
-using backend::DType;
-using backend::OkStatus;
-using backend::Outcome;
-using backend::Status;
-using backend::StatusOr;
-using backend::Tensor;
+using device::Buffer;
+using device::DType;
+using device::OkStatus;
+using device::Outcome;
+using device::Status;
+using device::StatusOr;
+using device::Tensor;
 
 // The maximum over ranks of a host value.
-StatusOr<double> Slowest(const backend::Group& world, double mine) {
+StatusOr<double> Slowest(const device::Group& world, double mine) {
   double slowest = 0;
   if (MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, world.comm()) != MPI_SUCCESS) {
     return Status(Outcome::kCommError, "probe: MPI_Allreduce failed");
@@ -30,12 +30,12 @@ StatusOr<double> Slowest(const backend::Group& world, double mine) {
 
 // Median over repetitions (after one warm-up) of `run`, then the maximum over ranks.
 template <class Fn>
-StatusOr<double> Time(backend::Device& dev, const backend::Group& world, int repetitions, Fn run) {
+StatusOr<double> Time(device::Device& dev, const device::Group& world, int repetitions, Fn run) {
   AUTOPAR_RETURN_IF_ERROR(run());
   std::vector<double> times;
   for (int i = 0; i < repetitions; ++i) {
     AUTOPAR_RETURN_IF_ERROR(dev.Synchronize());
-    backend::WallTimer timer;
+    device::WallTimer timer;
     AUTOPAR_RETURN_IF_ERROR(run());
     AUTOPAR_RETURN_IF_ERROR(dev.Synchronize());
     times.push_back(timer.Seconds());
@@ -64,7 +64,7 @@ std::vector<int> ProbedTpDegrees(const ModelSpec& m, const ClusterSpec& cluster,
 // measurement with the analytic time for the same work to `samples`.
 class Prober {
  public:
-  Prober(backend::Device& dev, const backend::Group& world, const CostModel& cost, int repetitions,
+  Prober(device::Device& dev, const device::Group& world, const CostModel& cost, int repetitions,
          int64_t tokens)
       : dev_(dev),
         world_(world),
@@ -72,7 +72,7 @@ class Prober {
         reps_(repetitions),
         tokens_(tokens),
         dt_(dev.compute_dtype()),
-        elem_(static_cast<double>(backend::DTypeSize(dt_))) {}
+        elem_(static_cast<double>(device::DTypeSize(dt_))) {}
 
   // GEMMs of one layer's linear projections, forward, at tensor-parallel degree tp.
   Status Gemms(const ModelSpec& m, int tp);
@@ -82,7 +82,7 @@ class Prober {
   Status Norm(int64_t h);
   // All-reduces of one layer's activations on groups inside a node (stride 1, tp-like) and
   // across nodes (stride = a node, dp-like).
-  Status AllReduces(backend::Backend& be, const ClusterSpec& cluster, int64_t h);
+  Status AllReduces(device::Platform& platform, const ClusterSpec& cluster, int64_t h);
   // The slowest rank's communicator set-up times and non-tensor memory.
   Status Overheads(ProbeOverheads& overheads);
 
@@ -91,10 +91,10 @@ class Prober {
  private:
   Status Gemm(const char* name, int64_t n, int64_t k, double sharded, int tp);
   // On the group of n ranks at `stride` that holds this rank.
-  Status AllReduce(backend::Backend& be, int n, int stride, int64_t h);
+  Status AllReduce(device::Platform& platform, int n, int stride, int64_t h);
 
-  backend::Device& dev_;
-  const backend::Group& world_;
+  device::Device& dev_;
+  const device::Group& world_;
   const CostModel& cost_;
   const int reps_;
   const int64_t tokens_;
@@ -119,7 +119,7 @@ Status Prober::Gemm(const char* name, int64_t n, int64_t k, double sharded, int 
   AUTOPAR_ASSIGN_OR_RETURN(Buffer y, dev_.Allocate(tokens_ * n, dt_));
   AUTOPAR_RETURN_IF_ERROR(dev_.FillHash(x.tensor(), {1, 0.5f}));
   AUTOPAR_RETURN_IF_ERROR(dev_.FillHash(w.tensor(), {2, 0.02f}));
-  backend::GemmDesc desc;
+  device::GemmDesc desc;
   desc.trans_b = true;
   desc.m = tokens_;
   desc.n = n;
@@ -141,7 +141,7 @@ Status Prober::Attention(const ModelSpec& m, int tp) {
   AUTOPAR_ASSIGN_OR_RETURN(Buffer o, dev_.Allocate(T * heads * d, dt_));
   AUTOPAR_ASSIGN_OR_RETURN(Buffer lse, dev_.Allocate(T * heads, DType::kF32));
   AUTOPAR_RETURN_IF_ERROR(dev_.FillHash(q.tensor(), {3, 0.5f}));
-  backend::AttentionDesc a;
+  device::AttentionDesc a;
   a.batch = 1;
   a.heads_q = heads;
   a.heads_kv = kv;
@@ -177,38 +177,38 @@ Status Prober::Norm(int64_t h) {
   return OkStatus();
 }
 
-Status Prober::AllReduces(backend::Backend& be, const ClusterSpec& cluster, int64_t h) {
+Status Prober::AllReduces(device::Platform& platform, const ClusterSpec& cluster, int64_t h) {
   const int world_size = world_.size();
   const int gpn = static_cast<int>(cluster.gpus_per_node);
   for (int stride : {1, gpn}) {
     if (stride == gpn && cluster.nnodes == 1) continue;
     for (int n = 2; n * stride <= world_size; n *= 2) {
       if (world_size % (n * stride) != 0 || (stride == 1 && n > gpn)) continue;
-      AUTOPAR_RETURN_IF_ERROR(AllReduce(be, n, stride, h));
+      AUTOPAR_RETURN_IF_ERROR(AllReduce(platform, n, stride, h));
     }
   }
   return OkStatus();
 }
 
-Status Prober::AllReduce(backend::Backend& be, int n, int stride, int64_t h) {
+Status Prober::AllReduce(device::Platform& platform, int n, int stride, int64_t h) {
   const int rank = world_.rank();
   const int block = n * stride;
   const int color = (rank / block) * stride + rank % stride;
-  AUTOPAR_ASSIGN_OR_RETURN(backend::Group group, world_.Split(color, (rank % block) / stride));
+  AUTOPAR_ASSIGN_OR_RETURN(device::Group group, world_.Split(color, (rank % block) / stride));
   // Twice: the first connection builds the communicator, the second shows what a later
   // trial over the same ranks pays.
-  backend::WallTimer setup;
-  AUTOPAR_ASSIGN_OR_RETURN(auto first, be.ConnectSplit(world_, group));
+  device::WallTimer setup;
+  AUTOPAR_ASSIGN_OR_RETURN(auto first, platform.ConnectSplit(world_, group));
   setup_first_s_ += setup.Seconds();
   first.reset();
   setup.Start();
-  AUTOPAR_ASSIGN_OR_RETURN(auto coll, be.ConnectSplit(world_, group));
+  AUTOPAR_ASSIGN_OR_RETURN(auto coll, platform.ConnectSplit(world_, group));
   setup_cached_s_ += setup.Seconds();
-  AUTOPAR_ASSIGN_OR_RETURN(Buffer buf, dev_.Allocate(tokens_ * h, backend::DType::kF32));
+  AUTOPAR_ASSIGN_OR_RETURN(Buffer buf, dev_.Allocate(tokens_ * h, device::DType::kF32));
   AUTOPAR_RETURN_IF_ERROR(dev_.Fill(buf.tensor(), 1.0f));
   AUTOPAR_ASSIGN_OR_RETURN(double s, Time(dev_, world_, reps_, [&] {
                              return coll->AllReduce(buf.tensor(), buf.tensor(),
-                                                    backend::ReduceOp::kSum);
+                                                    device::ReduceOp::kSum);
                            }));
   const double bytes = elem_ * tokens_ * h;
   samples.push_back({"allreduce n=" + std::to_string(n) + " stride=" + std::to_string(stride),
@@ -229,18 +229,18 @@ Status Prober::Overheads(ProbeOverheads& overheads) {
 
 }  // namespace
 
-StatusOr<std::vector<ProbeSample>> RunProbe(backend::Backend& be, const backend::Group& world,
+StatusOr<std::vector<ProbeSample>> RunProbe(device::Platform& platform, const device::Group& world,
                                             const ModelSpec& m, const TrainSpec& t,
                                             const ClusterSpec& cluster, const CostModel& cost,
                                             const ProbeOptions& options,
                                             ProbeOverheads* overheads) {
-  Prober probe(be.device(), world, cost, options.repetitions, t.seq_length);
+  Prober probe(platform.device(), world, cost, options.repetitions, t.seq_length);
   for (int tp : ProbedTpDegrees(m, cluster, options)) {
     AUTOPAR_RETURN_IF_ERROR(probe.Gemms(m, tp));
     AUTOPAR_RETURN_IF_ERROR(probe.Attention(m, tp));
   }
   AUTOPAR_RETURN_IF_ERROR(probe.Norm(m.hidden_size));
-  AUTOPAR_RETURN_IF_ERROR(probe.AllReduces(be, cluster, m.hidden_size));
+  AUTOPAR_RETURN_IF_ERROR(probe.AllReduces(platform, cluster, m.hidden_size));
   if (overheads != nullptr) AUTOPAR_RETURN_IF_ERROR(probe.Overheads(*overheads));
   return std::move(probe.samples);
 }

@@ -7,9 +7,9 @@
 namespace autopar::trial {
 namespace {
 
-using backend::DType;
-using backend::OkStatus;
-using backend::Outcome;
+using device::DType;
+using device::OkStatus;
+using device::Outcome;
 
 // The outputs a stage sends: a forward pass's activations and a backward pass's input gradient
 // (Megatron's output_tensor and input_tensor_grad), each until the exchange after its op.
@@ -218,11 +218,11 @@ Status StageProgram::LoadTokens(int microbatch) {
 
 Status StageProgram::Embed(int microbatch, Tensor x) {
   AUTOPAR_RETURN_IF_ERROR(LoadTokens(microbatch));
-  const backend::EmbeddingDesc word{s_.tokens, s_.hidden, s_.vocab_shard, s_.vocab_start};
+  const device::EmbeddingDesc word{s_.tokens, s_.hidden, s_.vocab_shard, s_.vocab_start};
   AUTOPAR_RETURN_IF_ERROR(dev_.EmbeddingForward(word, w_.word_embedding, ids_, partial_));
   AUTOPAR_RETURN_IF_ERROR(ReduceRows(partial_, x));
   if (!s_.learned_positions) return OkStatus();
-  const backend::EmbeddingDesc pos{s_.local_tokens, s_.hidden, s_.max_positions, 0};
+  const device::EmbeddingDesc pos{s_.local_tokens, s_.hidden, s_.max_positions, 0};
   AUTOPAR_RETURN_IF_ERROR(dev_.EmbeddingForward(pos, w_.positions, positions_, scratch_));
   return dev_.Add(x, scratch_, x);
 }
@@ -230,11 +230,11 @@ Status StageProgram::Embed(int microbatch, Tensor x) {
 Status StageProgram::EmbedBackward(int microbatch, Tensor dx) {
   AUTOPAR_RETURN_IF_ERROR(LoadTokens(microbatch));
   if (s_.learned_positions) {
-    const backend::EmbeddingDesc pos{s_.local_tokens, s_.hidden, s_.max_positions, 0};
+    const device::EmbeddingDesc pos{s_.local_tokens, s_.hidden, s_.max_positions, 0};
     AUTOPAR_RETURN_IF_ERROR(dev_.EmbeddingBackward(pos, dx, positions_, w_.d_positions));
   }
   AUTOPAR_ASSIGN_OR_RETURN(Tensor full, GatherRows(dx, gathered_));
-  const backend::EmbeddingDesc word{s_.tokens, s_.hidden, s_.vocab_shard, s_.vocab_start};
+  const device::EmbeddingDesc word{s_.tokens, s_.hidden, s_.vocab_shard, s_.vocab_start};
   return dev_.EmbeddingBackward(word, full, ids_, w_.d_word_embedding);
 }
 
@@ -246,7 +246,7 @@ Status StageProgram::HeadForwardBackward(int microbatch, Tensor x, Tensor dx) {
   AUTOPAR_RETURN_IF_ERROR(Norm(w_.final_norm, w_.final_norm_bias, x, yf_, rstdf_, meanf_));
   AUTOPAR_ASSIGN_OR_RETURN(Tensor y, GatherRows(yf_, gathered_));
   AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, V, h), y, w_.output, logits_));
-  const backend::CrossEntropyDesc ce{T, V, s_.vocab_start};
+  const device::CrossEntropyDesc ce{T, V, s_.vocab_start};
   AUTOPAR_RETURN_IF_ERROR(dev_.CrossEntropyMax(ce, logits_, row_max_));
   AUTOPAR_RETURN_IF_ERROR(g_.tp.AllReduce(row_max_, ReduceOp::kMax));
   AUTOPAR_RETURN_IF_ERROR(dev_.CrossEntropyPartials(ce, logits_, targets_, row_max_, ce_partials_));
@@ -335,7 +335,7 @@ Status StageProgram::Backward(int microbatch, int chunk) {
 
 Status StageProgram::Exchange(std::span<const PipelineTransfer> transfers) {
   // A step sends and receives at most a forward's and a backward's tensor each.
-  backend::P2POp ops[4];
+  device::P2POp ops[4];
   if (transfers.size() > std::size(ops)) {
     return Status(Outcome::kInvalid, "trial: more than 4 pipeline transfers in one step");
   }
@@ -353,7 +353,7 @@ Status StageProgram::Exchange(std::span<const PipelineTransfer> transfers) {
       }
       buf = slots_[free_slots_.back()].layers[0].x;
     }
-    ops[n++] = {t.kind == PipelineTransfer::kSend ? backend::P2POp::kSend : backend::P2POp::kRecv,
+    ops[n++] = {t.kind == PipelineTransfer::kSend ? device::P2POp::kSend : device::P2POp::kRecv,
                 buf, t.peer, Tag(t.microbatch, t.stage, t.backward)};
   }
   return g_.pp.SendRecv(std::span(ops, n));

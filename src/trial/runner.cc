@@ -6,7 +6,7 @@
 #include <memory>
 #include <thread>
 
-#include "autopar/backend/timer.h"
+#include "autopar/device/timer.h"
 #include "autopar/spec/units.h"
 #include "autopar/trial/schedule.h"
 #include "autopar/trial/trial.h"
@@ -15,8 +15,8 @@
 namespace autopar::trial {
 namespace {
 
-using backend::OkStatus;
-using backend::Outcome;
+using device::OkStatus;
+using device::Outcome;
 
 // After the deadline, ranks still get this long to agree on the outcome.
 constexpr double kAgreementGraceS = 3.0;
@@ -77,7 +77,7 @@ Outcome FromSeverity(int s) {
   return kBySeverity[std::clamp(s, 0, 6)];
 }
 
-std::string Validate(const backend::Group& world, const Device& dev, const ModelSpec& m,
+std::string Validate(const device::Group& world, const Device& dev, const ModelSpec& m,
                      const TrainSpec& t, const ParallelConfig& c) {
   if (world.size() != c.world_size()) {
     return "the configuration needs " + std::to_string(c.world_size()) + " ranks, the job has " +
@@ -116,7 +116,7 @@ struct RankSamples {
 // What a rank's iterations run on, once it is set up.
 struct RankRun {
   Device& dev;
-  const backend::Group& world;
+  const device::Group& world;
   ProcessGroups& groups;
   ModelShard& shard;
   StageProgram& program;
@@ -129,7 +129,7 @@ struct RankRun {
 
 // Agree that every rank could allocate its footprint (`mine`: this rank's set-up) before anyone
 // starts communicating.
-Status AgreeOnSetUp(const Status& mine, const backend::Group& world, Deadline deadline) {
+Status AgreeOnSetUp(const Status& mine, const device::Group& world, Deadline deadline) {
   std::vector<double> setup = {
       static_cast<double>(Severity(mine.ok() ? Outcome::kOk : mine.outcome()))};
   AUTOPAR_RETURN_IF_ERROR(HostAllReduce(setup, MPI_MAX, world.comm(), deadline));
@@ -154,7 +154,7 @@ Status RunIteration(const RankRun& run, int step, RankSamples& samples) {
   // peer's previous iteration (the max over ranks is the step).
   std::vector<double> barrier = {0};
   AUTOPAR_RETURN_IF_ERROR(HostAllReduce(barrier, MPI_MAX, run.world.comm(), run.deadline));
-  backend::WallTimer timer;
+  device::WallTimer timer;
   for (size_t k = 0; k < run.ops.size(); ++k) {
     const PipelineOp& op = run.ops[k];
     AUTOPAR_RETURN_IF_ERROR(run.program.Exchange(run.exchanges[k]));
@@ -212,13 +212,13 @@ Status RunIterations(const RankRun& run, RankSamples& samples) {
 
 // This rank's part of the trial: its groups, shard and program, then the iterations. Everything
 // that allocates lives in here, so it is all freed before the agreement.
-Status RunOnRank(backend::Backend& backend, const backend::Group& world, const ModelSpec& model,
+Status RunOnRank(device::Platform& platform, const device::Group& world, const ModelSpec& model,
                  const TrainSpec& train, const ParallelConfig& c, const TrialOptions& options,
                  int run_microbatches, Deadline deadline, RankSamples& samples) {
-  Device& dev = backend.device();
+  Device& dev = platform.device();
   AUTOPAR_ASSIGN_OR_RETURN(
       ProcessGroups groups,
-      ProcessGroups::Create(backend, world, c, deadline,
+      ProcessGroups::Create(platform, world, c, deadline,
                             UsedGroups(c, model.is_moe(), !model.untie_embeddings)));
   const Shapes shapes = Shapes::Of(model, train, c, groups.at);
   const std::vector<PipelineOp> ops = PipelineSchedule(c.pp, c.vpp, groups.at.pp, run_microbatches);
@@ -244,7 +244,7 @@ Status RunOnRank(backend::Backend& backend, const backend::Group& world, const M
 }
 
 // Every rank agrees on the outcome: the most severe wins. False, with `out` filled, unless ok.
-bool AgreeOnOutcome(const Status& status, const backend::Group& world, Deadline grace,
+bool AgreeOnOutcome(const Status& status, const device::Group& world, Deadline grace,
                     TrialMeasurement& out) {
   std::vector<double> verdict = {static_cast<double>(Severity(status.outcome()))};
   if (Status s = HostAllReduce(verdict, MPI_MAX, world.comm(), grace); !s.ok()) {
@@ -263,7 +263,7 @@ bool AgreeOnOutcome(const Status& status, const backend::Group& world, Deadline 
 
 // This rank's peak memory in GiB above `baseline`. Training sees the device's whole use: the
 // trial's tensors plus what the runtime holds besides them (CUDA context, library workspaces,
-// NCCL buffers; 0 on the CPU backend). Every rank goes on to the agreement whatever happens
+// NCCL buffers; 0 on the CPU platform). Every rank goes on to the agreement whatever happens
 // here, so a failed reading is noted in `notes` (after the attention engine's note) rather than
 // returned.
 double PeakMemoryGib(Device& dev, size_t baseline, std::string& notes) {
@@ -286,9 +286,9 @@ struct Figures {
 };
 
 // This rank's figures, before the agreement.
-Figures FiguresOf(Device& dev, size_t baseline, const backend::Group& world,
-                  const ParallelConfig& c, int run_microbatches, int job_microbatches,
-                  const RankSamples& samples, std::string& notes) {
+Figures FiguresOf(Device& dev, size_t baseline, const device::Group& world, const ParallelConfig& c,
+                  int run_microbatches, int job_microbatches, const RankSamples& samples,
+                  std::string& notes) {
   Figures f;
   f.peaks.assign(world.size(), 0.0);
   f.peaks[world.rank()] = PeakMemoryGib(dev, baseline, notes);
@@ -305,7 +305,7 @@ Figures FiguresOf(Device& dev, size_t baseline, const backend::Group& world,
   return f;
 }
 
-Status AgreeOnFigures(Figures& f, const backend::Group& world, Deadline grace) {
+Status AgreeOnFigures(Figures& f, const device::Group& world, Deadline grace) {
   Status agree = HostAllReduce(f.peaks, MPI_SUM, world.comm(), grace);
   if (agree.ok()) agree = HostAllReduce(f.step, MPI_MAX, world.comm(), grace);
   if (agree.ok()) agree = HostAllReduce(f.sums, MPI_SUM, world.comm(), grace);
@@ -335,19 +335,19 @@ void Report(const Figures& f, int warmup_iterations, const TrainSpec& train, dou
 
 }  // namespace
 
-TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world,
+TrialMeasurement RunTrial(device::Platform& platform, const device::Group& world,
                           const ModelSpec& model, const TrainSpec& train,
                           const ParallelConfig& config, const TrialOptions& options) {
   TrialMeasurement out;
   const ParallelConfig& c = config;
-  if (const std::string reason = Validate(world, backend.device(), model, train, c);
+  if (const std::string reason = Validate(world, platform.device(), model, train, c);
       !reason.empty()) {
     out.outcome = Outcome::kInvalid;
     out.message = reason;
     return out;
   }
   const Deadline deadline = After(std::chrono::steady_clock::now(), options.timeout_s);
-  Device& dev = backend.device();
+  Device& dev = platform.device();
   const size_t baseline = dev.bytes_in_use();
   dev.ResetPeak();
 
@@ -362,7 +362,7 @@ TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world
 
   RankSamples samples;
   const Status status =
-      RunOnRank(backend, world, model, train, c, options, run_microbatches, deadline, samples);
+      RunOnRank(platform, world, model, train, c, options, run_microbatches, deadline, samples);
 
   // ---- every rank agrees on the outcome and the figures ----
   const Deadline grace =

@@ -10,9 +10,9 @@
 namespace autopar::trial {
 namespace {
 
-using backend::DType;
-using backend::OkStatus;
-using backend::Outcome;
+using device::DType;
+using device::OkStatus;
+using device::Outcome;
 
 constexpr float kInitScale = 0.02f;
 constexpr int64_t kRoundBlock = int64_t{1} << 20;  // elements RoundToBf16 works on at a time
@@ -473,7 +473,7 @@ int ModelShard::param_buckets_overlapped() const {
 }
 
 Status ModelShard::Step(Device& device, ProcessGroups& g, float lr, float eps, int64_t step) {
-  backend::AdamParams adam;
+  device::AdamParams adam;
   adam.lr = lr;
   adam.eps = eps;
   adam.step = step;
@@ -490,7 +490,7 @@ Status ModelShard::Step(Device& device, ProcessGroups& g, float lr, float eps, i
 // distributed optimizer each replica updates its 1/shards of every bucket and gathers the rest
 // back, all in place in the flat buffers (Megatron-core's layout).
 Status ModelShard::StepPartition(Device& device, Partition& p, Comm& group,
-                                 const backend::AdamParams& adam,
+                                 const device::AdamParams& adam,
                                  const GradBuckets::Prepare& prepare) {
   if (p.padded_numel == 0) return OkStatus();
   const Tensor weights = p.weights.tensor(), grads = p.grads.tensor();

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "autopar/backend/backend.h"
+#include "autopar/device/platform.h"
 #include "autopar/space/config.h"
 #include "autopar/spec/model.h"
 #include "autopar/spec/train.h"
@@ -18,9 +18,9 @@
 
 namespace autopar::trial {
 
-using backend::Buffer;
-using backend::Device;
-using backend::StatusOr;
+using device::Buffer;
+using device::Device;
+using device::StatusOr;
 
 // One routed expert's tp shard: fc1 [gate; up] rows of the expert's width, fc2 its columns.
 struct ExpertWeights {
@@ -124,7 +124,7 @@ class ModelShard {
                             int64_t ddp_bucket_size);
   Status Allocate(Device& device, Partition& p, int shards, int shard, int64_t bucket_size,
                   bool overlap);
-  Status StepPartition(Device& device, Partition& p, Comm& group, const backend::AdamParams& adam,
+  Status StepPartition(Device& device, Partition& p, Comm& group, const device::AdamParams& adam,
                        const GradBuckets::Prepare& prepare);
   // The reductions of a bucket's gradients that precede the data-parallel one.
   GradBuckets::Prepare PrepareOf(Partition& p, ProcessGroups& g);

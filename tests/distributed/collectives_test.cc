@@ -3,15 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "autopar/backend/backend.h"
+#include "autopar/device/platform.h"
 #include "tests/distributed/mpi_env.h"
 
-namespace autopar::backend::testing {
+namespace autopar::device::testing {
 namespace {
 
 // How the world is cut: "strided" pairs {0, 2}, {1, 3} (like DP groups across TP), "blocked"
@@ -28,7 +29,7 @@ class DistributedCollectives : public ::testing::Test {
   void SetUp() override {
     if (World().size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
   }
-  Device& dev() { return TestBackend().device(); }
+  Device& dev() { return TestPlatform().device(); }
 
   Tensor Put(const std::vector<float>& host) {
     StatusOr<Buffer> buf = dev().Allocate(static_cast<std::int64_t>(host.size()), DType::kF32);
@@ -57,7 +58,7 @@ class DistributedCollectives : public ::testing::Test {
   Connected Connect(const Split& split) {
     StatusOr<Group> group = World().Split(split.color(World().rank()), World().rank());
     EXPECT_TRUE(group.ok()) << group.status().ToString();
-    StatusOr<std::unique_ptr<Collectives>> comm = TestBackend().Connect(*group);
+    StatusOr<std::unique_ptr<Collectives>> comm = TestPlatform().Connect(*group);
     EXPECT_TRUE(comm.ok()) << comm.status().ToString();
     return Connected{std::move(group).value(), std::move(comm).value()};
   }
@@ -99,7 +100,7 @@ TEST_F(DistributedCollectives, SubgroupFromWorldRanksInListedOrder) {
   ASSERT_TRUE(sub.ok()) << sub.status().ToString();
   EXPECT_EQ(sub->world_ranks(), members);
   EXPECT_EQ(sub->world_ranks()[sub->rank()], me);
-  StatusOr<std::unique_ptr<Collectives>> comm = TestBackend().Connect(*sub);
+  StatusOr<std::unique_ptr<Collectives>> comm = TestPlatform().Connect(*sub);
   ASSERT_TRUE(comm.ok());
   const Tensor x = Put({static_cast<float>(me)});
   ASSERT_TRUE((*comm)->AllReduce(x, x, ReduceOp::kSum).ok());
@@ -223,12 +224,12 @@ TEST_F(DistributedCollectives, AllToAllVVariableBlocks) {
     // Block j of a rank's send is elements [offset_j, offset_j + count) of its Data(8, ...).
     std::vector<float> want;
     for (int src = 0; src < size; ++src) {
-      const std::vector<float> theirs = Data(8, 3 * size, c.group.world_ranks()[src]);
+      const std::vector<float> theirs = Data(8, std::int64_t{3} * size, c.group.world_ranks()[src]);
       std::int64_t offset = 0;
       for (int j = 0; j < me; ++j) offset += count(src, j);
       want.insert(want.end(), theirs.begin() + offset, theirs.begin() + offset + count(src, me));
     }
-    const std::vector<float> mine = Data(8, 3 * size, World().rank());
+    const std::vector<float> mine = Data(8, std::int64_t{3} * size, World().rank());
     const Tensor send = Put(mine), recv = Zeros(recv_total + 1);
     ASSERT_TRUE(c.comm->AllToAllV(send, send_counts, recv, recv_counts).ok());
     std::vector<float> got = Get(recv);
@@ -243,7 +244,7 @@ TEST_F(DistributedCollectives, AllToAllVVariableBlocks) {
     EXPECT_EQ(Get(recv2), want) << split.name;
 
     std::vector<std::int64_t> too_many = send_counts;
-    too_many[0] += 3 * size;
+    too_many[0] += std::int64_t{3} * size;
     EXPECT_EQ(c.comm->AllToAllV(send, too_many, recv, recv_counts).outcome(), Outcome::kInvalid);
     EXPECT_EQ(c.comm->AllToAllV(send, std::vector<std::int64_t>(size + 1), recv, recv_counts)
                   .outcome(),
@@ -275,7 +276,8 @@ TEST_F(DistributedCollectives, NonBlockingCollectivesOverlapCompute) {
 
   GemmDesc gemm;
   gemm.m = gemm.n = gemm.k = 64;
-  const Tensor a = Put(Data(7, 64 * 64, World().rank())), out = Zeros(64 * 64);
+  const Tensor a = Put(Data(7, std::int64_t{64} * 64, World().rank())),
+               out = Zeros(std::int64_t{64} * 64);
   bool done = false;
   int gemms = 0;
   while (!done) {  // compute, poll, compute, ... until the reduction lands
@@ -302,8 +304,8 @@ TEST_F(DistributedCollectives, NonBlockingCollectivesOverlapCompute) {
   ASSERT_TRUE((*ag)->Wait().ok());
   EXPECT_EQ(Get(gathered), want);  // max over identical reduced copies is the copy
 
-  std::vector<float> host(64 * 64, 0.0f);
-  const std::vector<float> ah = Data(7, 64 * 64, World().rank());
+  std::vector<float> host(std::size_t{64} * 64, 0.0f);
+  const std::vector<float> ah = Data(7, std::int64_t{64} * 64, World().rank());
   for (int i = 0; i < 64; ++i) {
     for (int j = 0; j < 64; ++j) {
       double acc = 0.0;
@@ -330,4 +332,4 @@ TEST_F(DistributedCollectives, BadArgumentsAreInvalidAndTransportErrorsAreCommEr
 }
 
 }  // namespace
-}  // namespace autopar::backend::testing
+}  // namespace autopar::device::testing

@@ -13,12 +13,12 @@
 
 #include "tests/distributed/mpi_env.h"
 
-namespace autopar::backend::testing {
+namespace autopar::device::testing {
 namespace {
 
 std::optional<Group> g_world;
-std::unique_ptr<Backend> g_backend;
-CpuBackendOptions g_options;
+std::unique_ptr<Platform> g_platform;
+CpuPlatformOptions g_options;
 
 class FailurePrinter : public ::testing::EmptyTestEventListener {
  public:
@@ -37,13 +37,13 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 Group& World() { return *g_world; }
-Backend& TestBackend() { return *g_backend; }
-CpuBackendOptions TestBackendOptions() { return g_options; }
+Platform& TestPlatform() { return *g_platform; }
+CpuPlatformOptions TestPlatformOptions() { return g_options; }
 
-}  // namespace autopar::backend::testing
+}  // namespace autopar::device::testing
 
 int main(int argc, char** argv) {
-  namespace bt = autopar::backend::testing;
+  namespace bt = autopar::device::testing;
   if (MPI_Init(&argc, &argv) != MPI_SUCCESS) {
     std::fprintf(stderr, "MPI_Init failed\n");
     return 1;
@@ -66,8 +66,8 @@ int main(int argc, char** argv) {
     const std::string value = arg == "--p2p-semantics" && i + 1 < argc ? argv[++i]
                               : arg.rfind("--p2p-semantics=", 0) == 0 ? arg.substr(16)
                                                                      : "";
-    autopar::backend::StatusOr<autopar::backend::P2PSemantics> semantics =
-        autopar::backend::ParseP2PSemantics(value);
+    autopar::device::StatusOr<autopar::device::P2PSemantics> semantics =
+        autopar::device::ParseP2PSemantics(value);
     if (!semantics.ok()) {
       std::fprintf(stderr, "distributed_test: unknown argument '%s' (%s)\n", arg.c_str(),
                    semantics.status().ToString().c_str());
@@ -76,19 +76,20 @@ int main(int argc, char** argv) {
     bt::g_options.p2p_semantics = *semantics;
   }
   if (rank == 0) {
-    std::printf("p2p semantics: %s\n",
-                std::string(autopar::backend::P2PSemanticsName(bt::g_options.p2p_semantics)).c_str());
+    std::printf(
+        "p2p semantics: %s\n",
+        std::string(autopar::device::P2PSemanticsName(bt::g_options.p2p_semantics)).c_str());
   }
-  autopar::backend::StatusOr<autopar::backend::Group> world = autopar::backend::Group::World();
-  autopar::backend::StatusOr<std::unique_ptr<autopar::backend::Backend>> backend =
-      autopar::backend::MakeCpuBackend(bt::g_options);
-  if (!world.ok() || !backend.ok()) {
+  autopar::device::StatusOr<autopar::device::Group> world = autopar::device::Group::World();
+  autopar::device::StatusOr<std::unique_ptr<autopar::device::Platform>> platform =
+      autopar::device::MakeCpuPlatform(bt::g_options);
+  if (!world.ok() || !platform.ok()) {
     std::fprintf(stderr, "[rank %d] setup failed: %s %s\n", rank, world.status().ToString().c_str(),
-                 backend.status().ToString().c_str());
+                 platform.status().ToString().c_str());
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   bt::g_world.emplace(std::move(world).value());
-  bt::g_backend = std::move(backend).value();
+  bt::g_platform = std::move(platform).value();
 
   const int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   int any_failed = failed;
@@ -98,7 +99,7 @@ int main(int argc, char** argv) {
   if (rank == 0 && any_failed && !failed) {
     std::printf("FAILED on another rank: see the [rank N] lines above\n");
   }
-  bt::g_backend.reset();
+  bt::g_platform.reset();
   bt::g_world.reset();  // frees the communicator while MPI is still up
   if (MPI_Finalize() != MPI_SUCCESS) return 1;
   return any_failed;

@@ -1,21 +1,21 @@
-// Shared state of the distributed test binary: the world group and a CPU backend, built once in
+// Shared state of the distributed test binary: the world group and a CPU platform, built once in
 // main() after MPI_Init and destroyed before MPI_Finalize.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-#include "autopar/backend/backend.h"
-#include "autopar/backend/group.h"
+#include "autopar/device/group.h"
+#include "autopar/device/platform.h"
 #include "kernels/init.h"
 
-namespace autopar::backend::testing {
+namespace autopar::device::testing {
 
 Group& World();
-Backend& TestBackend();
-// The CPU backend options of the run: `--p2p-semantics nccl` on the test binary's command line
-// runs the whole suite under the NCCL-semantics emulation (see backend::P2PSemantics).
-CpuBackendOptions TestBackendOptions();
+Platform& TestPlatform();
+// The CPU platform options of the run: `--p2p-semantics nccl` on the test binary's command line
+// runs the whole suite under the NCCL-semantics emulation (see device::P2PSemantics).
+CpuPlatformOptions TestPlatformOptions();
 
 // Test data as a pure function of (seed, index, rank): multiples of 1/8 in [-8, 8), so sums over a
 // few ranks are exact in fp32 whatever order the transport reduces in.
@@ -25,4 +25,4 @@ inline float Value(std::uint64_t seed, std::int64_t index, int rank) {
   return std::floor(u * 64.0f) / 8.0f;
 }
 
-}  // namespace autopar::backend::testing
+}  // namespace autopar::device::testing

@@ -15,9 +15,9 @@
 namespace autopar::trial {
 namespace {
 
-using backend::Outcome;
-using backend::testing::TestBackend;
-using backend::testing::World;
+using device::Outcome;
+using device::testing::TestPlatform;
+using device::testing::World;
 
 // Megatron's --ddp-bucket-size, small enough for several buckets of the tiny model.
 constexpr int64_t kBucket = 20000;
@@ -47,7 +47,7 @@ TEST(DpOverlapAgreement, ModelTrialAndMegatronFlagsAgree) {
     SCOPED_TRACE(spec);
     const ParallelConfig c = Complete(ParseSpec(spec), World().size());
     const TimeBreakdown t = cost.Time(c);
-    const TrialMeasurement trial = RunTrial(TestBackend(), World(), model, train, c, options);
+    const TrialMeasurement trial = RunTrial(TestPlatform(), World(), model, train, c, options);
     ASSERT_EQ(trial.outcome, Outcome::kOk) << trial.message;
     const std::string flags = cli::MegatronFlags(c, model, train);
 

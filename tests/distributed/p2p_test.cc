@@ -8,21 +8,21 @@
 #include <string>
 #include <vector>
 
-#include "autopar/backend/backend.h"
+#include "autopar/device/platform.h"
 #include "tests/distributed/mpi_env.h"
 
-namespace autopar::backend::testing {
+namespace autopar::device::testing {
 namespace {
 
 class DistributedP2p : public ::testing::Test {
  protected:
   void SetUp() override {
-    StatusOr<std::unique_ptr<Collectives>> comm = TestBackend().Connect(World());
+    StatusOr<std::unique_ptr<Collectives>> comm = TestPlatform().Connect(World());
     ASSERT_TRUE(comm.ok()) << comm.status().ToString();
     comm_ = std::move(comm).value();
     if (comm_->size() < 2) GTEST_SKIP() << "needs at least 2 ranks";
   }
-  Device& dev() { return TestBackend().device(); }
+  Device& dev() { return TestPlatform().device(); }
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
   int next() const { return (rank() + 1) % size(); }
@@ -175,4 +175,4 @@ TEST_F(DistributedP2p, ContextParallelAttentionRingOverlapsTransfers) {
 }
 
 }  // namespace
-}  // namespace autopar::backend::testing
+}  // namespace autopar::device::testing

@@ -1,4 +1,4 @@
-// The NCCL-semantics emulation (`--p2p-semantics nccl`, src/backend/cpu/stream_order.h) on 4
+// The NCCL-semantics emulation (`--p2p-semantics nccl`, src/device/cpu/stream_order.h) on 4
 // ranks: what NCCL would hang on hangs here (caught by a deadline), what NCCL runs completes.
 #include <gtest/gtest.h>
 
@@ -7,21 +7,21 @@
 #include <thread>
 #include <vector>
 
-#include "autopar/backend/backend.h"
+#include "autopar/device/platform.h"
 #include "tests/distributed/mpi_env.h"
 
-namespace autopar::backend::testing {
+namespace autopar::device::testing {
 namespace {
 
 class StreamOrder : public ::testing::Test {
  protected:
   void SetUp() override {
-    CpuBackendOptions options;
+    CpuPlatformOptions options;
     options.p2p_semantics = P2PSemantics::kNccl;
-    StatusOr<std::unique_ptr<Backend>> backend = MakeCpuBackend(options);
-    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-    backend_ = std::move(*backend);
-    StatusOr<std::unique_ptr<Collectives>> comm = backend_->Connect(World());
+    StatusOr<std::unique_ptr<Platform>> platform = MakeCpuPlatform(options);
+    ASSERT_TRUE(platform.ok()) << platform.status().ToString();
+    platform_ = std::move(*platform);
+    StatusOr<std::unique_ptr<Collectives>> comm = platform_->Connect(World());
     ASSERT_TRUE(comm.ok()) << comm.status().ToString();
     comm_ = std::move(*comm);
   }
@@ -30,11 +30,11 @@ class StreamOrder : public ::testing::Test {
   int prev() const { return (comm_->rank() + comm_->size() - 1) % comm_->size(); }
 
   Tensor Filled(float value, std::int64_t n) {
-    StatusOr<Buffer> b = backend_->device().Allocate(n, DType::kF32);
+    StatusOr<Buffer> b = platform_->device().Allocate(n, DType::kF32);
     EXPECT_TRUE(b.ok());
     buffers_.push_back(std::move(*b));
     Tensor t = buffers_.back().tensor();
-    EXPECT_TRUE(backend_->device().Fill(t, value).ok());
+    EXPECT_TRUE(platform_->device().Fill(t, value).ok());
     return t;
   }
 
@@ -57,7 +57,7 @@ class StreamOrder : public ::testing::Test {
     return all == 1;
   }
 
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Platform> platform_;
   std::unique_ptr<Collectives> comm_;
   std::vector<Buffer> buffers_;
 };
@@ -69,7 +69,7 @@ TEST_F(StreamOrder, BatchedRingShiftCompletes) {
   StatusOr<std::unique_ptr<Request>> r = comm_->IBatchSendRecv(ops);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_TRUE(AllRanks(CompletesWithin(**r, 30)));
-  StatusOr<std::vector<float>> got = backend_->device().Download<float>(theirs);
+  StatusOr<std::vector<float>> got = platform_->device().Download<float>(theirs);
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->front(), static_cast<float>(prev()));
   EXPECT_EQ(got->back(), static_cast<float>(prev()));
@@ -109,4 +109,4 @@ TEST_F(StreamOrder, OperationsRunInIssueOrder) {
 }
 
 }  // namespace
-}  // namespace autopar::backend::testing
+}  // namespace autopar::device::testing

@@ -1,36 +1,36 @@
-// The numerical-equivalence test on the CUDA backend (bf16 compute, NCCL): the same layouts as
+// The numerical-equivalence test on the CUDA platform (bf16 compute, NCCL): the same layouts as
 // the CPU test must give the single-GPU loss and updated weights within bf16 tolerance. Skipped
 // cleanly where there is no GPU (every rank decides alike: no CUDA build or no device).
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "autopar/backend/backend.h"
+#include "autopar/device/platform.h"
 #include "autopar/spec/parse.h"
 #include "autopar/trial/trial.h"
 #include "mpi_env.h"
 #include "trial_setup.h"
 
 #if defined(AUTOPAR_HAVE_CUDA) && AUTOPAR_HAVE_CUDA
-#include "autopar/backend/cuda_backend.h"
+#include "autopar/device/cuda_platform.h"
 #endif
 
 namespace autopar::trial {
 namespace {
 
-using backend::Outcome;
-using backend::testing::World;
+using device::Outcome;
+using device::testing::World;
 
 #if defined(AUTOPAR_HAVE_CUDA) && AUTOPAR_HAVE_CUDA
 // NCCL needs a device per rank; the ranks of this test share one host.
-bool HaveGpu() { return backend::CudaDeviceCount() >= World().size(); }
-std::unique_ptr<backend::Backend> Gpu() {
-  auto b = backend::MakeCudaBackend({});
+bool HaveGpu() { return device::CudaDeviceCount() >= World().size(); }
+std::unique_ptr<device::Platform> Gpu() {
+  auto b = device::MakeCudaPlatform({});
   return b.ok() ? std::move(*b) : nullptr;
 }
 #else
 bool HaveGpu() { return false; }
-std::unique_ptr<backend::Backend> Gpu() { return nullptr; }
+std::unique_ptr<device::Platform> Gpu() { return nullptr; }
 #endif
 
 TrainSpec Bf16Train() { return testing::SmallTrain(Precision::kBF16); }
@@ -40,7 +40,7 @@ class CudaEquivalence : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaEquivalence, LossAndUpdatedWeightsMatchOneGpu) {
   if (!HaveGpu()) GTEST_SKIP() << "needs one CUDA device per rank";
-  std::unique_ptr<backend::Backend> gpu = Gpu();
+  std::unique_ptr<device::Platform> gpu = Gpu();
   ASSERT_NE(gpu, nullptr);
   const ModelSpec model = ModelPreset("tiny");
   auto self = World().Split(World().rank(), 0);

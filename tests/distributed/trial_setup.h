@@ -1,4 +1,4 @@
-// The small job every numerical trial test runs, on the CPU and the CUDA backend alike.
+// The small job every numerical trial test runs, on the CPU and the CUDA platform alike.
 #pragma once
 
 #include "autopar/trial/trial.h"

@@ -1,5 +1,5 @@
 // The proof that a trial is real: one step of a small model gives the same loss and the same
-// updated weights on one rank and under every distributed layout (fp32, CPU backend).
+// updated weights on one rank and under every distributed layout (fp32, CPU platform).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,9 +15,9 @@
 namespace autopar::trial {
 namespace {
 
-using backend::Outcome;
-using backend::testing::TestBackend;
-using backend::testing::World;
+using device::Outcome;
+using device::testing::TestPlatform;
+using device::testing::World;
 
 using testing::NumericOptions;
 
@@ -29,7 +29,7 @@ TrialMeasurement Reference(const ModelSpec& model) {
   EXPECT_TRUE(self.ok());
   ParallelConfig one;
   one.dp = 1;
-  return RunTrial(TestBackend(), *self, model, Train(), one, NumericOptions());
+  return RunTrial(TestPlatform(), *self, model, Train(), one, NumericOptions());
 }
 
 void ExpectClose(double got, double want, const std::string& what) {
@@ -72,7 +72,8 @@ TEST_P(Equivalence, LossAndUpdatedWeightsMatchOneRank) {
   const TrialMeasurement ref = Reference(model);
   ASSERT_EQ(ref.outcome, Outcome::kOk) << ref.message;
   const ParallelConfig c = Complete(ParseSpec(GetParam().spec), World().size());
-  const TrialMeasurement got = RunTrial(TestBackend(), World(), model, Train(), c, NumericOptions());
+  const TrialMeasurement got =
+      RunTrial(TestPlatform(), World(), model, Train(), c, NumericOptions());
   ASSERT_EQ(got.outcome, Outcome::kOk) << got.message;
   ExpectClose(got.loss, ref.loss, "loss");
   ExpectClose(got.weight_sum, ref.weight_sum, "sum of the updated weights");
@@ -162,7 +163,7 @@ TEST_P(OverlapOnAndOff, SameLossAndWeightsWithEveryKnobSetting) {
   const ParallelConfig on = Complete(ParseSpec(base), World().size());
   TrialOptions o = NumericOptions();
   o.ddp_bucket_size = kSmallBucket;
-  const TrialMeasurement ref = RunTrial(TestBackend(), World(), model, Train(), on, o);
+  const TrialMeasurement ref = RunTrial(TestPlatform(), World(), model, Train(), on, o);
   ASSERT_EQ(ref.outcome, Outcome::kOk) << ref.message;
   // On really overlapped: several buckets started under the first stage's backward.
   EXPECT_GT(ref.grad_buckets_overlapped, on.pp == 1 ? 1 : 0);
@@ -171,7 +172,7 @@ TEST_P(OverlapOnAndOff, SameLossAndWeightsWithEveryKnobSetting) {
   if (on.dist_opt) others.push_back(base + ",overlap_param_gather=off");
   for (const std::string& spec : others) {
     const ParallelConfig c = Complete(ParseSpec(spec), World().size());
-    const TrialMeasurement got = RunTrial(TestBackend(), World(), model, Train(), c, o);
+    const TrialMeasurement got = RunTrial(TestPlatform(), World(), model, Train(), c, o);
     ASSERT_EQ(got.outcome, Outcome::kOk) << spec << ": " << got.message;
     EXPECT_EQ(got.grad_buckets_overlapped > 0, c.overlap_grad_reduce) << spec;
     EXPECT_EQ(got.param_buckets_overlapped, 0) << spec;
@@ -182,7 +183,7 @@ TEST_P(OverlapOnAndOff, SameLossAndWeightsWithEveryKnobSetting) {
   }
   // And Megatron's default bucket (one for these models) too.
   const TrialMeasurement one_bucket =
-      RunTrial(TestBackend(), World(), model, Train(), on, NumericOptions());
+      RunTrial(TestPlatform(), World(), model, Train(), on, NumericOptions());
   ASSERT_EQ(one_bucket.outcome, Outcome::kOk) << one_bucket.message;
   EXPECT_EQ(one_bucket.weight_sum, ref.weight_sum);
   EXPECT_EQ(one_bucket.weight_projection, ref.weight_projection);
@@ -208,7 +209,7 @@ INSTANTIATE_TEST_SUITE_P(
 namespace autopar::trial {
 namespace {
 
-// The memory model of the CPU backend: fp32 training, nothing but the trial's own allocations.
+// The memory model of the CPU platform: fp32 training, nothing but the trial's own allocations.
 double PredictedPeakGib(const ModelSpec& model, const ParallelConfig& c,
                         const TrainSpec& train = Train()) {
   ClusterSpec cluster;
@@ -229,7 +230,7 @@ class Memory : public ::testing::TestWithParam<Case> {
     const ParallelConfig c = Complete(ParseSpec(GetParam().spec), World().size());
     TrialOptions o = NumericOptions();
     o.fingerprint = false;
-    const TrialMeasurement got = RunTrial(TestBackend(), World(), model, train, c, o);
+    const TrialMeasurement got = RunTrial(TestPlatform(), World(), model, train, c, o);
     ASSERT_EQ(got.outcome, Outcome::kOk) << got.message;
     const double measured =
         *std::max_element(got.peak_memory_gib.begin(), got.peak_memory_gib.end());
@@ -264,10 +265,10 @@ TEST(TrialOutcome, OomIsAValueAndTheNextTrialSucceeds) {
   const ParallelConfig small = Complete(ParseSpec("tp=2,pp=2,sp=on"), World().size());
   const double big_gib = PredictedPeakGib(model, big), small_gib = PredictedPeakGib(model, small);
   ASSERT_LT(small_gib * 1.2, big_gib * 0.8);
-  backend::CpuBackendOptions options = backend::testing::TestBackendOptions();
+  device::CpuPlatformOptions options = device::testing::TestPlatformOptions();
   options.memory_budget_bytes =
       static_cast<size_t>(0.5 * (small_gib + big_gib) * 1024 * 1024 * 1024);
-  auto budgeted = backend::MakeCpuBackend(options);
+  auto budgeted = device::MakeCpuPlatform(options);
   ASSERT_TRUE(budgeted.ok());
   TrialOptions o = NumericOptions();
   o.fingerprint = false;
@@ -286,7 +287,8 @@ TEST(TrialTiming, ShortStepsAreTimedUntilTheMinimumTime) {
   TrialOptions o;
   o.warmup_iterations = 1;
   o.timed_iterations = 2;
-  const TrialMeasurement few = RunTrial(TestBackend(), World(), ModelPreset("tiny"), Train(), c, o);
+  const TrialMeasurement few =
+      RunTrial(TestPlatform(), World(), ModelPreset("tiny"), Train(), c, o);
   ASSERT_EQ(few.outcome, Outcome::kOk) << few.message;
   EXPECT_EQ(few.iteration_times_s.size(), 2u);
   // Four times what two iterations took: more must run, however loaded the machine is.
@@ -294,7 +296,7 @@ TEST(TrialTiming, ShortStepsAreTimedUntilTheMinimumTime) {
   for (double t : few.iteration_times_s) two += t;
   o.min_timed_s = 4 * two;
   const TrialMeasurement more =
-      RunTrial(TestBackend(), World(), ModelPreset("tiny"), Train(), c, o);
+      RunTrial(TestPlatform(), World(), ModelPreset("tiny"), Train(), c, o);
   ASSERT_EQ(more.outcome, Outcome::kOk) << more.message;
   EXPECT_GT(more.iteration_times_s.size(), 2u);
   EXPECT_LE(more.iteration_times_s.size(), static_cast<size_t>(kMaxTimedIterations));
@@ -309,7 +311,7 @@ TEST(TrialOutcome, UnsupportedIsInvalid) {
   const ParallelConfig c = Complete(ParseSpec("cp=2,dp=2"), World().size());
   ModelSpec mla = ModelPreset("tiny");
   mla.kv_lora_rank = 16;
-  const TrialMeasurement got = RunTrial(TestBackend(), World(), mla, Train(), c, NumericOptions());
+  const TrialMeasurement got = RunTrial(TestPlatform(), World(), mla, Train(), c, NumericOptions());
   EXPECT_EQ(got.outcome, Outcome::kInvalid);
   EXPECT_NE(got.message.find("latent"), std::string::npos) << got.message;
 }
@@ -320,7 +322,7 @@ TEST(TrialOutcome, ImpossibleStageSplitIsInvalid) {
   for (const char* spec : {"pp=2,dp=2,pp_first=5", "pp=2,dp=2,vpp=2,pp_first=1"}) {
     const ParallelConfig c = Complete(ParseSpec(spec), World().size());
     const TrialMeasurement got =
-        RunTrial(TestBackend(), World(), ModelPreset("tiny"), Train(), c, NumericOptions());
+        RunTrial(TestPlatform(), World(), ModelPreset("tiny"), Train(), c, NumericOptions());
     EXPECT_EQ(got.outcome, Outcome::kInvalid) << spec;
     EXPECT_NE(got.message.find("pp_first"), std::string::npos) << got.message;
   }
@@ -369,7 +371,7 @@ namespace {
 class MoeGradient : public ::testing::TestWithParam<float> {};
 
 TEST_P(MoeGradient, MatchesCentralDifferences) {
-  Device& dev = TestBackend().device();
+  Device& dev = TestPlatform().device();
   Shapes s{};
   s.tp = s.pp = s.vpp = s.cp = s.up = 1;
   s.mbs = 2;
@@ -387,7 +389,7 @@ TEST_P(MoeGradient, MatchesCentralDifferences) {
   ASSERT_TRUE(moe.ok()) << moe.status().ToString();
   // Parameters, their gradients, the input, its gradient and the projection c, in one buffer.
   const int64_t router = E * h, fc1 = 2 * f * h, fc2 = h * f, params = router + E * (fc1 + fc2);
-  auto buffer = dev.Allocate(2 * params + 3 * T * h, backend::DType::kF32);
+  auto buffer = dev.Allocate(2 * params + 3 * T * h, device::DType::kF32);
   ASSERT_TRUE(buffer.ok());
   const Tensor all = buffer->tensor();
   const Tensor w = all.Slice(0, params), dw = all.Slice(params, params);
@@ -409,7 +411,7 @@ TEST_P(MoeGradient, MatchesCentralDifferences) {
     host[2 * params + 2 * T * h + i] = GetParam() * kernels::ref::HashUniform(33, i);
   }
   ASSERT_TRUE(dev.Upload(all, host).ok());
-  auto out_buf = dev.Allocate(T * h, backend::DType::kF32);
+  auto out_buf = dev.Allocate(T * h, device::DType::kF32);
   ASSERT_TRUE(out_buf.ok());
   const Tensor out = out_buf->tensor();
 

@@ -1,4 +1,4 @@
-// The GPU figures of scripts/gpu_check.sh, measured through the backend's Device interface (the
+// The GPU figures of scripts/gpu_check.sh, measured through the platform's Device interface (the
 // ops trials run) and printed as one JSON object; scripts/gpu_check_report.py sets their targets.
 //
 //   mpirun -np 1 gpu_bench   attention forward and backward TFLOP/s (bf16, causal, head_dim 128,
@@ -19,7 +19,7 @@
 //   GEMM                2 · m · n · k;
 //   all-reduce          bus bandwidth = 2 (n - 1) / n · bytes / time (nccl-tests' busBw).
 //
-// Attention runs on the engine the CUDA backend picks; AUTOPAR_ATTENTION (src/backend/cuda/
+// Attention runs on the engine the CUDA device picks; AUTOPAR_ATTENTION (src/device/cuda/
 // cudnn_attention_plan.h: auto, kernel, cudnn) chooses it per process, so one engine per run, and
 // the JSON records what was asked for.
 //
@@ -43,13 +43,13 @@
 #include <tuple>
 #include <vector>
 
-#include "autopar/backend/cuda_backend.h"
-#include "autopar/backend/group.h"
+#include "autopar/device/cuda_platform.h"
+#include "autopar/device/group.h"
 #include "autopar/spec/parse.h"
 #include "kernels/attention.h"
-#include "src/backend/cuda/cuda_device.h"
+#include "src/device/cuda/cuda_device.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 constexpr int kWarmup = 3;
@@ -191,7 +191,7 @@ double RelativeMaxError(const std::vector<double>& actual, const std::vector<dou
   return scale > 0 ? err / scale : err;
 }
 
-// The device attention (whichever path the backend takes for bf16, e.g. cuDNN) against the
+// The device attention (whichever path the device takes for bf16, e.g. cuDNN) against the
 // double-precision host reference on the bf16-rounded inputs: forward out and lse, then the
 // backward's gradients given the device's own out and lse.
 StatusOr<std::string> BenchAccuracy(CudaDevice& dev) {
@@ -252,8 +252,8 @@ StatusOr<std::string> BenchAccuracy(CudaDevice& dev) {
 }
 
 // NCCL all-reduce (sum, bf16) of several sizes over the world: the slowest rank's median time.
-StatusOr<std::string> BenchAllReduce(Backend& be, CudaDevice& dev, const Group& world) {
-  AUTOPAR_ASSIGN_OR_RETURN(std::unique_ptr<Collectives> comm, be.Connect(world));
+StatusOr<std::string> BenchAllReduce(Platform& platform, CudaDevice& dev, const Group& world) {
+  AUTOPAR_ASSIGN_OR_RETURN(std::unique_ptr<Collectives> comm, platform.Connect(world));
   const int n = world.size();
   std::ostringstream j;
   j << "[";
@@ -277,7 +277,7 @@ StatusOr<std::string> BenchAllReduce(Backend& be, CudaDevice& dev, const Group& 
     first = false;
   }
   j << "]";
-  comm.reset();  // before the backend's device
+  comm.reset();  // before the platform's device
   return j.str();
 }
 
@@ -323,11 +323,11 @@ std::string Part(StatusOr<std::string> part, bool& failed) {
 
 // Runs this rank's parts; the JSON object (rank 0 prints it), `failed` when any part failed.
 StatusOr<std::string> Run(const Group& world, bool& failed) {
-  CudaBackendOptions options;  // the device of the node-local rank
+  CudaPlatformOptions options;  // the device of the node-local rank
   options.timeout_s = 120;
-  AUTOPAR_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, MakeCudaBackend(options));
-  auto* dev = dynamic_cast<CudaDevice*>(&be->device());
-  if (!dev) return Status(Outcome::kInvalid, "gpu_bench: the CUDA backend has no CudaDevice");
+  AUTOPAR_ASSIGN_OR_RETURN(std::unique_ptr<Platform> platform, MakeCudaPlatform(options));
+  auto* dev = dynamic_cast<CudaDevice*>(&platform->device());
+  if (!dev) return Status(Outcome::kInvalid, "gpu_bench: the CUDA platform has no CudaDevice");
   const char* engine = std::getenv("AUTOPAR_ATTENTION");
   std::ostringstream j;
   j << "{\"ranks\": " << world.size() << ", \"device\": " << Quoted(std::string(dev->name()))
@@ -341,7 +341,7 @@ StatusOr<std::string> Run(const Group& world, bool& failed) {
     j << "], \"gemm\": " << Part(BenchGemm(*dev), failed)
       << ", \"attention_error\": " << Part(BenchAccuracy(*dev), failed);
   } else {
-    j << ", \"allreduce\": " << Part(BenchAllReduce(*be, *dev, world), failed);
+    j << ", \"allreduce\": " << Part(BenchAllReduce(*platform, *dev, world), failed);
   }
   j << "}";
   return j.str();
@@ -361,10 +361,10 @@ void Emit(const std::string& name, const std::string& json) {
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device
 
 int main(int argc, char** argv) {
-  namespace be = autopar::backend;
+  namespace device = autopar::device;
   if (MPI_Init(&argc, &argv) != MPI_SUCCESS) return 1;
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -374,21 +374,22 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--name") name = argv[i + 1];
   }
   int rc = 0;
-  if (!be::AllRanksHaveAGpu()) {
+  if (!device::AllRanksHaveAGpu()) {
     if (rank == 0) {
       std::printf("gpu_bench: skipped: no GPU (needs one CUDA device per rank, %d ranks)\n", size);
-      be::Emit(name, "{\"ranks\": " + std::to_string(size) + ", \"skipped\": \"no GPU\"}");
+      device::Emit(name, "{\"ranks\": " + std::to_string(size) + ", \"skipped\": \"no GPU\"}");
     }
   } else {
     bool failed = false;
-    be::StatusOr<be::Group> world = be::Group::World();
-    be::StatusOr<std::string> json =
-        world.ok() ? be::Run(*world, failed) : be::StatusOr<std::string>(world.status());
+    device::StatusOr<device::Group> world = device::Group::World();
+    device::StatusOr<std::string> json =
+        world.ok() ? device::Run(*world, failed) : device::StatusOr<std::string>(world.status());
     if (!json.ok()) {
       std::fprintf(stderr, "[rank %d] gpu_bench: %s\n", rank, json.status().ToString().c_str());
-      if (rank == 0) be::Emit(name, "{\"error\": " + be::Quoted(json.status().ToString()) + "}");
+      if (rank == 0)
+        device::Emit(name, "{\"error\": " + device::Quoted(json.status().ToString()) + "}");
     } else if (rank == 0) {
-      be::Emit(name, *json);
+      device::Emit(name, *json);
     }
     rc = failed || !json.ok() ? 1 : 0;
   }

@@ -1,4 +1,4 @@
-// NCCL collectives of the CUDA backend, one GPU per rank, under mpirun:
+// NCCL collectives of the CUDA platform, one GPU per rank, under mpirun:
 //   mpirun -np <ranks> build/tests/bin/cuda_collectives_test   (ctest -L gpu: 1 and 2 ranks)
 // Every rank runs every test in the same order (own main, not discovered). Ranks without a GPU of
 // their own (no device, or fewer devices on the node than ranks on it) skip, all together.
@@ -10,11 +10,11 @@
 #include <memory>
 #include <vector>
 
-#include "autopar/backend/cuda_backend.h"
-#include "autopar/backend/group.h"
+#include "autopar/device/cuda_platform.h"
+#include "autopar/device/group.h"
 #include "tests/unit/cuda_test_util.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 using cuda_test::FromBf16Bits;
@@ -37,14 +37,14 @@ class NcclCollectivesTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!AllRanksHaveAGpu()) GTEST_SKIP() << "needs one CUDA device per rank";
-    CudaBackendOptions options;  // device from the local rank
+    CudaPlatformOptions options;  // device from the local rank
     options.timeout_s = 30.0;
-    StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(options);
-    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-    backend_ = std::move(backend).value();
+    StatusOr<std::unique_ptr<Platform>> platform = MakeCudaPlatform(options);
+    ASSERT_TRUE(platform.ok()) << platform.status().ToString();
+    platform_ = std::move(platform).value();
     StatusOr<Group> world = Group::World();
     ASSERT_TRUE(world.ok()) << world.status().ToString();
-    StatusOr<std::unique_ptr<Collectives>> comm = backend_->Connect(*world);
+    StatusOr<std::unique_ptr<Collectives>> comm = platform_->Connect(*world);
     ASSERT_TRUE(comm.ok()) << comm.status().ToString();
     comm_ = std::move(comm).value();
     rank_ = comm_->rank();
@@ -52,11 +52,11 @@ class NcclCollectivesTest : public ::testing::Test {
   }
   void TearDown() override {
     buffers_.clear();
-    comm_.reset();  // before the backend's device
-    backend_.reset();
+    comm_.reset();  // before the platform's device
+    platform_.reset();
   }
 
-  Device& dev() { return backend_->device(); }
+  Device& dev() { return platform_->device(); }
   Tensor Put(const std::vector<float>& host) {
     StatusOr<Buffer> buf = dev().Allocate(static_cast<std::int64_t>(host.size()), DType::kF32);
     EXPECT_TRUE(buf.ok());
@@ -79,7 +79,7 @@ class NcclCollectivesTest : public ::testing::Test {
     return v;
   }
 
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Platform> platform_;
   std::unique_ptr<Collectives> comm_;
   std::vector<Buffer> buffers_;
   int rank_ = 0;
@@ -269,15 +269,15 @@ TEST_F(NcclCollectivesTest, UnmatchedReceiveTimesOutAndAborts) {
   if (size_ < 2) GTEST_SKIP() << "needs 2 ranks: a receive from another rank that never sends";
   const int peer = (rank_ + 1) % size_;
   comm_.reset();
-  CudaBackendOptions options;
+  CudaPlatformOptions options;
   options.timeout_s = 3.0;
-  StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(options);
-  ASSERT_TRUE(backend.ok());
+  StatusOr<std::unique_ptr<Platform>> platform = MakeCudaPlatform(options);
+  ASSERT_TRUE(platform.ok());
   StatusOr<Group> world = Group::World();
   ASSERT_TRUE(world.ok());
-  StatusOr<std::unique_ptr<Collectives>> comm = (*backend)->Connect(*world);
+  StatusOr<std::unique_ptr<Collectives>> comm = (*platform)->Connect(*world);
   ASSERT_TRUE(comm.ok()) << comm.status().ToString();
-  Device& device = (*backend)->device();
+  Device& device = (*platform)->device();
   {
     StatusOr<Buffer> buf = device.Allocate(16, DType::kF32);
     ASSERT_TRUE(buf.ok());
@@ -294,11 +294,11 @@ TEST_F(NcclCollectivesTest, UnmatchedReceiveTimesOutAndAborts) {
     const Status synced = device.Synchronize();
     EXPECT_TRUE(synced.ok()) << synced.ToString();
   }
-  comm.value().reset();  // before its backend
+  comm.value().reset();  // before its platform
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);

@@ -1,4 +1,4 @@
-// The CUDA backend's communicators built once and its stream-ordered requests, one GPU per rank,
+// The CUDA platform's communicators built once and its stream-ordered requests, one GPU per rank,
 // under mpirun (linked into cuda_collectives_test, whose main initialises MPI):
 //   mpirun -np <ranks> build/tests/bin/cuda_collectives_test --gtest_filter='NcclSplit*'
 // Ranks without a GPU of their own skip, all together.
@@ -11,11 +11,11 @@
 #include <memory>
 #include <vector>
 
-#include "autopar/backend/cuda_backend.h"
-#include "autopar/backend/group.h"
-#include "autopar/backend/timer.h"
+#include "autopar/device/cuda_platform.h"
+#include "autopar/device/group.h"
+#include "autopar/device/timer.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 // True on every rank iff every rank has a GPU of its own.
@@ -35,20 +35,20 @@ class NcclSplitTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!EveryRankHasAGpu()) GTEST_SKIP() << "needs one CUDA device per rank";
-    CudaBackendOptions options;
+    CudaPlatformOptions options;
     options.timeout_s = 30.0;
-    StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(options);
-    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-    backend_ = std::move(backend).value();
+    StatusOr<std::unique_ptr<Platform>> platform = MakeCudaPlatform(options);
+    ASSERT_TRUE(platform.ok()) << platform.status().ToString();
+    platform_ = std::move(platform).value();
     StatusOr<Group> world = Group::World();
     ASSERT_TRUE(world.ok()) << world.status().ToString();
     world_ = std::move(world).value();
   }
   void TearDown() override {
     buffers_.clear();
-    backend_.reset();
+    platform_.reset();
   }
-  Device& dev() { return backend_->device(); }
+  Device& dev() { return platform_->device(); }
   Tensor Put(const std::vector<float>& host) {
     StatusOr<Buffer> buf = dev().Allocate(static_cast<std::int64_t>(host.size()), DType::kF32);
     EXPECT_TRUE(buf.ok());
@@ -67,7 +67,7 @@ class NcclSplitTest : public ::testing::Test {
     EXPECT_EQ((*got)[0], want);
   }
 
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Platform> platform_;
   Group world_;
   std::vector<Buffer> buffers_;
 };
@@ -80,7 +80,7 @@ TEST_F(NcclSplitTest, SplitGroupsWorkAndAreReusedByMembers) {
     StatusOr<Group> pair = world_.Split(world_.rank() / 2, world_.rank());
     ASSERT_TRUE(pair.ok());
     WallTimer timer;
-    StatusOr<std::unique_ptr<Collectives>> c = backend_->ConnectSplit(world_, *pair);
+    StatusOr<std::unique_ptr<Collectives>> c = platform_->ConnectSplit(world_, *pair);
     (round == 0 ? first_s : again_s) = timer.Seconds();
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     ASSERT_NE(*c, nullptr);
@@ -99,7 +99,7 @@ TEST_F(NcclSplitTest, RanksOutsideEveryGroupStillTakePart) {
   const bool member = world_.rank() == 0 || world_.rank() == last;
   StatusOr<Group> ends = world_.Split(member ? 0 : -1, world_.rank());
   ASSERT_TRUE(ends.ok());
-  StatusOr<std::unique_ptr<Collectives>> c = backend_->ConnectSplit(world_, *ends);
+  StatusOr<std::unique_ptr<Collectives>> c = platform_->ConnectSplit(world_, *ends);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   if (!member) {
     EXPECT_EQ(*c, nullptr);
@@ -110,13 +110,13 @@ TEST_F(NcclSplitTest, RanksOutsideEveryGroupStillTakePart) {
 }
 
 TEST_F(NcclSplitTest, TheWholeWorldUsesTheWorldCommunicator) {
-  StatusOr<std::unique_ptr<Collectives>> c = backend_->ConnectSplit(world_, world_);
+  StatusOr<std::unique_ptr<Collectives>> c = platform_->ConnectSplit(world_, world_);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ExpectSumOfRanks(**c, world_);
 }
 
 TEST_F(NcclSplitTest, OrderOnDeviceOrdersLaterOpsWithoutAHostWait) {
-  StatusOr<std::unique_ptr<Collectives>> c = backend_->ConnectSplit(world_, world_);
+  StatusOr<std::unique_ptr<Collectives>> c = platform_->ConnectSplit(world_, world_);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   const Tensor t = Put(std::vector<float>(1 << 20, 1.0f));
   StatusOr<std::unique_ptr<Request>> request = (*c)->IAllReduce(t, t, ReduceOp::kSum);
@@ -138,7 +138,7 @@ TEST_F(NcclSplitTest, OrderOnDeviceOrdersLaterOpsWithoutAHostWait) {
 TEST_F(NcclSplitTest, NonTensorBytesCountTheCommunicators) {
   StatusOr<std::size_t> before = dev().NonTensorBytes();
   ASSERT_TRUE(before.ok()) << before.status().ToString();
-  StatusOr<std::unique_ptr<Collectives>> c = backend_->ConnectSplit(world_, world_);
+  StatusOr<std::unique_ptr<Collectives>> c = platform_->ConnectSplit(world_, world_);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ExpectSumOfRanks(**c, world_);  // NCCL connects at the first collective
   StatusOr<std::size_t> after = dev().NonTensorBytes();
@@ -151,7 +151,7 @@ TEST_F(NcclSplitTest, TheBudgetLeavesTheReserve) {
   // The default reserve: the budget is below the device's total.
   std::size_t free_bytes = 0, total_bytes = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
-  EXPECT_LE(dev().budget_bytes(), total_bytes - CudaBackendOptions{}.memory_reserve_bytes);
+  EXPECT_LE(dev().budget_bytes(), total_bytes - CudaPlatformOptions{}.memory_reserve_bytes);
   // An allocation that would eat into the reserve is an oom, and the device stays usable.
   StatusOr<Buffer> too_big = dev().Allocate(free_bytes - (1 << 20));
   EXPECT_FALSE(too_big.ok());
@@ -160,4 +160,4 @@ TEST_F(NcclSplitTest, TheBudgetLeavesTheReserve) {
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

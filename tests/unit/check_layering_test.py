@@ -51,13 +51,13 @@ CLEAN = {
     "src/spec/yaml.cc": '#include "internal.h"\n#include "src/spec/internal.h"\n',
     "src/coord/tuner.cc": '#include "autopar/search/rng.h"\n#include "proto/autopar.pb.h"\n'
                           "#include <google/protobuf/message.h>\n",
-    "src/trial/runner.cc": '#include "autopar/backend/device.h"\n#include "kernels/adam.h"\n'
+    "src/trial/runner.cc": '#include "autopar/device/device.h"\n#include "kernels/adam.h"\n'
                            '#include "autopar/perf/cost_model.h"\n#include <mpi.h>\n',
-    "include/autopar/backend/device.h": '#include "kernels/adam.h"\n',
+    "include/autopar/device/device.h": '#include "kernels/adam.h"\n',
     "kernels/adam.h": "#include <cstdint>\n",
     "kernels/cuda_adam.cu": '#include <cuda_runtime.h>\n#include "kernels/adam.h"\n',
     "src/cli/main.cc": '#include "autopar/coord/tuner.h"\n#include "autopar/trial/trial.h"\n'
-                       '#include "autopar/backend/device.h"\n#include <mpi.h>\n',
+                       '#include "autopar/device/device.h"\n#include <mpi.h>\n',
 }
 
 rc, out = run(SOURCE_DIR)
@@ -78,12 +78,12 @@ VIOLATIONS = [
     ("coord includes the trial runner",
      {"src/coord/replay.cc": '#include "autopar/trial/trial.h"\n'},
      "src/coord/replay.cc:1: coord -> trial"),
-    ("the backend includes the coordinator",
-     {"src/backend/device.cc": '\n\n#include "autopar/coord/backend.h"\n'},
-     "src/backend/device.cc:3: backend -> coord"),
-    ("the kernels include the backend",
-     {"kernels/norms.cc": '#include "autopar/backend/device.h"\n'},
-     "kernels/norms.cc:1: kernels -> backend"),
+    ("the device layer includes the coordinator",
+     {"src/device/device.cc": '\n\n#include "autopar/coord/backend.h"\n'},
+     "src/device/device.cc:3: device -> coord"),
+    ("the kernels include the device layer",
+     {"kernels/norms.cc": '#include "autopar/device/device.h"\n'},
+     "kernels/norms.cc:1: kernels -> device"),
     ("another folder's private header",
      {"src/trial/probe.cc": '#include "src/cli/rank_worker.h"\n'},
      "src/trial/probe.cc:1: trial -> cli"),

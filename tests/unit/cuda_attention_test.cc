@@ -13,7 +13,7 @@
 #include "kernels/attention.h"
 #include "tests/unit/cuda_test_util.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 using cuda_test::Close;
@@ -251,4 +251,4 @@ TEST_F(CudaTest, AttentionRejectsBadShapes) {
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "kernels/attention.h"
-#include "src/backend/cuda/cuda_device.h"
-#include "src/backend/cuda/cudnn_attention.h"
+#include "src/device/cuda/cuda_device.h"
+#include "src/device/cuda/cudnn_attention.h"
 #include "tests/unit/cuda_test_util.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 using cuda_test::Close;
@@ -371,4 +371,4 @@ TEST_F(CudnnAttentionTest, ScratchCountsInTheBudget) {
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "src/backend/cuda/cuda_check.h"
-#include "src/backend/cuda/cudnn_attention_plan.h"
+#include "src/device/cuda/cuda_check.h"
+#include "src/device/cuda/cudnn_attention_plan.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 AttentionDesc Resolved(std::int64_t batch, std::int64_t hq, std::int64_t hkv, std::int64_t dim,
@@ -322,4 +322,4 @@ TEST(CudnnAttentionErrors, StatusCodesMapToOutcomes) {
 #endif
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

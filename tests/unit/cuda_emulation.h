@@ -1,7 +1,7 @@
 // Host emulation of the CUDA execution model, to test kernels/*.cu without a GPU.
 //
 // Include this first, then the .cu files: a plain C++ compiler then builds the very kernels and
-// launchers of the CUDA backend, in namespace autopar::kernels::cuda::emulated, running on host
+// launchers of the CUDA platform, in namespace autopar::kernels::cuda::emulated, running on host
 // memory. A launch runs its blocks one after another; a block runs one std::thread per CUDA
 // thread, so __syncthreads is a real barrier and a missing one shows up as a wrong answer, as it
 // would on a GPU. Warps are 32 consecutive threads: a shuffle exchanges values through per-warp

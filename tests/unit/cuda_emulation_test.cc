@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <ostream>
@@ -43,12 +44,12 @@ namespace {
 
 // Launchers are called qualified: their Storage and AttentionArgs arguments would otherwise bring
 // the real (GPU) launchers of the enclosing namespace into overload resolution.
-using backend::cuda_test::Close;
-using backend::cuda_test::FromBf16Bits;
-using backend::cuda_test::Random;
-using backend::cuda_test::RoundBf16;
-using backend::cuda_test::ToBf16Bits;
-using backend::cuda_test::ToDouble;
+using device::cuda_test::Close;
+using device::cuda_test::FromBf16Bits;
+using device::cuda_test::Random;
+using device::cuda_test::RoundBf16;
+using device::cuda_test::ToBf16Bits;
+using device::cuda_test::ToDouble;
 
 constexpr int kSharedMemory = 227 * 1024;  // an H100's opt-in limit
 
@@ -198,7 +199,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(EmulatedKernels, MergeOfChunksEqualsFullAttention) {
   const ref::AttentionShape full = Shape(1, 2, 1, 8, 24, 24, true);
-  const std::int64_t chunks = 3, len = 8, q_tok = 2 * 8, kv_tok = 8, stat_tok = 2;
+  const std::int64_t chunks = 3, len = 8, q_tok = std::int64_t{2} * 8, kv_tok = 8, stat_tok = 2;
   const std::vector<float> q = Random(1, 24 * q_tok), k = Random(2, 24 * kv_tok);
   const std::vector<float> v = Random(3, 24 * kv_tok);
   std::vector<float> out(24 * q_tok, std::numeric_limits<float>::quiet_NaN());
@@ -333,7 +334,7 @@ TEST(EmulatedKernels, ElementwiseFillsAndReductions) {
   EXPECT_EQ(first_bad, 777u);
 
   // A k = 0 GEMM: C = beta C over a strided batch, garbage not propagated when beta = 0.
-  std::vector<float> c(2 * 13, std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> c(std::size_t{2} * 13, std::numeric_limits<float>::quiet_NaN());
   ASSERT_EQ(emulated::ScaleMatrix(nullptr, Storage::kF32, c.data(), 2, 3, 4, 4, 13, 0.0f),
             cudaSuccess);
   for (int i = 0; i < 26; ++i) EXPECT_EQ(std::isnan(c[i]), i % 13 >= 12) << i;
@@ -341,7 +342,7 @@ TEST(EmulatedKernels, ElementwiseFillsAndReductions) {
 
 TEST(EmulatedKernels, RopeActivationsEmbeddingAndAdamMatchReference) {
   RopeArgs rope{5, 2, 3, 12, 8, 1000, 3 * 12 + 2, 10000.0};
-  const std::int64_t n = 5 * 2 * rope.row_stride;
+  const std::int64_t n = std::int64_t{5} * 2 * rope.row_stride;
   std::vector<float> x = Random(1, n);
   std::vector<float> want = x;
   ASSERT_EQ(emulated::Rope(nullptr, Storage::kF32, rope, x.data(), x.data(), 1.0), cudaSuccess);
@@ -369,6 +370,7 @@ TEST(EmulatedKernels, RopeActivationsEmbeddingAndAdamMatchReference) {
   const std::int64_t tokens = 20, hidden = 6, vocab = 10;
   const std::vector<float> table = Random(4, vocab * hidden), dout = Random(5, tokens * hidden);
   std::vector<std::int32_t> ids;
+  ids.reserve(static_cast<std::size_t>(tokens));
   for (int t = 0; t < tokens; ++t) ids.push_back((t * 7) % 30);
   std::vector<float> out(tokens * hidden, 9.0f), want_out = out;
   std::vector<float> dtable = Random(6, vocab * hidden), want_dtable = dtable;

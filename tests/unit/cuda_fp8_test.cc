@@ -10,7 +10,7 @@
 
 #include "tests/unit/cuda_test_util.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 using cuda_test::Random;
@@ -85,12 +85,13 @@ TEST_F(CudaFp8Gemm, RefusesShapesCublasLtCannotRun) {
   d.n = 48;
   d.k = 40;  // not a multiple of 16
   d.fp8_a = d.fp8_b = Fp8Operand::kE4M3;
-  const Tensor a = Zeros(DType::kBF16, 64 * 40), b = Zeros(DType::kBF16, 48 * 40);
-  const Tensor c = Zeros(DType::kBF16, 64 * 48);
+  const Tensor a = Zeros(DType::kBF16, std::int64_t{64} * 40),
+               b = Zeros(DType::kBF16, std::int64_t{48} * 40);
+  const Tensor c = Zeros(DType::kBF16, std::int64_t{64} * 48);
   const Status s = dev().Gemm(d, a, b, c);
   EXPECT_EQ(s.outcome(), Outcome::kInvalid) << s.ToString();
   EXPECT_NE(s.message().find("--fp8-format"), std::string::npos) << s.ToString();
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

@@ -9,7 +9,7 @@
 
 #include "tests/unit/cuda_test_util.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 using cuda_test::Close;
@@ -128,4 +128,4 @@ INSTANTIATE_TEST_SUITE_P(Storage, CudaGemm, ::testing::Values(DType::kF32, DType
                          cuda_test::DTypeParamName);
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

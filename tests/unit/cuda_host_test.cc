@@ -1,7 +1,7 @@
-// Host-side logic of the CUDA backend, checked without a GPU: the row-major -> column-major GEMM
+// Host-side logic of the CUDA platform, checked without a GPU: the row-major -> column-major GEMM
 // mapping, the attention tile plans, the bf16 rounding the GPU tests rely on, the error classes,
 // the NCCL communicator configuration and the ncclInProgress protocol (SettleNcclCall), and that
-// asking for the backend without a GPU is a clean kDeviceError.
+// asking for the platform without a GPU is a clean kDeviceError.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,15 +11,15 @@
 #include <limits>
 #include <vector>
 
-#include "autopar/backend/cuda_backend.h"
+#include "autopar/device/cuda_platform.h"
 #include "kernels/cuda_attention_plan.cuh"
-#include "src/backend/cuda/cuda_check.h"
-#include "src/backend/cuda/gemm_mapping.h"
-#include "src/backend/cuda/nccl_comm.h"
-#include "src/backend/validate.h"
+#include "src/device/cuda/cuda_check.h"
+#include "src/device/cuda/gemm_mapping.h"
+#include "src/device/cuda/nccl_comm.h"
+#include "src/device/validate.h"
 #include "tests/unit/cuda_test_util.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 using cuda_test::FromBf16Bits;
@@ -228,12 +228,12 @@ TEST(NcclSettle, ErrorsAndTheDeadline) {
   EXPECT_EQ(stuck.queries, 3);
 }
 
-TEST(CudaBackend, WithoutAGpuIsADeviceErrorNotACrash) {
+TEST(CudaPlatform, WithoutAGpuIsADeviceErrorNotACrash) {
   if (CudaDeviceCount() > 0) GTEST_SKIP() << "a GPU is present; the GPU tests cover this path";
-  StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(CudaBackendOptions{});
-  ASSERT_FALSE(backend.ok());
-  EXPECT_EQ(backend.status().outcome(), Outcome::kDeviceError) << backend.status().ToString();
+  StatusOr<std::unique_ptr<Platform>> platform = MakeCudaPlatform(CudaPlatformOptions{});
+  ASSERT_FALSE(platform.ok());
+  EXPECT_EQ(platform.status().outcome(), Outcome::kDeviceError) << platform.status().ToString();
 }
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

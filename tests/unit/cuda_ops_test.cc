@@ -14,7 +14,7 @@
 #include "kernels/rope.h"
 #include "tests/unit/cuda_test_util.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 namespace {
 
 using cuda_test::Close;
@@ -27,7 +27,7 @@ using cuda_test::ToDouble;
 using cuda_test::TolFor;
 
 TEST_F(CudaTest, ReportsItselfAndComputesInBf16) {
-  EXPECT_EQ(backend_->name(), "cuda");
+  EXPECT_EQ(platform_->name(), "cuda");
   EXPECT_EQ(dev().compute_dtype(), DType::kBF16);
   EXPECT_TRUE(dev().Synchronize().ok());
 }
@@ -38,9 +38,9 @@ TEST_F(CudaTest, OverBudgetAndDriverRefusalAreOomAndTheDeviceStaysUsable) {
   EXPECT_EQ(too_big.status().outcome(), Outcome::kOom);
 
   // Past any GPU's memory with no budget in the way: cudaMalloc itself refuses.
-  CudaBackendOptions options;
+  CudaPlatformOptions options;
   options.device_index = 0;
-  StatusOr<std::unique_ptr<Backend>> unbudgeted = MakeCudaBackend(options);
+  StatusOr<std::unique_ptr<Platform>> unbudgeted = MakeCudaPlatform(options);
   ASSERT_TRUE(unbudgeted.ok()) << unbudgeted.status().ToString();
   Device& raw = (*unbudgeted)->device();
   StatusOr<Buffer> huge = raw.Allocate(std::size_t{1} << 50);
@@ -337,4 +337,4 @@ INSTANTIATE_TEST_SUITE_P(Storage, CudaTypedTest, ::testing::Values(DType::kF32, 
                          cuda_test::DTypeParamName);
 
 }  // namespace
-}  // namespace autopar::backend
+}  // namespace autopar::device

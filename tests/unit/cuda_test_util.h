@@ -1,4 +1,4 @@
-// Shared pieces of the CUDA backend tests: a host bf16 rounding that matches the device's, a
+// Shared pieces of the CUDA platform tests: a host bf16 rounding that matches the device's, a
 // fixture that skips without a GPU, typed uploads and downloads, and tolerance checks.
 #pragma once
 
@@ -13,17 +13,17 @@
 #include <string>
 #include <vector>
 
-#include "autopar/backend/cuda_backend.h"
+#include "autopar/device/cuda_platform.h"
 #include "kernels/init.h"
 
-namespace autopar::backend {
+namespace autopar::device {
 
 // Test names read "f32" / "bf16" instead of the enum's bytes.
 inline void PrintTo(DType dtype, std::ostream* os) { *os << DTypeName(dtype); }
 
-}  // namespace autopar::backend
+}  // namespace autopar::device
 
-namespace autopar::backend::cuda_test {
+namespace autopar::device::cuda_test {
 
 // float -> bf16 bits, rounding to nearest even like __float2bfloat16_rn; NaN stays a quiet NaN.
 inline std::uint16_t ToBf16Bits(float value) {
@@ -106,20 +106,20 @@ class CudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
-    CudaBackendOptions options;
+    CudaPlatformOptions options;
     options.device_index = 0;
     options.memory_budget_bytes = kBudgetBytes;
     options.timeout_s = 60.0;
-    StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(options);
-    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-    backend_ = std::move(backend).value();
+    StatusOr<std::unique_ptr<Platform>> platform = MakeCudaPlatform(options);
+    ASSERT_TRUE(platform.ok()) << platform.status().ToString();
+    platform_ = std::move(platform).value();
   }
   void TearDown() override {
     buffers_.clear();  // before the device that owns them
-    backend_.reset();
+    platform_.reset();
   }
 
-  Device& dev() { return backend_->device(); }
+  Device& dev() { return platform_->device(); }
 
   // A device tensor of `dtype` (f32 or bf16) holding `host`, rounded when bf16.
   Tensor Put(DType dtype, const std::vector<float>& host) {
@@ -164,7 +164,7 @@ class CudaTest : public ::testing::Test {
   }
 
   static constexpr std::size_t kBudgetBytes = std::size_t{4} << 30;
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Platform> platform_;
   std::vector<Buffer> buffers_;
 };
 
@@ -175,4 +175,4 @@ inline std::string DTypeParamName(const ::testing::TestParamInfo<DType>& param_i
   return DTypeName(param_info.param);
 }
 
-}  // namespace autopar::backend::cuda_test
+}  // namespace autopar::device::cuda_test

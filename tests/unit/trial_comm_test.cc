@@ -13,11 +13,11 @@
 namespace autopar::trial {
 namespace {
 
-using backend::Collectives;
-using backend::OkStatus;
-using backend::P2POp;
-using backend::Request;
-using backend::StatusOr;
+using device::Collectives;
+using device::OkStatus;
+using device::P2POp;
+using device::Request;
+using device::StatusOr;
 
 struct Log {
   int ordered = 0;  // OrderOnDevice calls
@@ -93,7 +93,7 @@ TEST(TrialComm, StreamOrderedTransportsAreOrderedOnTheDeviceNotWaitedFor) {
   const Deadline deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   Comm comm(std::make_unique<FakeCollectives>(log, /*stream_ordered=*/true), deadline);
   std::vector<float> data(4);
-  const Tensor t{data.data(), 4, backend::DType::kF32};
+  const Tensor t{data.data(), 4, device::DType::kF32};
   ASSERT_TRUE(comm.AllReduce(t).ok());
   ASSERT_TRUE(comm.AllGather(t.Slice(0, 2), t).ok());
   std::unique_ptr<Request> pending;
@@ -109,7 +109,7 @@ TEST(TrialComm, HostTransportsArePolledOnTheHost) {
   Comm comm(std::make_unique<FakeCollectives>(log, /*stream_ordered=*/false),
             std::chrono::steady_clock::now() + std::chrono::seconds(60));
   std::vector<float> data(4);
-  const Tensor t{data.data(), 4, backend::DType::kF32};
+  const Tensor t{data.data(), 4, device::DType::kF32};
   ASSERT_TRUE(comm.AllReduce(t).ok());
   std::unique_ptr<Request> pending;
   ASSERT_TRUE(comm.StartAllReduce(t, pending).ok());

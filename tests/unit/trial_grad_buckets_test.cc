@@ -75,7 +75,7 @@ struct Runtime : ::testing::Test {
   std::vector<int> prepared;  // bucket begins, in the order their reduction started
   GradBuckets::Prepare prepare = [this](const GradBucket& b) {
     prepared.push_back(static_cast<int>(b.begin));
-    return backend::OkStatus();
+    return device::OkStatus();
   };
 };
 

@@ -13,7 +13,7 @@
 namespace autopar::trial {
 namespace {
 
-using backend::Fp8Operand;
+using device::Fp8Operand;
 
 ParallelConfig Config(int tp, int pp, int dp, int cp = 1, int up = 1, int ep = 1) {
   ParallelConfig c;
@@ -237,7 +237,7 @@ TEST(StageShapes, VirtualStagesInPipelineOrderCoverEveryLayerOnce) {
 
 TEST(Fp8Linear, GradientsTakeTheGradientFormatAndWeightsTheForwardOne) {
   const Fp8Formats hybrid{Fp8Operand::kE4M3, Fp8Operand::kE5M2};
-  backend::GemmDesc d = Linear(64, 32, 16, 0, hybrid);
+  device::GemmDesc d = Linear(64, 32, 16, 0, hybrid);
   EXPECT_EQ(d.fp8_a, Fp8Operand::kE4M3);  // x
   EXPECT_EQ(d.fp8_b, Fp8Operand::kE4M3);  // W
   d = LinearInputGrad(64, 32, 16, 0, hybrid);

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "autopar/backend/p2p_semantics.h"
 #include "autopar/cli/help.h"
+#include "autopar/device/p2p_semantics.h"
 #include "autopar/perf/constants.h"
 #include "autopar/space/config.h"
 #include "autopar/space/space.h"
@@ -119,9 +119,9 @@ void ApplyCpuBackend(const std::string& backend, Inputs& in);
 void ApplyBackend(const std::string& backend, Inputs& in);
 
 // `--p2p-semantics mpi|nccl` of the MPI commands: how the CPU backend's collectives run (see
-// backend::P2PSemantics). The CUDA backend runs NCCL itself (only "nccl" is accepted there), and
+// device::P2PSemantics). The CUDA backend runs NCCL itself (only "nccl" is accepted there), and
 // the replay backend runs no collectives (the flag is refused). Default: "mpi" on the CPU.
-backend::P2PSemantics ReadP2PSemantics(Args& args, const std::string& backend);
+device::P2PSemantics ReadP2PSemantics(Args& args, const std::string& backend);
 
 // The `cpu` device is one core per rank; when `host_cores` cores carry all the job's ranks, each
 // rank computes and streams memory at host_cores / ranks of that (never more than one core).

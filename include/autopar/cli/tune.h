@@ -35,7 +35,7 @@ struct TuneContext {
   const pb::StudyDescription& study;
   const search::CandidateSet& candidates;
   std::string backend;  // "cpu", "cuda" or "megatron"
-  backend::P2PSemantics p2p_semantics = backend::P2PSemantics::kMpi;
+  device::P2PSemantics p2p_semantics = device::P2PSemantics::kMpi;
   double trial_timeout_s = 600;
   int warmup_iterations = 2;
   int timed_iterations = 5;

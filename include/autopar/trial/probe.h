@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "autopar/backend/backend.h"
-#include "autopar/backend/group.h"
+#include "autopar/device/group.h"
+#include "autopar/device/platform.h"
 #include "autopar/perf/cost_model.h"
 
 namespace autopar::trial {
@@ -25,11 +25,11 @@ struct ProbeOptions {
   std::vector<int> tp_values;  // empty: powers of two up to a node that divide the heads
 };
 
-// What the backend costs besides the work itself, measured by the probe (the slowest rank's, so
+// What the platform costs besides the work itself, measured by the probe (the slowest rank's, so
 // the same on every rank): the analytic model assumes constants for these (runtime_overhead_gib).
 struct ProbeOverheads {
   // Connecting the probe's all-reduce groups the first time (NCCL: the world communicator and
-  // the splits), and the same groups again, which a backend that caches communicators serves
+  // the splits), and the same groups again, which a platform that caches communicators serves
   // without set-up. Seconds, summed over the groups.
   double comm_setup_first_s = 0;
   double comm_setup_cached_s = 0;
@@ -39,8 +39,8 @@ struct ProbeOverheads {
 };
 
 // Collective over `world`; the same samples on every rank, and `overheads` when not null.
-backend::StatusOr<std::vector<ProbeSample>> RunProbe(
-    backend::Backend& backend, const backend::Group& world, const ModelSpec& model,
+device::StatusOr<std::vector<ProbeSample>> RunProbe(
+    device::Platform& platform, const device::Group& world, const ModelSpec& model,
     const TrainSpec& train, const ClusterSpec& cluster, const CostModel& cost,
     const ProbeOptions& options, ProbeOverheads* overheads = nullptr);
 

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "autopar/backend/backend.h"
-#include "autopar/backend/group.h"
+#include "autopar/device/group.h"
+#include "autopar/device/platform.h"
 #include "autopar/space/config.h"
 #include "autopar/spec/model.h"
 #include "autopar/spec/train.h"
@@ -56,7 +56,7 @@ struct TrialOptions {
 };
 
 struct TrialMeasurement {
-  backend::Outcome outcome = backend::Outcome::kOk;
+  device::Outcome outcome = device::Outcome::kOk;
   std::string message;                   // the failing rank's error, when not ok
   // What the trial ran differently from the fast path, e.g. attention calls that fell back from
   // cuDNN to the CUDA-core kernel (Device::AttentionEngineNote); empty when nothing did.
@@ -86,7 +86,7 @@ struct TrialMeasurement {
 // on every rank. `world` must have exactly config.world_size() ranks. Configurations the runner
 // cannot express (multi-head latent attention, replicated kv heads over tp, ...) end as `invalid`
 // with the reason.
-TrialMeasurement RunTrial(backend::Backend& backend, const backend::Group& world,
+TrialMeasurement RunTrial(device::Platform& platform, const device::Group& world,
                           const ModelSpec& model, const TrainSpec& train,
                           const ParallelConfig& config, const TrialOptions& options);
 

@@ -1,0 +1,165 @@
+#include "src/device/validate.h"
+
+#include <cmath>
+#include <string>
+
+namespace autopar::device {
+
+Status CheckArgs(const char* op, std::initializer_list<ArgSpec> args) {
+  for (const ArgSpec& arg : args) {
+    const std::string where = std::string(op) + ": `" + arg.name + "` ";
+    AUTOPAR_CHECK_ARG(arg.tensor.valid(), where + "is an invalid view (out-of-range slice?)");
+    AUTOPAR_CHECK_ARG(arg.tensor.dtype == arg.dtype, where + "is " + DTypeName(arg.tensor.dtype) +
+                                                         ", expected " + DTypeName(arg.dtype));
+    AUTOPAR_CHECK_ARG(arg.tensor.numel >= arg.min_numel,
+                      where + "has " + std::to_string(arg.tensor.numel) + " elements, needs " +
+                          std::to_string(arg.min_numel));
+  }
+  return OkStatus();
+}
+
+Status CheckPositive(const char* op, std::initializer_list<std::int64_t> dims) {
+  int position = 0;
+  for (std::int64_t dim : dims) {
+    AUTOPAR_CHECK_ARG(dim > 0, std::string(op) + ": dimension #" + std::to_string(position) +
+                                   " is " + std::to_string(dim));
+    ++position;
+  }
+  return OkStatus();
+}
+
+std::int64_t MatrixExtent(std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+  return rows == 0 || cols == 0 ? 0 : (rows - 1) * ld + cols;
+}
+
+StatusOr<GemmDesc> ResolveGemm(const GemmDesc& desc, const Tensor& a, const Tensor& b,
+                               const Tensor& c, DType ab_dtype) {
+  GemmDesc d = desc;
+  AUTOPAR_CHECK_ARG(d.m >= 0 && d.n >= 0 && d.k >= 0 && d.batch >= 1, "Gemm: bad m, n, k or batch");
+  // Stored shapes: A [a_rows, a_cols], B [b_rows, b_cols], C [m, n].
+  const std::int64_t a_rows = d.trans_a ? d.k : d.m;
+  const std::int64_t a_cols = d.trans_a ? d.m : d.k;
+  const std::int64_t b_rows = d.trans_b ? d.n : d.k;
+  const std::int64_t b_cols = d.trans_b ? d.k : d.n;
+  // BLAS wants ld >= max(1, cols) even for empty matrices.
+  if (d.lda == 0) d.lda = a_cols > 0 ? a_cols : 1;
+  if (d.ldb == 0) d.ldb = b_cols > 0 ? b_cols : 1;
+  if (d.ldc == 0) d.ldc = d.n > 0 ? d.n : 1;
+  AUTOPAR_CHECK_ARG(d.lda >= a_cols && d.ldb >= b_cols && d.ldc >= d.n,
+                    "Gemm: a leading dimension is smaller than its row");
+  if (d.stride_a == 0) d.stride_a = a_rows * d.lda;
+  if (d.stride_b == 0) d.stride_b = b_rows * d.ldb;
+  if (d.stride_c == 0) d.stride_c = d.m * d.ldc;
+  AUTOPAR_CHECK_ARG(d.stride_a > 0 && d.stride_b > 0 && d.stride_c > 0,
+                    "Gemm: batch strides must be positive");
+  const std::int64_t last = d.batch - 1;
+  const std::int64_t need_a = MatrixExtent(a_rows, a_cols, d.lda) + last * d.stride_a;
+  const std::int64_t need_b = MatrixExtent(b_rows, b_cols, d.ldb) + last * d.stride_b;
+  const std::int64_t need_c = MatrixExtent(d.m, d.n, d.ldc) + last * d.stride_c;
+  const bool c_f32 = c.dtype == DType::kF32;
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("Gemm", {{"a", a, ab_dtype, need_a},
+                                             {"b", b, ab_dtype, need_b},
+                                             {"c", c, c_f32 ? DType::kF32 : ab_dtype, need_c}}));
+  return d;
+}
+
+StatusOr<AttentionDesc> ResolveAttention(const AttentionDesc& desc) {
+  AttentionDesc d = desc;
+  AUTOPAR_RETURN_IF_ERROR(
+      CheckPositive("Attention", {d.batch, d.heads_q, d.heads_kv, d.head_dim, d.seq_q, d.seq_kv}));
+  AUTOPAR_CHECK_ARG(d.heads_q % d.heads_kv == 0, "Attention: heads_q " + std::to_string(d.heads_q) +
+                                                     " is not a multiple of heads_kv " +
+                                                     std::to_string(d.heads_kv));
+  if (d.scale == 0.0f)
+    d.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
+  if (d.q_stride == 0) d.q_stride = d.heads_q * d.head_dim;
+  if (d.kv_stride == 0) d.kv_stride = d.heads_kv * d.head_dim;
+  AUTOPAR_CHECK_ARG(d.q_stride >= d.heads_q * d.head_dim,
+                    "Attention: q_stride < heads_q * head_dim");
+  AUTOPAR_CHECK_ARG(d.kv_stride >= d.heads_kv * d.head_dim,
+                    "Attention: kv_stride < heads_kv * head_dim");
+  return d;
+}
+
+std::int64_t AttentionQExtent(const AttentionDesc& d) {
+  return MatrixExtent(d.seq_q * d.batch, d.heads_q * d.head_dim, d.q_stride);
+}
+
+std::int64_t AttentionKvExtent(const AttentionDesc& d) {
+  return MatrixExtent(d.seq_kv * d.batch, d.heads_kv * d.head_dim, d.kv_stride);
+}
+
+StatusOr<RopeDesc> ResolveRope(const RopeDesc& desc) {
+  RopeDesc d = desc;
+  AUTOPAR_RETURN_IF_ERROR(CheckPositive("Rope", {d.seq, d.batch, d.heads, d.head_dim}));
+  if (d.rotary_dim == 0) d.rotary_dim = d.head_dim;
+  if (d.row_stride == 0) d.row_stride = d.heads * d.head_dim;
+  AUTOPAR_CHECK_ARG(d.rotary_dim > 0 && d.rotary_dim % 2 == 0 && d.rotary_dim <= d.head_dim,
+                    "Rope: rotary_dim must be even and within head_dim");
+  AUTOPAR_CHECK_ARG(d.row_stride >= d.heads * d.head_dim, "Rope: row_stride < heads * head_dim");
+  AUTOPAR_CHECK_ARG(d.base > 0.0f, "Rope: base must be positive");
+  return d;
+}
+
+bool Overlaps(const Tensor& a, const Tensor& b) {
+  const char* pa = static_cast<const char*>(a.data);
+  const char* pb = static_cast<const char*>(b.data);
+  return a.numel > 0 && b.numel > 0 && pa < pb + b.bytes() && pb < pa + a.bytes();
+}
+
+Status CheckView(const char* op, const Tensor& t, std::int64_t max_count) {
+  AUTOPAR_CHECK_ARG(t.valid(), std::string(op) + ": invalid view");
+  AUTOPAR_CHECK_ARG(t.numel <= max_count, std::string(op) + ": more than " +
+                                              std::to_string(max_count) + " elements");
+  return OkStatus();
+}
+
+Status CheckPair(const char* op, const Tensor& send, const Tensor& recv, std::int64_t num,
+                 std::int64_t den, std::int64_t max_count) {
+  AUTOPAR_RETURN_IF_ERROR(CheckView(op, send, max_count));
+  AUTOPAR_RETURN_IF_ERROR(CheckView(op, recv, max_count));
+  AUTOPAR_CHECK_ARG(send.dtype == recv.dtype, std::string(op) + ": send and recv dtypes differ");
+  AUTOPAR_CHECK_ARG(send.numel * num == recv.numel * den,
+                    std::string(op) + ": send has " + std::to_string(send.numel) +
+                        " elements, recv " + std::to_string(recv.numel));
+  return OkStatus();
+}
+
+StatusOr<HashFill> ResolveHashFill(const HashFill& fill, std::int64_t numel) {
+  HashFill f = fill;
+  if (fill.rows == 0) {
+    f.rows = 1;
+    f.cols = f.global_cols = numel;
+  }
+  AUTOPAR_CHECK_ARG(f.rows > 0 && f.cols >= 0 && f.rows * f.cols <= numel,
+                    "FillHash: rows * cols exceeds the view");
+  AUTOPAR_CHECK_ARG(
+      f.row_offset >= 0 && f.col_offset >= 0 && f.col_offset + f.cols <= f.global_cols,
+      "FillHash: the block lies outside the global matrix");
+  return f;
+}
+
+Status CheckPeer(const char* op, int peer, int group_size) {
+  AUTOPAR_CHECK_ARG(peer >= 0 && peer < group_size, std::string(op) + ": peer " +
+                                                         std::to_string(peer) +
+                                                         " not in group of " +
+                                                         std::to_string(group_size));
+  return OkStatus();
+}
+
+Status CheckBatch(std::span<const P2POp> ops, int group_size, std::int64_t max_count) {
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& op = ops[i];
+    const char* name = op.kind == P2POp::kSend ? "IBatchSendRecv send" : "IBatchSendRecv recv";
+    AUTOPAR_RETURN_IF_ERROR(CheckView(name, op.buf, max_count));
+    AUTOPAR_RETURN_IF_ERROR(CheckPeer(name, op.peer, group_size));
+    for (std::size_t j = 0; j < i; ++j) {
+      const bool writes = op.kind == P2POp::kRecv || ops[j].kind == P2POp::kRecv;
+      AUTOPAR_CHECK_ARG(!writes || !Overlaps(op.buf, ops[j].buf),
+                        "IBatchSendRecv: a received view overlaps another view of the batch");
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace autopar::device

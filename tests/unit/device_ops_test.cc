@@ -1,0 +1,301 @@
+// The CPU device's non-GEMM, non-attention ops: each against its host reference, plus the
+// argument checks and the failure classes (kInvalid, kNonfinite) they report.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "autopar/device/platform.h"
+#include "kernels/activations.h"
+#include "kernels/adam.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/init.h"
+#include "kernels/norms.h"
+#include "kernels/rope.h"
+
+namespace autopar::device {
+namespace {
+
+std::vector<float> Random(std::uint64_t seed, std::int64_t n, float scale = 1.0f,
+                          float shift = 0.0f) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    v[i] = shift + scale * kernels::ref::HashUniform(seed, i);
+  }
+  return v;
+}
+
+class DeviceOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StatusOr<std::unique_ptr<Platform>> platform = MakeCpuPlatform(CpuPlatformOptions{});
+    ASSERT_TRUE(platform.ok()) << platform.status().ToString();
+    platform_ = std::move(platform).value();
+  }
+  Device& dev() { return platform_->device(); }
+
+  template <typename T>
+  Tensor Put(const std::vector<T>& host) {
+    StatusOr<Buffer> buf = dev().Allocate(static_cast<std::int64_t>(host.size()), DTypeOf<T>());
+    EXPECT_TRUE(buf.ok());
+    buffers_.push_back(std::move(buf).value());
+    EXPECT_TRUE(dev().Upload(buffers_.back().tensor(), host).ok());
+    return buffers_.back().tensor();
+  }
+  Tensor Zeros(std::int64_t n) { return Put(std::vector<float>(static_cast<std::size_t>(n))); }
+  std::vector<float> Get(Tensor t) {
+    StatusOr<std::vector<float>> host = dev().Download<float>(t);
+    EXPECT_TRUE(host.ok());
+    return host.ok() ? *host : std::vector<float>{};
+  }
+
+  std::unique_ptr<Platform> platform_;
+  std::vector<Buffer> buffers_;
+};
+
+TEST_F(DeviceOps, NormsMatchReference) {
+  const NormDesc d{4, 16, 1e-5f};
+  const std::vector<float> x = Random(1, 64, 2.0f), gamma = Random(2, 16, 0.1f, 1.0f);
+  const std::vector<float> beta = Random(3, 16), dy = Random(4, 64);
+  std::vector<float> y(64), rstd(4), mean(4), dx(64), dgamma(16, 0.0f), dbeta(16, 0.0f);
+
+  const Tensor tx = Put(x), tg = Put(gamma), tb = Put(beta), tdy = Put(dy);
+  const Tensor ty = Zeros(64), tr = Zeros(4), tm = Zeros(4), tdx = Zeros(64);
+  const Tensor tdg = Zeros(16), tdb = Zeros(16);
+  ASSERT_TRUE(dev().RmsNormForward(d, tx, tg, ty, tr).ok());
+  ASSERT_TRUE(dev().RmsNormBackward(d, tdy, tx, tg, tr, tdx, tdg).ok());
+  kernels::ref::RmsNormForward(x.data(), gamma.data(), 4, 16, 1e-5f, y.data(), rstd.data());
+  kernels::ref::RmsNormBackward(dy.data(), x.data(), gamma.data(), rstd.data(), 4, 16, dx.data(),
+                                dgamma.data());
+  EXPECT_EQ(Get(ty), y);
+  EXPECT_EQ(Get(tdx), dx);
+  EXPECT_EQ(Get(tdg), dgamma);
+
+  std::fill(dgamma.begin(), dgamma.end(), 0.0f);
+  ASSERT_TRUE(dev().Fill(tdg, 0.0f).ok());
+  ASSERT_TRUE(dev().LayerNormForward(d, tx, tg, tb, ty, tm, tr).ok());
+  ASSERT_TRUE(dev().LayerNormBackward(d, tdy, tx, tg, tm, tr, tdx, tdg, tdb).ok());
+  kernels::ref::LayerNormForward(x.data(), gamma.data(), beta.data(), 4, 16, 1e-5f, y.data(),
+                                 mean.data(), rstd.data());
+  kernels::ref::LayerNormBackward(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), 4,
+                                  16, dx.data(), dgamma.data(), dbeta.data());
+  EXPECT_EQ(Get(ty), y);
+  EXPECT_EQ(Get(tdx), dx);
+  EXPECT_EQ(Get(tdg), dgamma);
+  EXPECT_EQ(Get(tdb), dbeta);
+
+  const Status bad = dev().RmsNormForward(NormDesc{4, 32, 1e-5f}, tx, tg, ty, tr);
+  EXPECT_EQ(bad.outcome(), Outcome::kInvalid);
+}
+
+TEST_F(DeviceOps, RopeInPlaceInsideAFusedRowAndInverse) {
+  RopeDesc d;
+  d.seq = 6;
+  d.batch = 2;
+  d.heads = 2;
+  d.head_dim = 8;
+  d.position_offset = 100;
+  d.row_stride = 40;  // q heads (16) followed by other data in each row
+  const std::vector<float> x = Random(5, std::int64_t{6} * 2 * 40);
+  const Tensor t = Put(x);
+  ASSERT_TRUE(dev().RopeForward(d, t, t).ok());
+  std::vector<float> want = x;
+  kernels::ref::RopeShape shape{6, 2, 2, 8, 8, 100, 40, 10000.0};
+  kernels::ref::RopeForward(shape, x.data(), want.data());
+  const std::vector<float> rotated = Get(t);
+  EXPECT_EQ(rotated, want);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (i % 40 >= 16) {
+      EXPECT_EQ(rotated[i], x[i]) << "outside the heads";
+    }
+  }
+  ASSERT_TRUE(dev().RopeBackward(d, t, t).ok());  // the inverse rotation restores x
+  const std::vector<float> restored = Get(t);
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(restored[i], x[i], 1e-5);
+  d.rotary_dim = 5;
+  EXPECT_EQ(dev().RopeForward(d, t, t).outcome(), Outcome::kInvalid);
+}
+
+TEST_F(DeviceOps, ActivationsMatchReference) {
+  const std::vector<float> x = Random(6, std::int64_t{3} * 10, 3.0f),
+                           dy = Random(7, std::int64_t{3} * 5);
+  std::vector<float> y(15), dx(30);
+  kernels::ref::SwiGluForward(x.data(), 3, 5, y.data());
+  kernels::ref::SwiGluBackward(dy.data(), x.data(), 3, 5, dx.data());
+  const Tensor tx = Put(x), tdy = Put(dy), ty = Zeros(15), tdx = Zeros(30);
+  ASSERT_TRUE(dev().SwiGluForward(3, 5, tx, ty).ok());
+  ASSERT_TRUE(dev().SwiGluBackward(3, 5, tdy, tx, tdx).ok());
+  EXPECT_EQ(Get(ty), y);
+  EXPECT_EQ(Get(tdx), dx);
+  EXPECT_EQ(dev().SwiGluBackward(3, 5, tdy, tx, tx).outcome(), Outcome::kInvalid);
+
+  std::vector<float> gy(30), gdx(30);
+  const std::vector<float> gdy = Random(8, 30);
+  kernels::ref::GeluForward(x.data(), 30, gy.data());
+  kernels::ref::GeluBackward(gdy.data(), x.data(), 30, gdx.data());
+  const Tensor tgdy = Put(gdy), tgy = Zeros(30);
+  ASSERT_TRUE(dev().GeluForward(tx, tgy).ok());
+  ASSERT_TRUE(dev().GeluBackward(tgdy, tx, tgdy).ok());  // in place on dy
+  EXPECT_EQ(Get(tgy), gy);
+  EXPECT_EQ(Get(tgdy), gdx);
+}
+
+// Vocab-parallel cross-entropy on one device, two shards, with the reductions done by hand where
+// the trial runner would all-reduce.
+TEST_F(DeviceOps, VocabShardedCrossEntropyEqualsUnsharded) {
+  const std::int64_t rows = 5, vocab = 12, half = 6;
+  const std::vector<float> logits = Random(9, rows * vocab, 5.0f);
+  const std::vector<std::int32_t> targets = {0, 5, 6, 11, 3};
+  const std::vector<float> dloss(rows, 0.2f);
+  const Tensor tl = Put(logits), tt = Put(targets), tdl = Put(dloss);
+  const Tensor max_full = Zeros(rows), part_full = Zeros(2 * rows), loss_full = Zeros(rows);
+  const CrossEntropyDesc full{rows, vocab, 0};
+  ASSERT_TRUE(dev().CrossEntropyMax(full, tl, max_full).ok());
+  ASSERT_TRUE(dev().CrossEntropyPartials(full, tl, tt, max_full, part_full).ok());
+  ASSERT_TRUE(dev().CrossEntropyLoss(full, max_full, part_full, loss_full).ok());
+  const Tensor dfull = Zeros(rows * vocab);
+  ASSERT_TRUE(dev().CrossEntropyBackward(full, tl, tt, max_full, part_full, tdl, dfull).ok());
+
+  std::vector<float> shard[2];
+  for (int s = 0; s < 2; ++s) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t j = 0; j < half; ++j) shard[s].push_back(logits[r * vocab + s * half + j]);
+    }
+  }
+  const Tensor ts[2] = {Put(shard[0]), Put(shard[1])};
+  const Tensor maxes[2] = {Zeros(rows), Zeros(rows)};
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_TRUE(dev().CrossEntropyMax({rows, half, s * half}, ts[s], maxes[s]).ok());
+  }
+  const std::vector<float> m0 = Get(maxes[0]), m1 = Get(maxes[1]);
+  std::vector<float> m(rows);
+  for (std::int64_t r = 0; r < rows; ++r) m[r] = std::max(m0[r], m1[r]);
+  const Tensor tmax = Put(m), sum = Zeros(2 * rows), part = Zeros(2 * rows);
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_TRUE(dev().CrossEntropyPartials({rows, half, s * half}, ts[s], tt, tmax, part).ok());
+    ASSERT_TRUE(dev().Axpy(1.0f, part, sum).ok());
+  }
+  const Tensor loss = Zeros(rows);
+  ASSERT_TRUE(dev().CrossEntropyLoss({rows, half, 0}, tmax, sum, loss).ok());
+  const std::vector<float> want = Get(loss_full), got = Get(loss);
+  for (std::int64_t r = 0; r < rows; ++r) EXPECT_NEAR(got[r], want[r], 1e-5);
+
+  const std::vector<float> dwant = Get(dfull);
+  for (int s = 0; s < 2; ++s) {  // backward in place over the shard's logits
+    ASSERT_TRUE(
+        dev().CrossEntropyBackward({rows, half, s * half}, ts[s], tt, tmax, sum, tdl, ts[s]).ok());
+    const std::vector<float> dshard = Get(ts[s]);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t j = 0; j < half; ++j) {
+        EXPECT_NEAR(dshard[r * half + j], dwant[r * vocab + s * half + j], 1e-6);
+      }
+    }
+  }
+  const Tensor bad_targets = Put(std::vector<std::int32_t>{0, -1, 2, 3, 4});
+  EXPECT_EQ(dev().CrossEntropyPartials(full, tl, bad_targets, max_full, part_full).outcome(),
+            Outcome::kInvalid);
+}
+
+TEST_F(DeviceOps, EmbeddingShardAndBackward) {
+  const std::vector<float> table =
+      Random(10, std::int64_t{4} * 3);  // ids [4, 8) of a larger vocabulary
+  const std::vector<std::int32_t> ids = {4, 9, 7, 4};
+  const Tensor tt = Put(table), ti = Put(ids), out = Zeros(12), dtable = Zeros(12);
+  const EmbeddingDesc d{4, 3, 4, 4};
+  ASSERT_TRUE(dev().EmbeddingForward(d, tt, ti, out).ok());
+  const std::vector<float> got = Get(out);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(got[0 * 3 + i], table[0 * 3 + i]);
+    EXPECT_EQ(got[1 * 3 + i], 0.0f);  // id 9 is on another shard
+    EXPECT_EQ(got[2 * 3 + i], table[3 * 3 + i]);
+  }
+  ASSERT_TRUE(dev().Fill(out, 1.0f).ok());
+  ASSERT_TRUE(dev().EmbeddingBackward(d, out, ti, dtable).ok());
+  const std::vector<float> grad = Get(dtable);
+  EXPECT_EQ(grad[0], 2.0f);  // id 4 twice
+  EXPECT_EQ(grad[std::size_t{3} * 3], 1.0f);
+  EXPECT_EQ(grad[std::size_t{1} * 3], 0.0f);
+}
+
+TEST_F(DeviceOps, AdamUpdatesMasterAndModelCopy) {
+  const std::vector<float> p = Random(11, 10), g = Random(12, 10);
+  const Tensor master = Put(p), grad = Put(g), m = Zeros(10), v = Zeros(10), model = Zeros(10);
+  AdamParams params;
+  params.lr = 1e-2f;
+  params.weight_decay = 0.1f;
+  params.step = 1;
+  ASSERT_TRUE(dev().AdamStep(params, master, grad, m, v, model).ok());
+  std::vector<float> want = p, wm(10, 0.0f), wv(10, 0.0f);
+  kernels::ref::AdamHyper hyper;  // from the same float parameters the device receives
+  hyper.lr = params.lr;
+  hyper.beta1 = params.beta1;
+  hyper.beta2 = params.beta2;
+  hyper.eps = params.eps;
+  hyper.weight_decay = params.weight_decay;
+  kernels::ref::AdamStep(hyper, 10, want.data(), g.data(), wm.data(), wv.data());
+  EXPECT_EQ(Get(master), want);
+  EXPECT_EQ(Get(model), want);
+  EXPECT_EQ(Get(m), wm);
+  ASSERT_TRUE(dev().AdamStep(params, master, grad, m, v, Tensor{}).ok());  // no model copy
+  params.step = 0;
+  EXPECT_EQ(dev().AdamStep(params, master, grad, m, v, model).outcome(), Outcome::kInvalid);
+}
+
+TEST_F(DeviceOps, ElementwiseReductionsAndFiniteness) {
+  const Tensor a = Put(std::vector<float>{1, 2, 3}), b = Put(std::vector<float>{10, 20, 30});
+  const Tensor out = Zeros(3), sum = Zeros(1);
+  ASSERT_TRUE(dev().Add(a, b, out).ok());
+  EXPECT_EQ(Get(out), (std::vector<float>{11, 22, 33}));
+  ASSERT_TRUE(dev().Axpy(-2.0f, a, out).ok());
+  EXPECT_EQ(Get(out), (std::vector<float>{9, 18, 27}));
+  ASSERT_TRUE(dev().Scale(out, 0.5f).ok());
+  EXPECT_EQ(Get(out), (std::vector<float>{4.5f, 9, 13.5f}));
+  ASSERT_TRUE(dev().SumSquares(a, sum).ok());
+  ASSERT_TRUE(dev().SumSquares(a, sum).ok());  // accumulates
+  EXPECT_EQ(Get(sum)[0], 28.0f);
+  ASSERT_TRUE(dev().Copy(out, a).ok());
+  EXPECT_EQ(Get(out), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(dev().Add(a, Zeros(2), out).outcome(), Outcome::kInvalid);
+
+  EXPECT_TRUE(dev().CheckFinite(out).ok());
+  const Tensor bad = Put(std::vector<float>{0, std::numeric_limits<float>::quiet_NaN()});
+  const Status nan = dev().CheckFinite(bad);
+  EXPECT_EQ(nan.outcome(), Outcome::kNonfinite);
+  EXPECT_NE(nan.message().find("element 1 of 2"), std::string::npos) << nan.message();
+  const Tensor inf = Put(std::vector<float>{std::numeric_limits<float>::infinity()});
+  EXPECT_EQ(dev().CheckFinite(inf).outcome(), Outcome::kNonfinite);
+}
+
+// A column shard of a weight, filled with its offsets, is the same slice of the full weight.
+TEST_F(DeviceOps, HashFillShardsAreSlicesOfTheFullTensor) {
+  const std::int64_t rows = 6, cols = 8;
+  const Tensor full = Zeros(rows * cols), shard = Zeros(rows / 2 * cols / 2);
+  HashFill fill;
+  fill.seed = 42;
+  fill.scale = 0.02f;
+  fill.rows = rows;
+  fill.cols = cols;
+  fill.global_cols = cols;
+  ASSERT_TRUE(dev().FillHash(full, fill).ok());
+  fill.rows = rows / 2;
+  fill.cols = cols / 2;
+  fill.row_offset = rows / 2;
+  fill.col_offset = cols / 2;
+  ASSERT_TRUE(dev().FillHash(shard, fill).ok());
+  const std::vector<float> f = Get(full), s = Get(shard);
+  for (std::int64_t r = 0; r < rows / 2; ++r) {
+    for (std::int64_t c = 0; c < cols / 2; ++c) {
+      EXPECT_EQ(s[r * cols / 2 + c], f[(r + rows / 2) * cols + c + cols / 2]);
+    }
+  }
+  EXPECT_EQ(f[0], 0.02f * kernels::ref::HashUniform(42, 0));
+  fill.col_offset = cols;  // past the global width
+  EXPECT_EQ(dev().FillHash(shard, fill).outcome(), Outcome::kInvalid);
+}
+
+}  // namespace
+}  // namespace autopar::device
