@@ -17,11 +17,10 @@
 //   relative memory noise σ₀, strength a₀     3%, 2     allocator behaviour varies little
 //   an OOM is a surprise (not imputed) below  1e-3      P(OOM) predicted before it happened
 //   level effects δ: prior sd of their sum    0, 0.05,  a configuration's knob values move its
-//     (each δ: × √relevance of its knob)      0.1, 0.2, step by a few percent beyond what the
-//                                             0.4       components say (weighed by evidence)
+//     (each δ: × √relevance of its knob)      0.1, 0.2  step by a few percent beyond what the
+//                                                       components say (weighed by evidence)
 //   interactions γ: prior sd of their sum     0, 0.05,  pairs of knob values that a cluster
-//     (each γ: × √relevance of its pair)      0.15,     treats unlike the sum of the two; the
-//                                             0.3, 0.6  largest so the evidence is not capped
+//     (each γ: × √relevance of its pair)      0.15, 0.3 treats unlike the sum of the two
 //   relevance of a knob / pair: its share     learnt    a cluster's discrepancy sits in a few
 //     of the family's variance (δ, γ)         (ARD)     knobs and pairs (docs/search.md §3)
 //   smallest θ_k a draw may take              0.05      no component of a step takes no time
@@ -50,17 +49,13 @@ struct TimePrior {
   // summing to 1 (1/q each until the data say otherwise), so the discrepancy allowed does not
   // grow with them). The scale is not known in advance: the posterior weighs these hypotheses by
   // their evidence, 0 being "the components explain everything" (equal prior weights).
-  // The largest scales are there so that the evidence is not capped: where the list ended at 0.2
-  // (levels) and 0.3 (interactions), the interaction worlds of bench_search put their weight on
-  // the largest, and the posterior, held to a prior too narrow for the cluster, predicted the
-  // cells it had not measured with too much confidence (docs/search.md §3).
-  std::vector<double> level_scales = {0, 0.05, 0.1, 0.2, 0.4};
+  std::vector<double> level_scales = {0, 0.05, 0.1, 0.2};
   // The same for the pairwise interactions γ (each γ gets scale·√r for its pair's relevance r):
   // every combination of a level scale and an interaction scale is one hypothesis.
-  std::vector<double> interaction_scales = {0, 0.05, 0.15, 0.3, 0.6};
+  std::vector<double> interaction_scales = {0, 0.05, 0.15, 0.3};
   // Their prior weights (relative): interactions must earn their place, so "none" starts with as
   // much weight as the others together (the level scales start equal).
-  std::vector<double> interaction_weights = {4, 1, 1, 1, 1};
+  std::vector<double> interaction_weights = {3, 1, 1, 1};
   double noise_sd = 0.05;  // expected relative noise of a measured step time
   double noise_a0 = 2.0;   // its strength (Inverse-Gamma shape)
 
