@@ -31,6 +31,17 @@ constexpr bool LeavesReserve(std::size_t free_bytes, std::size_t bytes, std::siz
   return bytes <= free_bytes && free_bytes - bytes >= reserve_bytes;
 }
 
+// What is free for this process's next tensor: cudaMemGetInfo's free plus what its own
+// stream-ordered pool holds reserved but unused (cudaMemPoolAttrReservedMemCurrent less
+// cudaMemPoolAttrUsedMemCurrent). cudaMemGetInfo counts a pool's reserved memory as used, but the
+// pool hands freed blocks out again without asking the driver, so between a cudaFreeAsync and the
+// pool's trim that memory is still the process's to allocate (and is not overhead).
+constexpr std::size_t PoolAdjustedFreeBytes(std::size_t free_bytes, std::size_t pool_reserved_bytes,
+                                            std::size_t pool_used_bytes) {
+  return free_bytes +
+         (pool_reserved_bytes > pool_used_bytes ? pool_reserved_bytes - pool_used_bytes : 0);
+}
+
 // Bytes the process holds on the device besides its tensors: the device's use now
 // (total − free) less its use when the process started less the tensors allocated; 0 if the
 // figures say less (another process freed memory meanwhile).

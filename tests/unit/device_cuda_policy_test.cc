@@ -112,6 +112,23 @@ TEST(DeviceMemory, NonTensorBytesAreTheProcessUseLessItsTensors) {
   EXPECT_EQ(NonTensorBytes(80 * kGiB, 70 * kGiB, kGiB, 20 * kGiB), 0u);
 }
 
+TEST(DeviceMemory, ThePoolsUnusedReserveCountsAsFree) {
+  // cudaMemGetInfo says 10 GiB free; the tensor pool has 6 GiB reserved of which 4 GiB are in
+  // use (2 GiB freed by cudaFreeAsync, not yet trimmed): 12 GiB can be allocated.
+  EXPECT_EQ(PoolAdjustedFreeBytes(10 * kGiB, 6 * kGiB, 4 * kGiB), 12 * kGiB);
+  EXPECT_EQ(PoolAdjustedFreeBytes(10 * kGiB, 0, 0), 10 * kGiB);            // no pool, or trimmed
+  EXPECT_EQ(PoolAdjustedFreeBytes(10 * kGiB, kGiB, kGiB), 10 * kGiB);      // all in use
+  EXPECT_EQ(PoolAdjustedFreeBytes(10 * kGiB, kGiB, 2 * kGiB), 10 * kGiB);  // never less than free
+  // The reserve check and the non-tensor bytes see the cached 2 GiB as free, not as overhead:
+  // 80 GiB device, 10 GiB free, pool 6 GiB reserved / 4 GiB used, 4 GiB of tensors, so 80 - 12
+  // - 4 = 64 GiB are the context, workspaces and communicators.
+  EXPECT_TRUE(LeavesReserve(PoolAdjustedFreeBytes(10 * kGiB, 6 * kGiB, 4 * kGiB), 11 * kGiB, kGiB));
+  EXPECT_FALSE(LeavesReserve(10 * kGiB, 11 * kGiB, kGiB));
+  EXPECT_EQ(
+      NonTensorBytes(80 * kGiB, PoolAdjustedFreeBytes(10 * kGiB, 6 * kGiB, 4 * kGiB), 0, 4 * kGiB),
+      64 * kGiB);
+}
+
 TEST(Fp8Scale, MapsTheAmaxOntoTheFormatsLargestValue) {
   using kernels::Fp8ScaleFromAmax;
   EXPECT_FLOAT_EQ(Fp8ScaleFromAmax(1.0f, kernels::kFp8E4M3Max), 448.0f);

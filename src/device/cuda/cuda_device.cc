@@ -133,6 +133,7 @@ StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaPlatformOptio
   // Non-blocking: the legacy default stream, which other libraries may use, must not serialise
   // with ours.
   AUTOPAR_CHECK_CUDA(cudaStreamCreateWithFlags(&device->stream_, cudaStreamNonBlocking));
+  AUTOPAR_RETURN_IF_ERROR(device->CreatePool());
   AUTOPAR_CHECK_CUDA(cudaMalloc(&device->scratch_, kScratchBytes));
   AUTOPAR_CHECK_CUDA(cudaMallocHost(&device->pinned_, kPinnedBytes));
   return device;
@@ -153,6 +154,27 @@ CudaDevice::~CudaDevice() {
   if (pinned_ != nullptr) Report(cudaFreeHost(pinned_), "cudaFreeHost");
   if (scratch_ != nullptr) Report(cudaFree(scratch_), "cudaFree(scratch)");
   if (stream_ != nullptr) Report(cudaStreamDestroy(stream_), "cudaStreamDestroy");
+  // Frees still queued on the stream complete first: the pool is released once they have.
+  if (pool_ != nullptr) Report(cudaMemPoolDestroy(pool_), "cudaMemPoolDestroy");
+}
+
+Status CudaDevice::CreatePool() {
+  int supported = 0;
+  AUTOPAR_CHECK_CUDA(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, index_));
+  if (supported == 0) return OkStatus();  // cudaMalloc / cudaFree then (AllocateRaw, FreeRaw)
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = index_;
+  AUTOPAR_CHECK_CUDA(cudaMemPoolCreate(&pool_, &props));
+  // Keep what a step frees for the next step, as a training job's caching allocator does: the
+  // default threshold (0) would hand it back to the driver at synchronize calls, and the driver
+  // calls that map it again would land inside timed steps. ReleaseCachedMemory trims between
+  // trials instead.
+  std::uint64_t keep_all = UINT64_MAX;  // cuuint64_t
+  AUTOPAR_CHECK_CUDA(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_all));
+  return OkStatus();
 }
 
 Status CudaDevice::Activate() const {
@@ -219,6 +241,15 @@ Status CudaDevice::Synchronize() {
   return OkStatus();
 }
 
+Status CudaDevice::ReleaseCachedMemory() {
+  if (pool_ == nullptr) return OkStatus();
+  // Once the stream is idle every cudaFreeAsync so far has run, so all the pool holds unused can
+  // go back to the driver.
+  AUTOPAR_RETURN_IF_ERROR(Synchronize());
+  AUTOPAR_CHECK_CUDA(cudaMemPoolTrimTo(pool_, 0));
+  return OkStatus();
+}
+
 Status CudaDevice::OrderAfter(cudaEvent_t event, std::chrono::steady_clock::time_point deadline) {
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(cudaStreamWaitEvent(stream_, event, 0));
@@ -228,10 +259,21 @@ Status CudaDevice::OrderAfter(cudaEvent_t event, std::chrono::steady_clock::time
   return OkStatus();
 }
 
+Status CudaDevice::ReadFreeBytes(std::size_t* free_bytes, std::size_t* total_bytes) const {
+  AUTOPAR_CHECK_CUDA(cudaMemGetInfo(free_bytes, total_bytes));
+  if (pool_ == nullptr) return OkStatus();
+  std::uint64_t reserved = 0, used = 0;  // the attributes are cuuint64_t
+  AUTOPAR_CHECK_CUDA(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  AUTOPAR_CHECK_CUDA(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &used));
+  *free_bytes = PoolAdjustedFreeBytes(*free_bytes, static_cast<std::size_t>(reserved),
+                                      static_cast<std::size_t>(used));
+  return OkStatus();
+}
+
 StatusOr<std::size_t> CudaDevice::NonTensorBytes() {
   AUTOPAR_RETURN_IF_ERROR(Activate());
   std::size_t free_bytes = 0, total_bytes = 0;
-  AUTOPAR_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  AUTOPAR_RETURN_IF_ERROR(ReadFreeBytes(&free_bytes, &total_bytes));
   // The runtime cannot read device memory before it has made the context, so what was in use
   // before our context is unknowable (NVML's per-process figure would be needed). Nothing is
   // subtracted: everything on the device beyond the tensors counts, the context included. On a
@@ -256,7 +298,7 @@ StatusOr<void*> CudaDevice::AllocateRaw(std::size_t bytes) {
   // The budget counts tensors; the device also holds the context, library workspaces and NCCL
   // buffers, so the reserve is checked against what is really free.
   std::size_t free_bytes = 0, total_bytes = 0;
-  AUTOPAR_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  AUTOPAR_RETURN_IF_ERROR(ReadFreeBytes(&free_bytes, &total_bytes));
   if (!LeavesReserve(free_bytes, bytes, reserve_bytes_)) {
     return Status::Error(
         Outcome::kOom,
@@ -266,15 +308,24 @@ StatusOr<void*> CudaDevice::AllocateRaw(std::size_t bytes) {
         __FILE__, __LINE__);
   }
   void* data = nullptr;
-  // CudaError clears the runtime's last error, so a refused cudaMalloc leaves nothing behind for
+  // CudaError clears the runtime's last error, so a refused allocation leaves nothing behind for
   // the next launch check to trip over (cudaErrorMemoryAllocation is not sticky).
-  AUTOPAR_CHECK_CUDA(cudaMalloc(&data, bytes));
+  if (pool_ == nullptr) {
+    AUTOPAR_CHECK_CUDA(cudaMalloc(&data, bytes));
+  } else {
+    // Usable at once by the compute stream's later work, and by another stream's work ordered
+    // after it (cuda_device.h).
+    AUTOPAR_CHECK_CUDA(cudaMallocFromPoolAsync(&data, bytes, pool_, stream_));
+  }
   return data;
 }
 
 void CudaDevice::FreeRaw(void* data, std::size_t /*bytes*/) {
   if (cudaSetDevice(index_) != cudaSuccess) (void)cudaGetLastError();
-  Report(cudaFree(data), "cudaFree");
+  // Stream-ordered: the block is reused only by work after this point of the compute stream, and
+  // the host does not wait for the device.
+  Report(pool_ != nullptr ? cudaFreeAsync(data, stream_) : cudaFree(data),
+         pool_ != nullptr ? "cudaFreeAsync" : "cudaFree");
 }
 
 // ---- data movement ----

@@ -1,5 +1,17 @@
-// The CUDA device: cudaMalloc under the budget, one non-blocking compute stream, cuBLAS GEMMs and
-// the kernels of kernels/*.cu (launchers in kernels/cuda_kernels.cuh).
+// The CUDA device: tensors from a stream-ordered memory pool of its own under the budget, one
+// non-blocking compute stream, cuBLAS GEMMs and the kernels of kernels/*.cu (launchers in
+// kernels/cuda_kernels.cuh).
+//
+// Tensors are allocated and freed in the compute stream's order (cudaMallocFromPoolAsync,
+// cudaFreeAsync), not with cudaMalloc/cudaFree: "Managing memory allocations using cudaMalloc and
+// cudaFree causes the GPU to synchronize across all executing CUDA streams" (CUDA Programming
+// Guide, Stream-Ordered Memory Allocator). A cudaFree in a step (MoE's per-micro-batch buffers,
+// an arena that grows) would stall the host until the device is idle, with no deadline (a hung
+// NCCL kernel would hang the worker), and end any overlap of the side streams' collectives with
+// compute there; a training job's caching allocator does neither. Other streams only use a tensor
+// after an event recorded on the compute stream after its allocation (NcclComm::Async), and a
+// tensor is freed only once the work of other streams on it is ordered before the free
+// (requests are completed or aborted first), as the pool's stream-ordered reuse requires.
 //
 // Waiting never blocks in the driver: Synchronize and the host copies poll the stream (nccl-tests'
 // testStreamSynchronize), checking every watched NCCL communicator for an asynchronous error and
@@ -131,13 +143,19 @@ class CudaDevice final : public Device {
   Status AdamStep(const AdamParams& p, Tensor master, Tensor grad, Tensor exp_avg,
                   Tensor exp_avg_sq, Tensor model) override;
 
-  // cudaMemGetInfo now, less the device's use when this device was made, less the tensors.
+  // The device's use now (cudaMemGetInfo, the pool's unused reserve counted as free) less the
+  // tensors: the context, library workspaces, NCCL buffers and the allocator's rounding.
   StatusOr<std::size_t> NonTensorBytes() override;
 
   // ---- for the NCCL collectives of this device ----
   int index() const { return index_; }
   cudaStream_t stream() const { return stream_; }
   double timeout_s() const { return timeout_s_; }
+  // Waits for the stream (Synchronize), then gives what the tensor pool holds unused back to the
+  // driver, so communicators and library workspaces made next can have it. Between trials (the
+  // CUDA platform calls it before connecting and after retaining a configuration's groups), not
+  // within a step.
+  Status ReleaseCachedMemory();
   // Makes this device current on the calling thread (CUDA's current device is per thread).
   Status Activate() const;
   // Polls `query` (cudaStreamQuery, cudaEventQuery, ...: cudaSuccess when done, cudaErrorNotReady
@@ -158,11 +176,15 @@ class CudaDevice final : public Device {
 
  private:
   CudaDevice(const CudaPlatformOptions& options, int index, std::size_t budget_bytes);
+  // The tensors' pool, where the device supports memory pools (cudaDevAttrMemoryPoolsSupported).
+  Status CreatePool();
 
   // One idle step of Poll: kCommError (after aborting it) from a failed watched communicator, or
   // kTimeout (after aborting them all) once timeout_s has passed since `started_s` or the
   // deadline of the stream-ordered work has passed; else yields.
   Status CheckWatched(const char* what, double started_s);
+  // cudaMemGetInfo's free, plus the pool's reserved-but-unused bytes (PoolAdjustedFreeBytes).
+  Status ReadFreeBytes(std::size_t* free_bytes, std::size_t* total_bytes) const;
   // Copies a small device value to the host through pinned memory and waits for it.
   Status ReadScalar(const void* device_src, std::size_t bytes, void* host_dst);
   // The cuDNN side of attention (cuda_layers.cc): true when the call ran on cuDNN, false when the
@@ -182,6 +204,9 @@ class CudaDevice final : public Device {
   double ordered_deadline_s_ = std::numeric_limits<double>::infinity();
   int max_smem_optin_ = 48 * 1024;  // shared memory per block a kernel may opt into
   cudaStream_t stream_ = nullptr;
+  // The tensors' stream-ordered pool (nullptr on a device without memory pools: cudaMalloc then).
+  // It keeps freed blocks for reuse (release threshold: all) until ReleaseCachedMemory.
+  cudaMemPool_t pool_ = nullptr;
   CublasHandle cublas_;
   Fp8Gemm fp8_;           // cuBLASLt and its workspace, made on the first FP8 GEMM
   bool has_fp8_ = false;  // compute capability 8.9 or newer (kernels/fp8_scale.h)
