@@ -37,6 +37,11 @@ class MemberSetCache {
     return std::any_of(comms_.begin(), comms_.end(),
                        [&](const auto& entry) { return pred(*entry.second); });
   }
+  // Calls `fn(comm)` on every cached communicator in key order (the same on every rank).
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (const auto& entry : comms_) fn(*entry.second);
+  }
   // Drops every entry in key order, the same order on every rank (destroying an NCCL
   // communicator may synchronize with its peers).
   void Clear() {

@@ -51,6 +51,23 @@ TEST(MemberSetCache, ReplacesAnEntryAndClearsAll) {
   EXPECT_EQ(cache.Find(std::vector<int>{0, 1}), nullptr);
 }
 
+TEST(MemberSetCache, VisitsEveryCommunicatorInKeyOrderToAbortAFamily) {
+  // The CUDA backend aborts a whole family (every cached group, then the world) before dropping
+  // it: the visit must reach every entry, in the same order on every rank.
+  MemberSetCache<FakeComm> cache;
+  cache.Insert(std::vector<int>{2, 3}, std::make_shared<FakeComm>(FakeComm{1}));
+  cache.Insert(std::vector<int>{0, 2}, std::make_shared<FakeComm>(FakeComm{2}));
+  cache.Insert(std::vector<int>{0, 1}, std::make_shared<FakeComm>(FakeComm{3}));
+  std::vector<int> visited;
+  cache.ForEach([&](FakeComm& c) {
+    c.aborted = true;
+    visited.push_back(c.id);
+  });
+  EXPECT_EQ(visited, (std::vector<int>{3, 2, 1}));  // {0,1} < {0,2} < {2,3}
+  EXPECT_FALSE(cache.Any([](const FakeComm& c) { return !c.aborted; }));
+  EXPECT_EQ(cache.size(), 3u);  // visiting drops nothing
+}
+
 TEST(MemberSetCache, KeepsACommunicatorAliveWhileInUse) {
   MemberSetCache<FakeComm> cache;
   cache.Insert(std::vector<int>{4, 5}, std::make_shared<FakeComm>(FakeComm{3}));

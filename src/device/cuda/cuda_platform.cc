@@ -71,8 +71,12 @@ class CudaPlatform final : public Platform {
 //     state, so the whole family is rebuilt); and
 //     whether its group needs a communicator it has not cached.
 //  b. One host all-reduce (MAX) over `world` makes both answers the job's.
-//  c. If any family is unusable, every rank drops its family and makes a new world
-//     communicator, so no rank splits from a parent its peers have given up.
+//  c. If any family is unusable, every rank aborts and drops its family and makes a new world
+//     communicator, so no rank splits from a parent its peers have given up. Aborted, not
+//     finalized: ncclCommFinalize waits for the communicator's outstanding work on its streams
+//     (NCCL src/init.cc, commDestroySync), which a peer that aborted its half may never let
+//     finish, while ncclCommAbort is local and bounded; NCCL's user guide (fault tolerance) has
+//     every rank abort once any rank has failed.
 //  d. If any group needs a communicator (or (c) made a new family), every rank synchronizes its
 //  device (a split needs the
 //     parent idle) and calls ncclCommSplit: a rank whose group needs one passes the group's
@@ -102,6 +106,8 @@ StatusOr<std::unique_ptr<Collectives>> CudaPlatform::ConnectSplit(const Group& w
   AUTOPAR_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, flags, 2, MPI_INT, MPI_MAX, world.comm()));
   // (c)
   if (flags[0] != 0) {
+    groups_.ForEach([](NcclComm& comm) { comm.Abort(); });  // children before their parent
+    if (world_ != nullptr) world_->Abort();
     groups_.Clear();
     world_.reset();
     world_members_.clear();
