@@ -3,7 +3,8 @@
 the shared libraries a bare GPU machine lacks, in one folder that scripts/gpu_check.sh runs.
 
   gpu_bundle.py make BUILD_DIR OUT_DIR [--archive]   on the build machine (--archive: OUT_DIR.tar.gz)
-  gpu_bundle.py run OUT_DIR WORK --gpus N            on the GPU machine (gpu_check.sh OUT_DIR does)
+  gpu_bundle.py run OUT_DIR WORK --gpus N [--kind gpu|bench] [--timeout S] [--budget-s S]
+                                                     on the GPU machine (gpu_check.sh OUT_DIR does)
   gpu_bundle.py env OUT_DIR                          the environment to run the bundle's programs
 
 Why: a GPU machine without a network or the build's packages (Open MPI, protobuf, yaml-cpp, a C++
@@ -23,7 +24,10 @@ needed), more through mpirun when the machine has one (else the entry is reporte
 writes ctest_gpu.xml and ctest_bench.xml (JUnit, as `ctest --output-junit`; an entry is skipped when
 its output matches its skip expression, as ctest decides) and the benchmark's JSON into WORK, which
 is what scripts/gpu_check_report.py reads. It prints the environment gpu_check.sh then uses for the
-trials (`env` subcommand).
+trials (`env` subcommand). `--kind` runs only the gpu or only the bench entries (and writes only
+that report); `--timeout` bounds each entry and `--budget-s` the whole run: an entry gets what is
+left of the budget at most, and once it is spent the remaining entries are reported failed, not
+run, so one hang cannot spend a device session's time.
 """
 import argparse
 import glob
@@ -33,6 +37,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 # Loaded from the machine itself, never carried: the C and C++ runtime and the loader.
@@ -221,14 +226,26 @@ def junit(path, cases):
     ET.ElementTree(suite).write(path, encoding="unicode")
 
 
+def entry_timeout(per_entry_s, budget_s, elapsed_s):
+    """The seconds an entry may run: `per_entry_s`, capped by what is left of `budget_s` (0: no
+    budget) after `elapsed_s`; 0 when the budget is spent."""
+    if budget_s <= 0:
+        return per_entry_s
+    return max(0, min(per_entry_s, int(budget_s - elapsed_s)))
+
+
 def run(args):
     bundle, work = os.path.realpath(args.bundle), os.path.realpath(args.work)
     manifest, env = environment(bundle)
     os.makedirs(work, exist_ok=True)
     launcher = shutil.which("mpirun")
-    results = {"gpu": [], "bench": []}
+    kinds = [args.kind] if args.kind else ["gpu", "bench"]
+    results = {kind: [] for kind in kinds}
+    started = time.monotonic()
     for entry in manifest["tests"]:
         kind = "bench" if "bench" in entry["labels"] else "gpu"
+        if kind not in results:
+            continue
         argv = [os.path.join(bundle, "bin", entry["program"])] + entry["args"]
         entry_env = dict(env, **dict(e.split("=", 1) for e in entry["env"]))
         entry_env["AUTOPAR_GPU_BENCH_DIR"] = work
@@ -243,13 +260,19 @@ def run(args):
                 continue
             argv = [launcher, "-n", str(entry["ranks"]), "--oversubscribe", "--allow-run-as-root",
                     "-x", "LD_LIBRARY_PATH", "-x", "OMP_NUM_THREADS"] + argv
-        print(f"== {entry['name']}", flush=True)
+        timeout = entry_timeout(args.timeout, args.budget_s, time.monotonic() - started)
+        if timeout <= 0:
+            results[kind].append((entry["name"], "failed",
+                                  f"not run: the time budget (--budget-s {args.budget_s}) was spent"))
+            print(f"== {entry['name']}: not run, the time budget is spent", flush=True)
+            continue
+        print(f"== {entry['name']} (at most {timeout} s)", flush=True)
         try:
             done = subprocess.run(argv, env=entry_env, capture_output=True, text=True,
-                                  timeout=args.timeout)
+                                  timeout=timeout)
             text, code = done.stdout + done.stderr, done.returncode
         except subprocess.TimeoutExpired as expired:
-            text = f"timed out after {args.timeout} s\n" + str(expired.stdout or "")
+            text = f"timed out after {timeout} s\n" + str(expired.stdout or "")
             code = -1
         print(text[-3000:], flush=True)
         if any(re.search(expr, text) for expr in entry["skip"]) and code == 0:
@@ -257,8 +280,8 @@ def run(args):
         else:
             verdict = "passed" if code == 0 else "failed"
         results[kind].append((entry["name"], verdict, text))
-    junit(os.path.join(work, "ctest_gpu.xml"), results["gpu"])
-    junit(os.path.join(work, "ctest_bench.xml"), results["bench"])
+    for kind, cases in results.items():
+        junit(os.path.join(work, f"ctest_{kind}.xml"), cases)
     for kind, cases in results.items():
         counts = {v: sum(1 for c in cases if c[1] == v) for v in ("passed", "failed", "skipped")}
         print(f"gpu_bundle: {kind}: {counts}")
@@ -284,7 +307,9 @@ def main(argv):
     p.add_argument("bundle")
     p.add_argument("work")
     p.add_argument("--gpus", type=int, required=True)
-    p.add_argument("--timeout", type=int, default=900)
+    p.add_argument("--kind", choices=("gpu", "bench"), help="only these entries (default: all)")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per entry at most")
+    p.add_argument("--budget-s", type=int, default=0, help="seconds for the whole run (0: none)")
     p.set_defaults(func=run)
     p = sub.add_parser("env")
     p.add_argument("bundle")

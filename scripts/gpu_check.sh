@@ -24,6 +24,19 @@
 #      ($AUTOPAR_GPU_CHECK_JSON, default BUILD_DIR/gpu_check.json; the raw outputs stay in
 #      gpu_check.d/ beside it); exits 1 when any check fails.
 #
+# Time: a device session has 15 minutes in all, a few of them spent starting the machine, so from
+# step 2 on the check has a budget ($AUTOPAR_GPU_CHECK_BUDGET_S, default 420 s) and every step a
+# cap within what is left of it, so one hang costs its step, not the session; a step the budget no
+# longer allows is not run and its figures FAIL as missing. On one H100/H200 the steps take, from
+# what they run: the gpu-labelled tests ~1-2 min (about 60 entries, one process each: CUDA
+# context, cuDNN plans; each capped at 45 s, all at 150 s), the benchmark ~1.5 min (cuDNN
+# attention ~10 TFLOP per shape over its 13 calls: seconds; the CUDA-core kernel's comparison
+# ~36 TFLOP per round at ~10-15 TFLOP/s: about a minute; each entry capped at 120 s, all at
+# 150 s), the 1-GPU trial under a minute (8 llama-7B layers, 2 micro-batches, 7 iterations;
+# capped at 120 s), `plan` a second: about 4 minutes expected, 150 + 150 + 120 = 420 s at the
+# very most. With 2 GPUs or more the three 2-GPU trials (each capped at 90 s) share what is
+# left; raise the budget there.
+#
 # Tests and benchmarks are found by their ctest labels only. AUTOPAR_GPU names the GPU preset when
 # the device's name does not map to one (see `gpu_check_report.py preset`).
 set -euo pipefail
@@ -80,6 +93,23 @@ if [[ -z $bundle && -z $(cd "$build" && ctest -N -L '^gpu$' | grep 'Test *#' || 
   exit 1
 fi
 
+budget_s=${AUTOPAR_GPU_CHECK_BUDGET_S:-420}
+started_s=$SECONDS
+cap() {  # cap SECONDS: SECONDS, or what is left of the budget if less (0: spent)
+  local left=$((budget_s - (SECONDS - started_s)))
+  ((left < 0)) && left=0
+  echo $(($1 < left ? $1 : left))
+}
+bounded() {  # bounded SECONDS CMD...: CMD killed after SECONDS (nothing run when 0)
+  local s=$1
+  shift
+  if ((s <= 0)); then
+    echo "gpu_check: not run, the time budget of ${budget_s} s is spent: $*" >&2
+    return 124
+  fi
+  timeout --kill-after=10 "$s" "$@"
+}
+
 work=${out%.json}.d  # what the steps below measured, kept for a look after the run
 rm -rf "$work"
 mkdir -p "$work"
@@ -90,15 +120,23 @@ export OMP_NUM_THREADS=1
 
 # ---- 2, 3. tests and benchmark, by label (a failure is recorded, not fatal) ----
 if [[ -n $bundle ]]; then
-  echo "== the bundle's gpu-labelled entries"
-  AUTOPAR_GPU=$preset python3 "$root/scripts/gpu_bundle.py" run "$bundle" "$work" --gpus "$gpus" || true
+  for kind in gpu bench; do
+    echo "== the bundle's $kind entries"
+    step=$(cap 150)
+    # The budget is enforced inside (each entry at most what is left); the outer bound only
+    # catches the runner itself.
+    AUTOPAR_GPU=$preset bounded $((step + 30)) python3 "$root/scripts/gpu_bundle.py" run \
+      "$bundle" "$work" --gpus "$gpus" --kind "$kind" \
+      --timeout $([[ $kind == gpu ]] && echo 45 || echo 120) --budget-s "$step" || true
+  done
 else
   echo "== ctest -L gpu"
-  (cd "$build" && ctest -L '^gpu$' -LE '^bench$' --output-on-failure --timeout 900 \
-    --output-junit "$work/ctest_gpu.xml") || true
+  (cd "$build" && bounded "$(cap 150)" ctest -L '^gpu$' -LE '^bench$' --output-on-failure \
+    --timeout 45 --output-junit "$work/ctest_gpu.xml") || true
   echo "== ctest -L bench"
-  (cd "$build" && AUTOPAR_GPU_BENCH_DIR=$work AUTOPAR_GPU=$preset ctest -L '^bench$' \
-    --output-on-failure --timeout 900 --output-junit "$work/ctest_bench.xml") || true
+  (cd "$build" && AUTOPAR_GPU_BENCH_DIR=$work AUTOPAR_GPU=$preset bounded "$(cap 150)" \
+    ctest -L '^bench$' --output-on-failure --timeout 120 \
+    --output-junit "$work/ctest_bench.xml") || true
 fi
 cat "$work"/gpu_bench_np*.json 2>/dev/null || true
 
@@ -110,8 +148,8 @@ if mpirun --version 2>/dev/null | grep -qE 'Open MPI|OpenRTE'; then
 fi
 job=(--model llama2-7b --num-layers 8 --global-batch-size 8 --seq-length 4096
   --gpu "${preset:-h100}")
-trial() {  # trial NAME RANKS CONFIG
-  echo "== trial $1: $3 on $2 GPU(s)"
+trial() {  # trial NAME RANKS CONFIG CAP_S
+  echo "== trial $1: $3 on $2 GPU(s), at most $(cap "$4") s"
   local launch=("${mpi[@]}" -np "$2")
   # A bundle on a machine without mpirun: one rank runs as an MPI singleton; more cannot start.
   if [[ -n $bundle ]] && ! command -v mpirun >/dev/null; then
@@ -121,18 +159,22 @@ trial() {  # trial NAME RANKS CONFIG
     fi
     launch=()
   fi
-  "${launch[@]}" "$tune" trial --backend cuda --nnodes 1 --nproc-per-node "$2" \
-    "${job[@]}" --config "$3" --warmup 2 --iters 5 --format json >"$work/trial_$1.json" \
-    2>"$work/trial_$1.err" || true
+  # The trial's own deadline ends it (as `timeout`, communicators aborted) before the kill does.
+  local s
+  s=$(cap "$4")
+  bounded "$s" "${launch[@]}" "$tune" trial --backend cuda --nnodes 1 --nproc-per-node "$2" \
+    "${job[@]}" --config "$3" --warmup 2 --iters 5 --trial-timeout $((s > 30 ? s - 20 : 10)) \
+    --format json >"$work/trial_$1.json" 2>"$work/trial_$1.err" || true
   cat "$work/trial_$1.json"
   grep -m 3 'autopar-tune' "$work/trial_$1.err" >&2 || true
 }
-trial 1gpu 1 mbs=1,recompute=selective
-"$tune" plan "${job[@]}" --nnodes 1 --nproc-per-node 1 --format json \
+trial 1gpu 1 mbs=1,recompute=selective 120
+bounded 30 "$tune" plan "${job[@]}" --nnodes 1 --nproc-per-node 1 --format json \
   >"$work/plan.json" || true
 if ((gpus >= 2)); then
-  for dim in pp cp tp; do trial "${dim}2" 2 "$dim=2,mbs=1,recompute=selective"; done
+  for dim in pp cp tp; do trial "${dim}2" 2 "$dim=2,mbs=1,recompute=selective" 90; done
 fi
+echo "gpu_check: steps 2-5 took $((SECONDS - started_s)) s of the ${budget_s} s budget"
 
 # ---- 6. verdicts ----
 echo "== gpu_check"

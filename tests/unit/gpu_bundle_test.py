@@ -22,6 +22,9 @@ spec = importlib.util.spec_from_file_location(
     "gpu_check_report", os.path.join(SOURCE_DIR, "scripts", "gpu_check_report.py"))
 report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
+bundle_spec = importlib.util.spec_from_file_location("gpu_bundle", SCRIPT)
+gpu_bundle = importlib.util.module_from_spec(bundle_spec)
+bundle_spec.loader.exec_module(gpu_bundle)
 
 
 def bundle_tool(*args, env=None):
@@ -86,6 +89,27 @@ class GpuBundleTest(unittest.TestCase):
         self.assertEqual((passed, failed, skipped), (0, 0, len(gpu_entries)), failed_names)
         counts = report.junit_counts(os.path.join(work, "ctest_bench.xml"))
         self.assertEqual(counts[:3], (0, 0, 4))
+
+    def test_run_one_kind_writes_only_its_report(self):
+        work = os.path.join(self.tmp.name, "work_bench")
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+        ran = bundle_tool("run", self.bundle, work, "--gpus", "1", "--kind", "bench",
+                          "--timeout", "60", "--budget-s", "300", env=env)
+        self.assertEqual(ran.returncode, 0, ran.stderr)
+        self.assertFalse(os.path.exists(os.path.join(work, "ctest_gpu.xml")))
+        counts = report.junit_counts(os.path.join(work, "ctest_bench.xml"))
+        self.assertEqual(counts[:3], (0, 0, 4))
+
+
+class EntryTimeoutTest(unittest.TestCase):
+    """gpu_check.sh's time budget: no entry may outlive what is left of it."""
+
+    def test_an_entry_gets_the_budget_left_at_most(self):
+        self.assertEqual(gpu_bundle.entry_timeout(60, 0, 1000.0), 60)  # no budget
+        self.assertEqual(gpu_bundle.entry_timeout(60, 300, 10.0), 60)
+        self.assertEqual(gpu_bundle.entry_timeout(60, 300, 270.5), 29)
+        self.assertEqual(gpu_bundle.entry_timeout(60, 300, 300.0), 0)  # spent: not run
+        self.assertEqual(gpu_bundle.entry_timeout(60, 300, 999.0), 0)
 
 
 if __name__ == "__main__":
