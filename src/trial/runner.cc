@@ -211,10 +211,13 @@ Status RunIterations(const RankRun& run, RankSamples& samples) {
 }
 
 // This rank's part of the trial: its groups, shard and program, then the iterations. Everything
-// that allocates lives in here, so it is all freed before the agreement.
+// that allocates lives in here, so it is all freed before the agreement. `released`: how the
+// device's ReleaseCachedMemory went, agreed on with the set-up (every rank takes part in the
+// collectives before it, so none is left waiting in them).
 Status RunOnRank(device::Platform& platform, const device::Group& world, const ModelSpec& model,
                  const TrainSpec& train, const ParallelConfig& c, const TrialOptions& options,
-                 int run_microbatches, Deadline deadline, RankSamples& samples) {
+                 int run_microbatches, Deadline deadline, const Status& released,
+                 RankSamples& samples) {
   Device& dev = platform.device();
   AUTOPAR_ASSIGN_OR_RETURN(
       ProcessGroups groups,
@@ -232,7 +235,8 @@ Status RunOnRank(device::Platform& platform, const device::Group& world, const M
   data.samples_per_replica = train.global_batch_size / c.dp;
   data.tokens_per_step = static_cast<double>(run_microbatches) * c.mbs * train.seq_length * c.dp;
   auto program_or = StageProgram::Create(dev, shapes, c, groups, shard, data, MaxInFlight(ops));
-  AUTOPAR_RETURN_IF_ERROR(AgreeOnSetUp(program_or.status(), world, deadline));
+  AUTOPAR_RETURN_IF_ERROR(
+      AgreeOnSetUp(released.ok() ? program_or.status() : released, world, deadline));
   const RankRun run{dev,       world,   groups,           shard,   **program_or, ops,
                     exchanges, options, run_microbatches, deadline};
   AUTOPAR_RETURN_IF_ERROR(RunIterations(run, samples));
@@ -348,6 +352,11 @@ TrialMeasurement RunTrial(device::Platform& platform, const device::Group& world
   }
   const Deadline deadline = After(std::chrono::steady_clock::now(), options.timeout_s);
   Device& dev = platform.device();
+  // Workspaces an earlier trial grew (cuDNN's arena, the FP8 GEMM's) and the allocator's cache
+  // go first: left in place they would sit in the baseline, counted in no trial's peak, and
+  // hold memory this trial's tensors and communicators may need. A failure here (the device
+  // timed out waiting, its communicators aborted) shows in the set-up agreement.
+  const Status released = dev.ReleaseCachedMemory();
   const size_t baseline = dev.bytes_in_use();
   dev.ResetPeak();
 
@@ -361,8 +370,8 @@ TrialMeasurement RunTrial(device::Platform& platform, const device::Group& world
   out.microbatches_total = static_cast<int>(job_microbatches);
 
   RankSamples samples;
-  const Status status =
-      RunOnRank(platform, world, model, train, c, options, run_microbatches, deadline, samples);
+  const Status status = RunOnRank(platform, world, model, train, c, options, run_microbatches,
+                                  deadline, released, samples);
 
   // ---- every rank agrees on the outcome and the figures ----
   const Deadline grace =

@@ -78,6 +78,20 @@ TEST_F(CudaFp8Gemm, WeightGradientAccumulatesIntoF32) {
   Check(true, false, 48, 32, 64, Fp8Operand::kE5M2, Fp8Operand::kE4M3, DType::kF32, 1.0f);
 }
 
+// The quantized operands and cuBLASLt's workspace are one device buffer of the budget (TE's are
+// PyTorch tensors), kept between GEMMs and freed between trials.
+TEST_F(CudaFp8Gemm, WorkspaceIsInTheBudgetUntilReleased) {
+  const std::size_t before = dev().bytes_in_use();
+  Check(false, true, 64, 48, 32, Fp8Operand::kE4M3, Fp8Operand::kE4M3, DType::kBF16, 0.0f);
+  const std::size_t with_workspace = dev().bytes_in_use();
+  // The three operands Check put on the device, then at least cuBLASLt's 32 MiB.
+  const std::size_t operands = std::size_t{64 * 32 + 48 * 32 + 64 * 48} * 2;
+  EXPECT_GE(with_workspace, before + operands + (std::size_t{32} << 20));
+  const Status released = dev().ReleaseCachedMemory();
+  ASSERT_TRUE(released.ok()) << released.ToString();
+  EXPECT_EQ(dev().bytes_in_use(), before + operands);
+}
+
 TEST_F(CudaFp8Gemm, RefusesShapesCublasLtCannotRun) {
   GemmDesc d;
   d.trans_b = true;

@@ -52,6 +52,12 @@ class Device {
   // peak as training sees it is its tensor peak plus this, read after the step (NCCL sets up
   // connections at the first collective). 0 where the device has no such overhead (the CPU).
   virtual StatusOr<std::size_t> NonTensorBytes() { return std::size_t{0}; }
+  // Waits for the device, then frees what it keeps between calls beyond the caller's tensors:
+  // workspaces that only grow (the CUDA device's cuDNN attention arena and FP8 GEMM workspace,
+  // allocated like tensors) and what its allocator caches. The trial runner calls it before it
+  // reads its baseline, so a trial's peak counts the workspaces its own shapes need rather than
+  // an earlier trial's (which would sit in the baseline, counted nowhere). Nothing on the CPU.
+  virtual Status ReleaseCachedMemory() { return OkStatus(); }
 
   // ---- data movement and elementwise (any dtype for copies; f32 or compute otherwise) ----
   virtual Status CopyFromHost(Tensor dst, const void* src, std::size_t bytes) = 0;

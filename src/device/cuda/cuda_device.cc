@@ -242,9 +242,11 @@ Status CudaDevice::Synchronize() {
 }
 
 Status CudaDevice::ReleaseCachedMemory() {
+  AUTOPAR_RETURN_IF_ERROR(Synchronize());
+  if (cudnn_attention_ != nullptr) cudnn_attention_->ReleaseArena();
+  fp8_.ReleaseWorkspace();
   if (pool_ == nullptr) return OkStatus();
-  // Once the stream is idle every cudaFreeAsync so far has run, so all the pool holds unused can
-  // go back to the driver.
+  // Once the stream has run these frees too, all the pool holds unused can go back to the driver.
   AUTOPAR_RETURN_IF_ERROR(Synchronize());
   AUTOPAR_CHECK_CUDA(cudaMemPoolTrimTo(pool_, 0));
   return OkStatus();
@@ -475,7 +477,7 @@ Status CudaDevice::Gemm(const GemmDesc& desc, Tensor a, Tensor b, Tensor c) {
                                " has no fp8 tensor cores (compute capability 8.9 or newer needed)",
                            __FILE__, __LINE__);
     }
-    return fp8_.Run(stream_, d, ab_t, a, b, c, reserve_bytes_);
+    return fp8_.Run(*this, stream_, d, ab_t, a, b, c);
   }
   const kc::Storage c_t = c.dtype == DType::kF32 ? kc::Storage::kF32 : kc::Storage::kBF16;
   if (d.k == 0) {  // alpha * (empty sum) + beta * C; cuBLAS is not asked to handle k = 0

@@ -151,11 +151,11 @@ class CudaDevice final : public Device {
   int index() const { return index_; }
   cudaStream_t stream() const { return stream_; }
   double timeout_s() const { return timeout_s_; }
-  // Waits for the stream (Synchronize), then gives what the tensor pool holds unused back to the
-  // driver, so communicators and library workspaces made next can have it. Between trials (the
-  // CUDA platform calls it before connecting and after retaining a configuration's groups), not
-  // within a step.
-  Status ReleaseCachedMemory();
+  // Waits for the stream (Synchronize), frees the cuDNN arena and the FP8 workspace (tensors of
+  // the budget that persist between calls) and gives what the tensor pool holds unused back to
+  // the driver, so the communicators and workspaces made next can have it. Between trials
+  // (RunTrial, before its baseline), not within a step.
+  Status ReleaseCachedMemory() override;
   // Makes this device current on the calling thread (CUDA's current device is per thread).
   Status Activate() const;
   // Polls `query` (cudaStreamQuery, cudaEventQuery, ...: cudaSuccess when done, cudaErrorNotReady

@@ -4,7 +4,6 @@
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <span>
@@ -52,9 +51,6 @@ class CudaPlatform final : public Platform {
   // configurations go, so NonTensorBytes and the reserve check see only this one's.
   void RetainGroups(std::span<const std::vector<int>> member_sets) override {
     groups_.RetainOnly(member_sets);
-    // What the last trial's tensors left cached in the pool goes back before this one allocates.
-    const Status released = device_->ReleaseCachedMemory();
-    if (!released.ok()) std::fprintf(stderr, "RetainGroups: %s\n", released.ToString().c_str());
   }
 
  private:
@@ -90,12 +86,6 @@ StatusOr<std::unique_ptr<Collectives>> CudaPlatform::ConnectSplit(const Group& w
   AUTOPAR_CHECK_ARG(!world.empty(), "ConnectSplit: empty world group");
   const std::vector<int>& members = group.world_ranks();
   const bool whole_world = !group.empty() && members == world.world_ranks();
-  // The previous trial's tensors, cached in the device's pool, make room for NCCL's buffers. A
-  // failure is reported, not returned: every rank must reach the all-reduce of (b) (a device
-  // whose wait timed out has aborted its communicators, which (a) then sees).
-  if (const Status released = device_->ReleaseCachedMemory(); !released.ok()) {
-    std::fprintf(stderr, "ConnectSplit: %s\n", released.ToString().c_str());
-  }
   // (a)
   const bool family_unusable = world_ == nullptr || world_members_ != world.world_ranks() ||
                                world_->aborted() ||

@@ -140,6 +140,10 @@ StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(cudaStream_t st
 
 std::size_t CudnnAttention::cached_plans() const { return impl_->plans.size(); }
 
+void CudnnAttention::ReleaseArena() { impl_->arena.Reset(); }
+
+std::size_t CudnnAttention::arena_bytes() const { return impl_->arena.bytes(); }
+
 std::int64_t CudnnAttention::LibraryVersion() {
   return static_cast<std::int64_t>(cudnnGetVersion());
 }
@@ -265,6 +269,10 @@ StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(cudaStream_t, c
 }
 
 std::size_t CudnnAttention::cached_plans() const { return 0; }
+
+void CudnnAttention::ReleaseArena() {}
+
+std::size_t CudnnAttention::arena_bytes() const { return 0; }
 
 std::int64_t CudnnAttention::LibraryVersion() { return 0; }
 

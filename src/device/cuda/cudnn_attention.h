@@ -75,6 +75,10 @@ class CudnnAttention {
 
   // Plans built so far (including declined ones), for tests.
   std::size_t cached_plans() const;
+  // Frees the scratch arena (stream-ordered, so queued work on it finishes first); the next call
+  // allocates it again. The plans stay cached.
+  void ReleaseArena();
+  std::size_t arena_bytes() const;
 
   // The loaded cuDNN's cudnnGetVersion() (DecideSdpa's version rules); 0 without cuDNN.
   static std::int64_t LibraryVersion();

@@ -9,7 +9,6 @@
 #include "kernels/cuda_fp8.cuh"
 #include "src/device/cuda/cuda_check.h"
 #include "src/device/cuda/fp8_gemm_plan.h"
-#include "src/device/device_memory.h"
 
 namespace autopar::device {
 namespace kc = kernels::cuda;
@@ -65,42 +64,27 @@ void Fp8Gemm::Reset() {
     }
     handle_ = nullptr;
   }
-  if (workspace_ != nullptr) {
-    const cudaError_t rc = cudaFree(workspace_);
-    if (rc != cudaSuccess) {
-      std::fprintf(stderr, "%s\n",
-                   CudaError(rc, "cudaFree(fp8 workspace)", __FILE__, __LINE__).ToString().c_str());
-    }
-    workspace_ = nullptr;
-    workspace_bytes_ = 0;
-  }
+  workspace_.Reset();
 }
 
-Status Fp8Gemm::Reserve(std::size_t bytes, std::size_t reserve_bytes) {
-  if (bytes <= workspace_bytes_) return OkStatus();
-  // Grow geometrically, so a trial's few GEMM shapes settle after a reallocation or two (each
-  // cudaFree waits for the device).
-  const std::size_t want = std::max(bytes, 2 * workspace_bytes_);
-  if (workspace_ != nullptr) {
-    AUTOPAR_CHECK_CUDA(cudaFree(workspace_));
-    workspace_ = nullptr;
-    workspace_bytes_ = 0;
+Status Fp8Gemm::Reserve(Device& device, std::size_t bytes) {
+  if (bytes <= workspace_.bytes()) return OkStatus();
+  // Grow geometrically, so a trial's few GEMM shapes settle after a reallocation or two. The old
+  // workspace goes first (in stream order, after the GEMMs queued on it), so the two are never
+  // both counted against the budget.
+  const std::size_t want = std::max(bytes, 2 * workspace_.bytes());
+  workspace_.Reset();
+  StatusOr<Buffer> grown = device.Allocate(want);
+  if (!grown.ok()) {
+    return Status::Error(grown.status().outcome(),
+                         "the FP8 GEMM workspace: " + grown.status().message(), __FILE__, __LINE__);
   }
-  std::size_t free_bytes = 0, total_bytes = 0;
-  AUTOPAR_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
-  if (!LeavesReserve(free_bytes, want, reserve_bytes)) {
-    return Status::Error(Outcome::kOom,
-                         "the FP8 GEMM workspace of " + std::to_string(want) +
-                             " bytes would leave less than the reserve free",
-                         __FILE__, __LINE__);
-  }
-  AUTOPAR_CHECK_CUDA(cudaMalloc(&workspace_, want));
-  workspace_bytes_ = want;
+  workspace_ = std::move(grown).value();
   return OkStatus();
 }
 
-Status Fp8Gemm::Run(cudaStream_t stream, const GemmDesc& d, kc::Storage ab_t, Tensor a, Tensor b,
-                    Tensor c, std::size_t reserve_bytes) {
+Status Fp8Gemm::Run(Device& device, cudaStream_t stream, const GemmDesc& d, kc::Storage ab_t,
+                    Tensor a, Tensor b, Tensor c) {
   const std::int64_t c_bytes = static_cast<std::int64_t>(DTypeSize(c.dtype));
   if (const std::string why = Fp8GemmUnsupported(d, c_bytes); !why.empty()) {
     return Status::Error(Outcome::kInvalid, "--fp8-format: " + why, __FILE__, __LINE__);
@@ -112,9 +96,8 @@ Status Fp8Gemm::Run(cudaStream_t stream, const GemmDesc& d, kc::Storage ab_t, Te
   const std::size_t scales_bytes = AlignUp(2 * sizeof(kc::Fp8Scales));
   const std::size_t qa_bytes = AlignUp(static_cast<std::size_t>(d.m * d.k));
   const std::size_t qb_bytes = AlignUp(static_cast<std::size_t>(d.n * d.k));
-  AUTOPAR_RETURN_IF_ERROR(
-      Reserve(scales_bytes + qa_bytes + qb_bytes + kLtWorkspaceBytes, reserve_bytes));
-  auto* base = static_cast<char*>(workspace_);
+  AUTOPAR_RETURN_IF_ERROR(Reserve(device, scales_bytes + qa_bytes + qb_bytes + kLtWorkspaceBytes));
+  auto* base = static_cast<char*>(workspace_.data());
   auto* scales = reinterpret_cast<kc::Fp8Scales*>(base);
   kc::Fp8Scales* a_scales = scales;
   kc::Fp8Scales* b_scales = scales + 1;
