@@ -115,6 +115,33 @@ TEST_F(NcclSplitTest, TheWholeWorldUsesTheWorldCommunicator) {
   ExpectSumOfRanks(**c, world_);
 }
 
+TEST_F(NcclSplitTest, AFamilyAbortedOnOneRankIsRebuiltOnEvery) {
+  // Rank 0 alone starts an all-reduce its peers never join and gives it up: NCCL cannot cancel
+  // one operation, so its world communicator is aborted. The next connection rebuilds the family
+  // on every rank (the others abort their healthy halves) and the new groups work.
+  {
+    StatusOr<std::unique_ptr<Collectives>> c = platform_->ConnectSplit(world_, world_);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    if (world_.rank() == 0) {
+      const Tensor t = Put(std::vector<float>(1024, 1.0f));
+      StatusOr<std::unique_ptr<Request>> request = (*c)->IAllReduce(t, t, ReduceOp::kSum);
+      ASSERT_TRUE(request.ok()) << request.status().ToString();
+      (*request)->Abandon();
+      const Tensor u = Put({1.0f});
+      EXPECT_EQ((*c)->AllReduce(u, u, ReduceOp::kSum).outcome(), Outcome::kCommError);
+    }
+  }
+  StatusOr<Group> pair = world_.Split(world_.rank() / 2, world_.rank());
+  ASSERT_TRUE(pair.ok());
+  StatusOr<std::unique_ptr<Collectives>> again = platform_->ConnectSplit(world_, *pair);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_NE(*again, nullptr);
+  ExpectSumOfRanks(**again, *pair);
+  StatusOr<std::unique_ptr<Collectives>> whole = platform_->ConnectSplit(world_, world_);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  ExpectSumOfRanks(**whole, world_);
+}
+
 TEST_F(NcclSplitTest, OrderOnDeviceOrdersLaterOpsWithoutAHostWait) {
   StatusOr<std::unique_ptr<Collectives>> c = platform_->ConnectSplit(world_, world_);
   ASSERT_TRUE(c.ok()) << c.status().ToString();

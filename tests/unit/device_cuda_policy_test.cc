@@ -52,7 +52,7 @@ TEST(MemberSetCache, ReplacesAnEntryAndClearsAll) {
 }
 
 TEST(MemberSetCache, VisitsEveryCommunicatorInKeyOrderToAbortAFamily) {
-  // The CUDA backend aborts a whole family (every cached group, then the world) before dropping
+  // The CUDA platform aborts a whole family (every cached group, then the world) before dropping
   // it: the visit must reach every entry, in the same order on every rank.
   MemberSetCache<FakeComm> cache;
   cache.Insert(std::vector<int>{2, 3}, std::make_shared<FakeComm>(FakeComm{1}));
