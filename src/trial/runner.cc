@@ -247,6 +247,20 @@ Status RunOnRank(device::Platform& platform, const device::Group& world, const M
   return OkStatus();
 }
 
+// The device's waits end by the trial's deadline while the trial runs (Device::SetDeadline), so no
+// rank outlives it inside the device (the agreement waits deadline + grace, no longer), and by
+// their own bound again after it (probe, the next trial's set-up).
+class DeviceDeadline {
+ public:
+  DeviceDeadline(Device& dev, Deadline deadline) : dev_(dev) { dev_.SetDeadline(deadline); }
+  ~DeviceDeadline() { dev_.SetDeadline(Deadline::max()); }
+  DeviceDeadline(const DeviceDeadline&) = delete;
+  DeviceDeadline& operator=(const DeviceDeadline&) = delete;
+
+ private:
+  Device& dev_;
+};
+
 // Every rank agrees on the outcome: the most severe wins. False, with `out` filled, unless ok.
 bool AgreeOnOutcome(const Status& status, const device::Group& world, Deadline grace,
                     TrialMeasurement& out) {
@@ -352,6 +366,7 @@ TrialMeasurement RunTrial(device::Platform& platform, const device::Group& world
   }
   const Deadline deadline = After(std::chrono::steady_clock::now(), options.timeout_s);
   Device& dev = platform.device();
+  const DeviceDeadline device_deadline(dev, deadline);
   // Workspaces an earlier trial grew (cuDNN's arena, the FP8 GEMM's) and the allocator's cache
   // go first: left in place they would sit in the baseline, counted in no trial's peak, and
   // hold memory this trial's tensors and communicators may need. A failure here (the device

@@ -1,6 +1,7 @@
 // cuBLAS GEMMs of the CUDA device against a naive row-major product: every transpose, padded
 // leading dimensions, strided batches, beta (including beta = 0 over NaN garbage), k = 0, and C
 // in f32 or the input storage. Skipped without a GPU.
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -122,6 +123,26 @@ TEST_P(CudaGemm, RejectsMismatchedViews) {
   const Tensor ints = PutI32(std::vector<std::int32_t>(64, 0));
   EXPECT_EQ(dev().Gemm(d, a, ints, c).outcome(), Outcome::kInvalid);
   EXPECT_EQ(dev().Gemm(d, ints, ints, c).outcome(), Outcome::kInvalid);
+}
+
+// A wait still pending at the device's deadline (the trial's, Device::SetDeadline) gives up as
+// kTimeout however long its own bound; with the deadline lifted the same wait completes.
+using CudaDeadline = cuda_test::CudaTest;
+TEST_F(CudaDeadline, AWaitEndsAtTheTrialsDeadline) {
+  GemmDesc d;
+  d.m = d.n = d.k = 4096;  // ~0.14 TFLOP: milliseconds of work still queued when the wait starts
+  const Tensor a = Zeros(DType::kBF16, std::int64_t{4096} * 4096);
+  const Tensor b = Zeros(DType::kBF16, std::int64_t{4096} * 4096);
+  const Tensor c = Zeros(DType::kBF16, std::int64_t{4096} * 4096);
+  ASSERT_TRUE(dev().Synchronize().ok());
+  dev().SetDeadline(std::chrono::steady_clock::now() - std::chrono::seconds(1));
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(dev().Gemm(d, a, b, c).ok());
+  const Status late = dev().Synchronize();
+  EXPECT_EQ(late.outcome(), Outcome::kTimeout) << late.ToString();
+  EXPECT_NE(late.message().find("trial's deadline"), std::string::npos) << late.ToString();
+  dev().SetDeadline(std::chrono::steady_clock::time_point::max());
+  const Status done = dev().Synchronize();
+  EXPECT_TRUE(done.ok()) << done.ToString();
 }
 
 INSTANTIATE_TEST_SUITE_P(Storage, CudaGemm, ::testing::Values(DType::kF32, DType::kBF16),

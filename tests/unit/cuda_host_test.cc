@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -14,6 +15,7 @@
 #include "autopar/device/cuda_platform.h"
 #include "kernels/cuda_attention_plan.cuh"
 #include "src/device/cuda/cuda_check.h"
+#include "src/device/cuda/cuda_device.h"
 #include "src/device/cuda/gemm_mapping.h"
 #include "src/device/cuda/nccl_comm.h"
 #include "src/device/validate.h"
@@ -226,6 +228,18 @@ TEST(NcclSettle, ErrorsAndTheDeadline) {
   settled = SettleNcclCall(ncclInProgress, std::ref(stuck), [&] { return ++checks == 3; });
   EXPECT_EQ(settled.how, NcclSettled::kExpired);
   EXPECT_EQ(stuck.queries, 3);
+}
+
+// A device wait ends at its own bound or the trial's deadline, whichever comes first.
+TEST(CudaWait, EndsAtTheEarlierOfItsBoundAndTheDeadline) {
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(WaitEndS(100.0, 300.0, inf), 400.0);    // no trial: the device's bound
+  EXPECT_EQ(WaitEndS(100.0, 300.0, 160.0), 160.0);  // a 60 s trial: its deadline
+  EXPECT_EQ(WaitEndS(100.0, 300.0, 900.0), 400.0);  // a long trial: each wait still bounded
+  EXPECT_EQ(WaitEndS(100.0, 300.0, 50.0), 50.0);    // already past: give up at once
+  EXPECT_EQ(ToSteadySeconds(std::chrono::steady_clock::time_point::max()), inf);
+  const auto t = std::chrono::steady_clock::time_point(std::chrono::seconds(42));
+  EXPECT_EQ(ToSteadySeconds(t), 42.0);
 }
 
 TEST(CudaPlatform, WithoutAGpuIsADeviceErrorNotACrash) {

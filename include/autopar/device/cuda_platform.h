@@ -14,8 +14,9 @@
 //    running show up at the next Synchronize or host copy (as kDeviceError). Synchronize, the host
 //    copies, Request::Wait and Barrier poll the stream rather than block in the driver, and on
 //    the way ask every live NCCL communicator of the device for its asynchronous error; past
-//    timeout_s they abort those communicators (ncclCommAbort) and return kTimeout, so a dead peer
-//    cannot hang the worker (nccl-tests' testStreamSynchronize).
+//    timeout_s, or past the deadline of Device::SetDeadline (a trial's) if that comes first, they
+//    abort those communicators (ncclCommAbort) and return kTimeout, so a dead peer cannot hang
+//    the worker (nccl-tests' testStreamSynchronize).
 //  * "compute" arguments may be bf16 (compute_dtype()) or f32, all alike within one call; f32 is
 //    what tests use to check the kernels' index math tightly against the host references.
 //  * Copy also converts between f32 and bf16 (round to nearest even), e.g. master -> model weights.
@@ -61,7 +62,8 @@ struct CudaPlatformOptions {
   // budget is at most the device's total less this, and an allocation that would leave less free
   // is kOom.
   std::size_t memory_reserve_bytes = std::size_t{1} << 30;
-  // Deadline of one wait: Synchronize, a host copy, Request::Wait, communicator set-up.
+  // Bound of one wait: Synchronize, a host copy, Request::Wait, communicator set-up; a trial's
+  // deadline (Device::SetDeadline) ends a wait earlier.
   double timeout_s = 300.0;
 };
 

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -58,6 +59,12 @@ class Device {
   // reads its baseline, so a trial's peak counts the workspaces its own shapes need rather than
   // an earlier trial's (which would sit in the baseline, counted nowhere). Nothing on the CPU.
   virtual Status ReleaseCachedMemory() { return OkStatus(); }
+  // The time by which every wait of the device must end, whatever its own bound per wait: the
+  // trial's deadline while a trial runs (RunTrial sets it, and time_point::max(), none, after).
+  // A wait still pending then gives up as kTimeout (the CUDA device aborting its communicators,
+  // as on its own bound), so no rank outlives the trial's deadline inside the device. Nothing on
+  // the CPU, whose only waits are the trial's own polls.
+  virtual void SetDeadline(std::chrono::steady_clock::time_point deadline) { (void)deadline; }
 
   // ---- data movement and elementwise (any dtype for copies; f32 or compute otherwise) ----
   virtual Status CopyFromHost(Tensor dst, const void* src, std::size_t bytes) = 0;

@@ -44,6 +44,13 @@ double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+double ToSteadySeconds(std::chrono::steady_clock::time_point t) {
+  if (t == std::chrono::steady_clock::time_point::max()) {
+    return std::numeric_limits<double>::infinity();
+  }
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+
 StatusOr<kc::Storage> ComputeStorage(const char* op, const char* arg, const Tensor& t) {
   if (t.dtype == DType::kBF16) return kc::Storage::kBF16;
   if (t.dtype == DType::kF32) return kc::Storage::kF32;
@@ -211,14 +218,16 @@ Status CudaDevice::CheckWatched(const char* what, double started_s) {
   const double now_s = SteadySeconds();
   const double waited_s = now_s - started_s;
   const bool past_ordered = now_s > ordered_deadline_s_;
-  if (past_ordered || waited_s > timeout_s_) {
+  if (past_ordered || now_s > wait_end_s(started_s)) {
     for (CommWatch* comm : comms) comm->Abort();
     // Spent either way: the aborts end that work, and a later wait must not inherit the old
     // deadline.
     ordered_deadline_s_ = std::numeric_limits<double>::infinity();
-    const std::string why = past_ordered
-                                ? ": stream-ordered collectives not done by their deadline"
-                                : " not done after " + std::to_string(waited_s) + " s";
+    const std::string why =
+        past_ordered ? ": stream-ordered collectives not done by their deadline"
+        : now_s > deadline_s_
+            ? " not done by the trial's deadline (waited " + std::to_string(waited_s) + " s)"
+            : " not done after " + std::to_string(waited_s) + " s";
     return Status::Error(Outcome::kTimeout,
                          std::string(what) + why + "; aborted " + std::to_string(comms.size()) +
                              " NCCL communicator(s)",
@@ -252,12 +261,14 @@ Status CudaDevice::ReleaseCachedMemory() {
   return OkStatus();
 }
 
+void CudaDevice::SetDeadline(std::chrono::steady_clock::time_point deadline) {
+  deadline_s_ = ToSteadySeconds(deadline);
+}
+
 Status CudaDevice::OrderAfter(cudaEvent_t event, std::chrono::steady_clock::time_point deadline) {
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(cudaStreamWaitEvent(stream_, event, 0));
-  const double deadline_s =
-      std::chrono::duration<double>(deadline.time_since_epoch()).count();  // as SteadySeconds
-  ordered_deadline_s_ = std::min(ordered_deadline_s_, deadline_s);
+  ordered_deadline_s_ = std::min(ordered_deadline_s_, ToSteadySeconds(deadline));
   return OkStatus();
 }
 

@@ -42,6 +42,17 @@
 
 namespace autopar::device {
 
+double SteadySeconds();  // monotonic clock, for deadlines
+
+// When a wait that began at `started_s` must end: `timeout_s` later (the device's bound per wait)
+// or at `deadline_s` (the trial's, Device::SetDeadline), whichever comes first. SteadySeconds().
+constexpr double WaitEndS(double started_s, double timeout_s, double deadline_s) {
+  return started_s + timeout_s < deadline_s ? started_s + timeout_s : deadline_s;
+}
+
+// A steady_clock time point as SteadySeconds() counts it; time_point::max() is +inf.
+double ToSteadySeconds(std::chrono::steady_clock::time_point t);
+
 // A communicator the device watches while it waits (implemented in nccl_collectives.cc).
 class CommWatch {
  public:
@@ -156,6 +167,9 @@ class CudaDevice final : public Device {
   // the driver, so the communicators and workspaces made next can have it. Between trials
   // (RunTrial, before its baseline), not within a step.
   Status ReleaseCachedMemory() override;
+  void SetDeadline(std::chrono::steady_clock::time_point deadline) override;
+  // When a wait that began at `started_s` must end (WaitEndS with this device's bounds).
+  double wait_end_s(double started_s) const { return WaitEndS(started_s, timeout_s_, deadline_s_); }
   // Makes this device current on the calling thread (CUDA's current device is per thread).
   Status Activate() const;
   // Polls `query` (cudaStreamQuery, cudaEventQuery, ...: cudaSuccess when done, cudaErrorNotReady
@@ -180,8 +194,8 @@ class CudaDevice final : public Device {
   Status CreatePool();
 
   // One idle step of Poll: kCommError (after aborting it) from a failed watched communicator, or
-  // kTimeout (after aborting them all) once timeout_s has passed since `started_s` or the
-  // deadline of the stream-ordered work has passed; else yields.
+  // kTimeout (after aborting them all) once wait_end_s(started_s) or the deadline of the
+  // stream-ordered work has passed; else yields.
   Status CheckWatched(const char* what, double started_s);
   // cudaMemGetInfo's free, plus the pool's reserved-but-unused bytes (PoolAdjustedFreeBytes).
   Status ReadFreeBytes(std::size_t* free_bytes, std::size_t* total_bytes) const;
@@ -202,6 +216,8 @@ class CudaDevice final : public Device {
   // SteadySeconds() by which the work ordered with OrderAfter must be done; +inf when none is
   // pending (cleared by a successful Synchronize, which has waited for all of it).
   double ordered_deadline_s_ = std::numeric_limits<double>::infinity();
+  // SteadySeconds() by which every wait must end (SetDeadline); +inf when none.
+  double deadline_s_ = std::numeric_limits<double>::infinity();
   int max_smem_optin_ = 48 * 1024;  // shared memory per block a kernel may opt into
   cudaStream_t stream_ = nullptr;
   // The tensors' stream-ordered pool (nullptr on a device without memory pools: cudaMalloc then).
@@ -226,8 +242,6 @@ class CudaDevice final : public Device {
   std::int64_t attention_fallbacks_ = 0;
   std::string attention_first_fallback_;
 };
-
-double SteadySeconds();  // monotonic clock, for deadlines
 
 // The storage of a "compute" argument: bf16 or f32 (kInvalid otherwise), naming op and argument.
 StatusOr<kernels::cuda::Storage> ComputeStorage(const char* op, const char* arg, const Tensor& t);

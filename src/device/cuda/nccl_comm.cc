@@ -256,7 +256,7 @@ Status NcclComm::Settle(ncclResult_t rc, const char* call, const char* file, int
   const double started_s = SteadySeconds();
   const NcclSettled settled = SettleNcclCall(
       rc, [this](ncclResult_t* state) { return ncclCommGetAsyncError(comm_, state); },
-      [&] { return SteadySeconds() - started_s > device_.timeout_s(); });
+      [&] { return SteadySeconds() > device_.wait_end_s(started_s); });
   switch (settled.how) {
     case NcclSettled::kReady:
       return OkStatus();
@@ -269,7 +269,8 @@ Status NcclComm::Settle(ncclResult_t rc, const char* call, const char* file, int
   Abort();
   return Status::Error(Outcome::kTimeout,
                        std::string(call) + " still in progress after " +
-                           std::to_string(device_.timeout_s()) + " s; communicator aborted",
+                           std::to_string(SteadySeconds() - started_s) +
+                           " s (the device's bound or the trial's deadline); communicator aborted",
                        file, line);
 }
 
