@@ -28,13 +28,14 @@
 # step 2 on the check has a budget ($AUTOPAR_GPU_CHECK_BUDGET_S, default 420 s) and every step a
 # cap within what is left of it, so one hang costs its step, not the session; a step the budget no
 # longer allows is not run and its figures FAIL as missing. On one H100/H200 the steps take, from
-# what they run: the gpu-labelled tests ~1-2 min (about 60 entries, one process each: CUDA
-# context, cuDNN plans; each capped at 45 s, all at 150 s), the benchmark ~1.5 min (cuDNN
-# attention ~10 TFLOP per shape over its 13 calls: seconds; the CUDA-core kernel's comparison
-# ~36 TFLOP per round at ~10-15 TFLOP/s: about a minute; each entry capped at 120 s, all at
-# 150 s), the 1-GPU trial under a minute (8 llama-7B layers, 2 micro-batches, 7 iterations;
-# capped at 120 s), `plan` a second: about 4 minutes expected, 150 + 150 + 120 = 420 s at the
-# very most. With 2 GPUs or more the three 2-GPU trials (each capped at 90 s) share what is
+# what they run: the gpu-labelled tests ~1.5-2 min (64 entries, one process each: CUDA context,
+# cuBLAS, cuDNN's libraries and plans; each capped at 45 s, all at 180 s), the benchmark under a
+# minute (cuDNN attention ~0.45 PFLOP over the three shapes' 13 forward+backward rounds, about a
+# second at 400+ TFLOP/s, plus plan building; the CUDA-core kernel's comparison at 4k and 8k
+# only, ~6 TFLOP per round at ~10 TFLOP/s: ~10 s; the GEMM, ~14 TFLOP; each entry capped at
+# 90 s, all at 120 s), the 1-GPU trial under a minute (8 llama-7B layers, 2 micro-batches, 7
+# iterations; capped at 120 s), `plan` a second: about 4 minutes expected, 180 + 120 + 120 = 420
+# s at the very most. With 2 GPUs or more the three 2-GPU trials (each capped at 90 s) share what is
 # left; raise the budget there.
 #
 # Tests and benchmarks are found by their ctest labels only. AUTOPAR_GPU names the GPU preset when
@@ -122,20 +123,20 @@ export OMP_NUM_THREADS=1
 if [[ -n $bundle ]]; then
   for kind in gpu bench; do
     echo "== the bundle's $kind entries"
-    step=$(cap 150)
+    step=$(cap $([[ $kind == gpu ]] && echo 180 || echo 120))
     # The budget is enforced inside (each entry at most what is left); the outer bound only
     # catches the runner itself.
     AUTOPAR_GPU=$preset bounded $((step + 30)) python3 "$root/scripts/gpu_bundle.py" run \
       "$bundle" "$work" --gpus "$gpus" --kind "$kind" \
-      --timeout $([[ $kind == gpu ]] && echo 45 || echo 120) --budget-s "$step" || true
+      --timeout $([[ $kind == gpu ]] && echo 45 || echo 90) --budget-s "$step" || true
   done
 else
   echo "== ctest -L gpu"
-  (cd "$build" && bounded "$(cap 150)" ctest -L '^gpu$' -LE '^bench$' --output-on-failure \
+  (cd "$build" && bounded "$(cap 180)" ctest -L '^gpu$' -LE '^bench$' --output-on-failure \
     --timeout 45 --output-junit "$work/ctest_gpu.xml") || true
   echo "== ctest -L bench"
-  (cd "$build" && AUTOPAR_GPU_BENCH_DIR=$work AUTOPAR_GPU=$preset bounded "$(cap 150)" \
-    ctest -L '^bench$' --output-on-failure --timeout 120 \
+  (cd "$build" && AUTOPAR_GPU_BENCH_DIR=$work AUTOPAR_GPU=$preset bounded "$(cap 120)" \
+    ctest -L '^bench$' --output-on-failure --timeout 90 \
     --output-junit "$work/ctest_bench.xml") || true
 fi
 cat "$work"/gpu_bench_np*.json 2>/dev/null || true
