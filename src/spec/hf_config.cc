@@ -426,6 +426,10 @@ bool IsKnownMoeKey(const std::string& key) {
 void RejectUnreadMoeKeys(const Config& cfg, const Family& family) {
   std::vector<std::string> understood, unknown, unread;
   for (const auto& entry : cfg.root()) {
+    // JSON keys are strings; YAML (which reads the file) also takes a list or map as a key.
+    if (!entry.first.IsScalar()) {
+      throw InputError(kDoc, "every key must be a string; one is a list or a map");
+    }
     const std::string key = entry.first.as<std::string>();
     if (!LooksLikeMoeOrMtp(key)) continue;
     if (cfg.WasRead(key)) {

@@ -256,6 +256,12 @@ TEST(SpecValidate, ReadersRefuseOverflowingAndUnboundedInputBeforeTheWork) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
   // A MoE family with no experts would import a dense model under its name.
   const std::string mixtral = ReadFixture("mixtral-8x7b-v0.1.config.json");
+  // A list as a key (YAML reads the file; the fuzzer found it ended in std::terminate).
+  const std::string list_key = std::regex_replace(mixtral, std::regex("\"num_local_experts\": 8"),
+                                                  "[]: 1, \"num_local_experts\": 8");
+  ASSERT_NE(list_key, mixtral);
+  EXPECT_EQ(ErrorField([&] { ModelFromHfConfig(list_key); }, &message), "config.json");
+  EXPECT_NE(message.find("every key must be a string"), std::string::npos) << message;
   const std::string zero = std::regex_replace(mixtral, std::regex("\"num_local_experts\": 8"),
                                               "\"num_local_experts\": 0");
   ASSERT_NE(zero, mixtral);
