@@ -251,13 +251,13 @@ Status CudaDevice::Synchronize() {
 }
 
 Status CudaDevice::ReleaseCachedMemory() {
-  AUTOPAR_RETURN_IF_ERROR(Synchronize());
+  // FreeRaw is stream-ordered (cudaFreeAsync; without a pool, cudaFree waits for the device), so
+  // the work queued on these buffers needs no wait before they go.
   if (cudnn_attention_ != nullptr) cudnn_attention_->ReleaseArena();
   fp8_.ReleaseWorkspace();
-  if (pool_ == nullptr) return OkStatus();
-  // Once the stream has run these frees too, all the pool holds unused can go back to the driver.
+  // Once the stream has run the work and these frees, all the pool holds unused can go back.
   AUTOPAR_RETURN_IF_ERROR(Synchronize());
-  AUTOPAR_CHECK_CUDA(cudaMemPoolTrimTo(pool_, 0));
+  if (pool_ != nullptr) AUTOPAR_CHECK_CUDA(cudaMemPoolTrimTo(pool_, 0));
   return OkStatus();
 }
 
@@ -335,10 +335,13 @@ StatusOr<void*> CudaDevice::AllocateRaw(std::size_t bytes) {
 
 void CudaDevice::FreeRaw(void* data, std::size_t /*bytes*/) {
   if (cudaSetDevice(index_) != cudaSuccess) (void)cudaGetLastError();
+  if (pool_ == nullptr) {
+    Report(cudaFree(data), "cudaFree");
+    return;
+  }
   // Stream-ordered: the block is reused only by work after this point of the compute stream, and
   // the host does not wait for the device.
-  Report(pool_ != nullptr ? cudaFreeAsync(data, stream_) : cudaFree(data),
-         pool_ != nullptr ? "cudaFreeAsync" : "cudaFree");
+  Report(cudaFreeAsync(data, stream_), "cudaFreeAsync");
 }
 
 // ---- data movement ----
