@@ -186,12 +186,7 @@ StatusOr<int> IterationsForMinTime(const RankRun& run, const RankSamples& sample
     timed[0] += samples.pipeline_s[i] + samples.tail_s[i];
   }
   AUTOPAR_RETURN_IF_ERROR(HostAllReduce(timed, MPI_MAX, run.world.comm(), run.deadline));
-  if (timed[0] < options.min_timed_s && timed[0] > 0) {
-    const double per_iteration = timed[0] / options.timed_iterations;
-    const int more = static_cast<int>(std::ceil((options.min_timed_s - timed[0]) / per_iteration));
-    return std::max(0, std::min(more, kMaxTimedIterations - options.timed_iterations));
-  }
-  return 0;
+  return ExtraTimedIterations(timed[0], options);
 }
 
 // The warm-up and timed iterations, extended once if min_timed_s asks for more.
@@ -352,6 +347,14 @@ void Report(const Figures& f, int warmup_iterations, const TrainSpec& train, dou
 }
 
 }  // namespace
+
+int ExtraTimedIterations(double timed_s, const TrialOptions& options) {
+  if (!(timed_s > 0) || timed_s >= options.min_timed_s || options.timed_iterations <= 0) return 0;
+  const double per_iteration = timed_s / options.timed_iterations;
+  const double more = std::ceil((options.min_timed_s - timed_s) / per_iteration);
+  const int room = kMaxTimedIterations - options.timed_iterations;
+  return std::max(0, more >= room ? room : static_cast<int>(more));
+}
 
 TrialMeasurement RunTrial(device::Platform& platform, const device::Group& world,
                           const ModelSpec& model, const TrainSpec& train,

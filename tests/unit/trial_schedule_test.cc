@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <map>
-#include <tuple>
 #include <set>
+#include <tuple>
 
 #include "autopar/trial/schedule.h"
+#include "autopar/trial/trial.h"
 
 namespace autopar::trial {
 namespace {
@@ -256,6 +257,28 @@ TEST(Timing, MedianOfTheSlowestRank) {
   EXPECT_DOUBLE_EQ(MedianOfMax({{1, 3}, {2, 2}, {5, 1}}), 3);
   EXPECT_DOUBLE_EQ(MedianOfMax({{1}, {4}}), 2.5);
   EXPECT_DOUBLE_EQ(MedianOfMax({}), 0);
+}
+
+// The timed iterations are extended at the measured pace until they last min_timed_s.
+TEST(Trial, ExtraTimedIterationsReachTheMinimumTime) {
+  TrialOptions o;
+  o.timed_iterations = 2;
+  o.min_timed_s = 1.0;
+  EXPECT_EQ(ExtraTimedIterations(0.2, o), 8);  // 0.1 s each: 10 in all
+  EXPECT_EQ(ExtraTimedIterations(0.3, o), 5);  // 0.15 s each: ceil(0.7 / 0.15)
+  EXPECT_EQ(ExtraTimedIterations(1.0, o), 0);  // long enough already
+  EXPECT_EQ(ExtraTimedIterations(0.0, o), 0);  // nothing measured: nothing to scale
+  o.min_timed_s = 0;
+  EXPECT_EQ(ExtraTimedIterations(0.2, o), 0);  // not asked for
+}
+
+TEST(Trial, ExtraTimedIterationsStopAtTheCap) {
+  TrialOptions o;
+  o.timed_iterations = 3;
+  o.min_timed_s = 1e6;
+  EXPECT_EQ(ExtraTimedIterations(1e-9, o), kMaxTimedIterations - 3);  // no overflow either
+  o.timed_iterations = kMaxTimedIterations;
+  EXPECT_EQ(ExtraTimedIterations(0.1, o), 0);
 }
 
 }  // namespace

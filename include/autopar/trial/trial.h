@@ -55,6 +55,11 @@ struct TrialOptions {
   int64_t ddp_bucket_size = 0;
 };
 
+// How many timed iterations to add after the first options.timed_iterations took timed_s
+// seconds (the slowest rank's total), so that all of them last options.min_timed_s at the
+// measured pace: 0 once they do, never past kMaxTimedIterations in all.
+int ExtraTimedIterations(double timed_s, const TrialOptions& options);
+
 struct TrialMeasurement {
   device::Outcome outcome = device::Outcome::kOk;
   std::string message;                   // the failing rank's error, when not ok
