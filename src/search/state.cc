@@ -245,7 +245,13 @@ void SearchState::Observe(const Observation& o) {
       memory_changed = memory_.ObserveOom(memory_row(i), candidates_.capacity_gib());
       flags_[i] |= kRetired;
       for (int64_t j = 0; j < candidates_.size(); ++j) {
-        if (j != i && NeedsAtLeastAsMuchMemory(candidates_.config(j), candidates_.config(i))) {
+        // Only where the model also puts j's tensors clearly above i's: where it cannot tell
+        // them apart (selective recompute against none under flash attention store the same
+        // tensors), which peak is higher is the allocator's doing, not the layout's.
+        if (j != i &&
+            candidates_.nominal_memory_gib(j) >=
+                candidates_.nominal_memory_gib(i) * (1 + settings_.memory_prior.noise_sd) &&
+            NeedsAtLeastAsMuchMemory(candidates_.config(j), candidates_.config(i))) {
           flags_[j] |= kPruned;
           RefreshEligible(j);
         }

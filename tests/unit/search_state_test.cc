@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 #include "autopar/search/searcher.h"
@@ -66,6 +67,31 @@ TEST(SearchState, OomPrunesConfigurationsThatNeedMore) {
   EXPECT_TRUE(s.pruned(big));
   EXPECT_FALSE(s.eligible(big));
   EXPECT_FALSE(s.pruned(unrelated));
+}
+
+// Selective recompute and none store the same tensors under flash attention: the model gives
+// them one peak, so which of the two is higher on a device is the allocator's doing. An OOM of
+// one leaves the other to the memory posterior instead of pruning it.
+TEST(SearchState, OomLeavesASiblingOfTheSamePredictedPeak) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  SearchState s(cs, SearchSettings::Default(cs));
+  int64_t selective = -1, none = -1;
+  for (int64_t i = 0; i < cs.size() && none < 0; ++i) {
+    if (!s.eligible(i) || cs.config(i).recompute != Recompute::kSelective) continue;
+    ParallelConfig sibling = cs.config(i);
+    sibling.recompute = Recompute::kNone;
+    const std::optional<int64_t> j = cs.Find(sibling);
+    if (j && s.eligible(*j) && cs.nominal_memory_gib(*j) == cs.nominal_memory_gib(i)) {
+      selective = i;
+      none = *j;
+    }
+  }
+  ASSERT_GE(none, 0);
+  ASSERT_TRUE(NeedsAtLeastAsMuchMemory(cs.config(none), cs.config(selective)));
+  s.Observe({selective, Outcome::kOom});
+  EXPECT_FALSE(s.eligible(selective));
+  EXPECT_FALSE(s.pruned(none));
 }
 
 TEST(SearchState, MemoryDominanceFollowsTheKnobs) {
