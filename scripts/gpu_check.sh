@@ -125,8 +125,8 @@ if [[ -n $bundle ]]; then
     echo "== the bundle's $kind entries"
     step=$(cap $([[ $kind == gpu ]] && echo 180 || echo 120))
     # The budget is enforced inside (each entry at most what is left); the outer bound only
-    # catches the runner itself.
-    AUTOPAR_GPU=$preset bounded $((step + 30)) python3 "$root/scripts/gpu_bundle.py" run \
+    # catches the runner itself. A spent budget runs nothing (the runner reads 0 as "none").
+    AUTOPAR_GPU=$preset bounded $((step > 0 ? step + 30 : 0)) python3 "$root/scripts/gpu_bundle.py" run \
       "$bundle" "$work" --gpus "$gpus" --kind "$kind" \
       --timeout $([[ $kind == gpu ]] && echo 45 || echo 90) --budget-s "$step" || true
   done
