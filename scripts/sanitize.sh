@@ -68,8 +68,8 @@ mapfile -t fuzz_targets < <(cd "$root/tests/fuzz/corpus" && ls -d -- */ | tr -d 
 # Tests the asan stage leaves out, each 4 to over 15 minutes under ASan+UBSan on two cores:
 # planning at scale (HF families on up to 128 GPUs, NVL72 racks, every planned flag line), the
 # crash-and-resume loop that restarts the tuner 20 times, and the status server's two searches
-# of 1500 and twice 3000 trials (past their 300 s limit). The normal build runs them; the smaller
-# planning, journal and resume tests and coord_test's status-server suites run the same code
+# of 1500 and twice 3000 trials (past the 300 s limit each had). The normal build runs them; the
+# smaller planning, journal and resume tests and coord_test's status-server suites run the same code
 # under ASan, and the tsan stage the status-server search with 150 trials.
 asan_slow='Cli\.TodaysHuggingFaceFamiliesPlan|Cli\.Nvl72RacksRankTensorParallelAcrossTraysOnNvlink'
 asan_slow+='|MegatronFlags\.PlannedLinesUseOnlyTableFlags|fault_resume_after_sigkill'
@@ -102,8 +102,8 @@ asan_tests() {
 }
 
 # status_server_search <build dir>: tests/fault/status_server_test.py, the endpoint read while a
-# replay search writes the board. Its CTest entry runs a 3000-trial search twice in 300 s, which
-# ThreadSanitizer does not reach; 150 trials still give thousands of reads during the search.
+# replay search writes the board. Its CTest entry runs a 3000-trial search twice, far too long
+# under ThreadSanitizer; 150 trials still give thousands of reads during the search.
 status_server_search() {
   local dir=$1
   timeout 900 python3 "$root/tests/fault/status_server_test.py" --bin "$dir/autopar-tune" \

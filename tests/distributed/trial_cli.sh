@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# `autopar-tune trial` under mpirun on 4 ranks: a tiny model finishes in seconds; a trial whose
-# rank 1 stalls (test hook) ends as `timeout` on every rank within the deadline + 5 s; a
-# configuration that does not fit the budget is `oom`.
+# `autopar-tune trial` under mpirun on 4 ranks: a tiny model finishes; a trial whose rank 1
+# stalls (test hook) ends as `timeout` on every rank, by its --trial-timeout rather than the 600 s
+# default; a configuration that does not fit the budget is `oom`.
+#
+# The wall-clock bounds below catch a hang (or a deadline not applied), not a slow machine: they
+# include starting and stopping 4 MPI ranks. Under ASan with six other busy processes on two
+# cores the stalled run took 10.4 s with its 4 s deadline, and the tiny trial 16 s (1 s idle).
 # usage: trial_cli.sh MPIEXEC AUTOPAR_TUNE [MPIEXEC FLAGS...]
 set -euo pipefail
 mpiexec=$1
@@ -15,7 +19,7 @@ out=$(run "$@" "$bin" trial "${common[@]}" --config tp=2,pp=2,sp=on --format jso
 elapsed_ms=$((($(date +%s%N) - start) / 1000000))
 echo "ok trial: $out (${elapsed_ms} ms)"
 grep -q '"status":"ok"' <<<"$out"
-((elapsed_ms < 30000)) || { echo "FAIL: a tiny trial took ${elapsed_ms} ms"; exit 1; }
+((elapsed_ms < 60000)) || { echo "FAIL: a tiny trial took ${elapsed_ms} ms"; exit 1; }
 
 deadline=4
 start=$(date +%s%N)
@@ -28,9 +32,10 @@ elapsed_ms=$((($(date +%s%N) - start) / 1000000))
 echo "stalled trial: rc=$rc $out (${elapsed_ms} ms)"
 [[ $rc -ne 0 ]] || { echo "FAIL: a timed-out trial exited 0"; exit 1; }
 grep -q '"status":"timeout"' <<<"$out" || { echo "FAIL: no timeout outcome"; exit 1; }
-# The deadline, the 3 s the ranks get to agree afterwards (kAgreementGraceS), and up to 5 s to
-# start and stop 4 MPI ranks on a loaded 2-core machine: bounded, not hung.
-((elapsed_ms < (deadline + 3 + 5) * 1000)) || { echo "FAIL: took ${elapsed_ms} ms"; exit 1; }
+# The deadline, the 3 s the ranks get to agree afterwards (kAgreementGraceS), and 60 s to start
+# and stop 4 MPI ranks however loaded the machine: bounded, not hung, and far below the default
+# deadline of 600 s.
+((elapsed_ms < (deadline + 3 + 60) * 1000)) || { echo "FAIL: took ${elapsed_ms} ms"; exit 1; }
 
 set +e
 out=$(run "$@" "$bin" trial "${common[@]}" --config dp=4 --device-memory-gib 0.002 --format json \

@@ -283,12 +283,15 @@ TEST(TrialOutcome, OomIsAValueAndTheNextTrialSucceeds) {
 // A short step is timed more often when min_timed_s asks for it, and every rank agrees on the
 // count (the per-iteration maxima would not line up otherwise). A minimum no run of the tiny
 // model comes near takes the cap, however loaded the machine is; the count below the cap is
-// ExtraTimedIterations' arithmetic (Trial.ExtraTimedIterations*).
+// ExtraTimedIterations' arithmetic (Trial.ExtraTimedIterations*). The cap's iterations are the
+// cheapest step of 4 ranks (dp=4, one micro-batch): at tp=2,pp=2 they took 50 s of
+// distributed_test_np4 on a loaded two-core machine.
 TEST(TrialTiming, ShortStepsAreTimedUntilTheMinimumTime) {
-  const ParallelConfig c = Complete(ParseSpec("tp=2,pp=2"), World().size());
+  const ParallelConfig c = Complete(ParseSpec("dp=4"), World().size());
   TrialOptions o;
   o.warmup_iterations = 1;
   o.timed_iterations = 2;
+  o.max_microbatches = 1;
   const TrialMeasurement few =
       RunTrial(TestPlatform(), World(), ModelPreset("tiny"), Train(), c, o);
   ASSERT_EQ(few.outcome, Outcome::kOk) << few.message;

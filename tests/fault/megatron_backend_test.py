@@ -54,6 +54,12 @@ NARROW = ["--recompute", "none", "--fix", "sp=off,dist_opt=off"]
 WIDE = ["--tp", "1,2,4", "--pp", "1,2", "--mbs", "1,2,4", "--recompute", "none,selective",
         "--fix", "sp=off"]
 STOPPED = ("converged", "no_likely_improvement", "noise_limited")
+# --trial-timeout: the hang outcome's runs wait for it to pass, so it is short there; every other
+# run's trials end by themselves (under half a second each under ASan on a loaded two-core
+# machine), and a deadline they never come near keeps a slow machine from turning one into a
+# `timeout`.
+HANG_TIMEOUT_S = "4"
+TRIAL_TIMEOUT_S = "120"
 failures = []
 
 
@@ -83,7 +89,8 @@ def orphans(token):
     return found
 
 
-def tune(work, name, table, restrict, extra=(), env=None, launcher=None):
+def tune(work, name, table, restrict, extra=(), env=None, launcher=None,
+         timeout_s=TRIAL_TIMEOUT_S):
     study = os.path.join(work, name)
     with open(os.path.join(work, name + ".json"), "w") as f:
         json.dump({"rows": table}, f)
@@ -92,7 +99,7 @@ def tune(work, name, table, restrict, extra=(), env=None, launcher=None):
                FAKE_MEGATRON_TOKEN=token)
     flags = ["--backend", "megatron", "--train-command", TRAIN, "--megatron-args-file",
              os.path.join(work, "user.args"), *SPACE, *restrict, "--study", study,
-             "--status-port", "-1", "--trial-timeout", "4", *extra]
+             "--status-port", "-1", "--trial-timeout", timeout_s, *extra]
     if launcher:
         cmd = [launcher, "-np", "4", "--max-restarts", "2", "--autopar-tune", ARGS.bin, "--",
                *flags]
@@ -261,8 +268,9 @@ def outcomes(work):
                                   ("die", "device_error", "signal 11"),
                                   ("nan", "nonfinite", "found NaN"),
                                   ("hang", "timeout", "deadline")]:
-        study, code, out, err = tune(work, action, [{"action": action, "ms": 5.0}],
-                                     NARROW + single)
+        study, code, out, err = tune(
+            work, action, [{"action": action, "ms": 5.0}], NARROW + single,
+            timeout_s=HANG_TIMEOUT_S if action == "hang" else TRIAL_TIMEOUT_S)
         if code != 3:
             fail(f"{action}: exit {code}, expected 3 (nothing measured)\n{err[-2000:]}")
             continue

@@ -188,6 +188,31 @@ std::string ReadUntilClosed(tcp::socket& socket, std::chrono::steady_clock::time
   return response;
 }
 
+// How many accepts can fail within `window` of the first failure when each failure waits 10 ms,
+// doubling to 1 s, before the next accept (status_server.h): failures at 0, 10, 30, 70, 150,
+// 310, 630 and 1270 ms, then every second. Timers never fire early, so a loaded machine only
+// makes fewer.
+int64_t MostFailuresWithin(std::chrono::steady_clock::duration window) {
+  int64_t failures = 0;
+  std::chrono::milliseconds at{0}, wait{10};
+  while (at <= window) {
+    ++failures;
+    at += wait;
+    wait = std::min<std::chrono::milliseconds>(wait * 2, std::chrono::seconds(1));
+  }
+  return failures;
+}
+
+TEST(StatusServer, MostFailuresWithinFollowsTheBackoff) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(MostFailuresWithin(milliseconds(0)), 1);
+  EXPECT_EQ(MostFailuresWithin(milliseconds(9)), 1);
+  EXPECT_EQ(MostFailuresWithin(milliseconds(10)), 2);
+  EXPECT_EQ(MostFailuresWithin(milliseconds(900)), 7);
+  EXPECT_EQ(MostFailuresWithin(milliseconds(1270)), 8);
+  EXPECT_EQ(MostFailuresWithin(milliseconds(3270)), 10);
+}
+
 // Issue 17: when accept fails because the process has no descriptor left (EMFILE), the server
 // waits 10 ms, doubling to 1 s, before the next accept, rather than retrying at once (the
 // pending connection keeps the listening socket readable, so an immediate retry spins); it
@@ -195,7 +220,8 @@ std::string ReadUntilClosed(tcp::socket& socket, std::chrono::steady_clock::time
 //
 // While the table is full nothing here may need a descriptor, the sanitizers' runtimes included
 // (UBSan's vptr check probes memory through a pipe on a cache miss): every code path the window
-// runs has run once before it, and the server's counters are read after it.
+// runs has run once before it (the clock, the sleep and the failure counter the wait polls among
+// them).
 TEST_F(StatusServerTest, AcceptBacksOffWhileDescriptorsRunOutAndServesAfter) {
   const uint16_t port = server.port();
   const std::string request = "GET /status HTTP/1.1\r\n\r\n";
@@ -211,6 +237,7 @@ TEST_F(StatusServerTest, AcceptBacksOffWhileDescriptorsRunOutAndServesAfter) {
   asio::io_context io;
   tcp::socket client(io);
   client.open(tcp::v4());  // its descriptor before the table fills: connect() needs none
+  const auto window_start = std::chrono::steady_clock::now();
   {
     DescriptorExhaustion exhaustion(256);
     ASSERT_TRUE(exhaustion.exhausted())
@@ -218,15 +245,24 @@ TEST_F(StatusServerTest, AcceptBacksOffWhileDescriptorsRunOutAndServesAfter) {
     // The kernel completes the handshake from the listen backlog; the server's accept fails.
     client.connect({asio::ip::make_address("127.0.0.1"), port});
     asio::write(client, asio::buffer(request));
-    // Failed accepts at 0, 10, 30, 70, 150, 310 and 630 ms, the next at 1270 ms and then every
-    // second: 7 in 900 ms (a slow machine only delays them). Retrying at once would fail
-    // thousands of times in that while, a fixed 10 ms wait about 90.
-    std::this_thread::sleep_for(std::chrono::milliseconds(900));
+    // At least 900 ms, in which backing off fails 7 times (retrying at once would fail
+    // thousands of times, a fixed 10 ms wait about 90), and until the accept was retried: a
+    // loaded machine delays the server's thread, and the 60 s only bound a server that never
+    // retries.
+    const auto least = window_start + std::chrono::milliseconds(900);
+    const auto most = window_start + std::chrono::seconds(60);
+    for (auto now = window_start; (now < least || server.accept_failures() < 2) && now < most;
+         now = std::chrono::steady_clock::now()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
   // Descriptors are free again: a retry from now on succeeds, so the failures are the window's.
   const int64_t failures = server.accept_failures();
+  const auto window = std::chrono::steady_clock::now() - window_start;
   EXPECT_GE(failures, 2) << "accept failed once and was never retried";
-  EXPECT_LE(failures, 10) << "accept is retried without backing off";
+  EXPECT_LE(failures, MostFailuresWithin(window))
+      << "accept is retried without backing off: " << failures << " failures in "
+      << std::chrono::duration_cast<std::chrono::milliseconds>(window).count() << " ms";
   // The next retry (at most 1 s away) accepts the waiting client and serves it.
   const std::string r =
       ReadUntilClosed(client, std::chrono::steady_clock::now() + std::chrono::seconds(10));
