@@ -150,9 +150,19 @@ SOURCES = {
     # example for this model does (NVIDIA/NeMo-Framework-Launcher
     # examples/training/llama/h100/llama2_7b_fp8.sh: +training.model.optim.grad_sync_dtype=bf16,
     # April 2024); with fp32 gradients Llama-2-7B at tp = 1 (the 4k row) would not fit in 80 GB.
+    # Attention: flash-attn 2. Transformer Engine 1.4 (NeMo's pin then) would pick cuDNN's fused
+    # attention on sm90, but that launcher disables it for every model (launcher_scripts/conf/
+    # config.yaml env_vars, tags 24.01-24.05: "NVTE_FUSED_ATTN: 0 # Disable cudnn FA until we've
+    # tested it more"; tag 24.05 defaults to the nemo:24.03.01 container), so TE ran flash-attn
+    # (<= 2.4.2). Its speed on an H100 SXM5 at head dim 128, 16k tokens: forward 335 TFLOP/s
+    # causal, backward 322 (Shah et al. 2024, FlashAttention-3, Fig. 5-6), 0.33 of the BF16 peak
+    # over one forward and a 2.5x backward; cudnn-frontend's benchmark of May 2024 (commit
+    # b740542, benchmark_results.csv, causal, 16k-64k) 0.31-0.33. The model's efficiency is the
+    # long-call one, before the shape law's keys/(keys + 380) (0.977 at 16k): 0.34.
     "NEMO_LONGCTX_H100": Source(
         "2024", "tflops",
-        NEMO_STACK + ["--fp8-format", "hybrid", "--fix", "grad_reduce_dtype=bf16"], preset=True,
+        NEMO_STACK + ["--fp8-format", "hybrid", "--fix", "grad_reduce_dtype=bf16",
+                      "--attention-efficiency", "0.34"], preset=True,
         flops=lambda r: megatron_flops(r, swiglu=True), mbs=1, sp_when_tp=True, dist_opt="on"),
     # The B200 table prints TP×PP×DP×CP = GPUs/4 on every row; its GBS at 512K and 1024K tokens
     # (8, 4) divides by the printed DP only, so the configuration is taken as printed and the

@@ -27,8 +27,8 @@ PerfConstants DefaultConstants(const std::string& gpu_name) {
     // attention, measured at 0.54 of the BF16 peak on an H100 SXM5 (cuDNN 9.19, causal, 16k keys)
     // and, through the trial's own cuDNN graph on an H200 (gpu_bench, GQA 8:1, 4k-32k tokens),
     // 0.61-0.65 forward and 0.49-0.54 backward. The NeMo 24.03 long-context rows on H100
-    // (shared/calibration) ran FA2-class kernels at about a third of the peak (flash-attn 2
-    // measured 0.32): an older stack, which the model is not set to.
+    // (shared/calibration) ran flash-attn 2, about a third of the peak: an older stack, which
+    // the benchmark states with --attention-efficiency (docs/models.md §5.1).
     k.eff.gemm = 0.70;
     k.eff.attention = 0.50;
     k.eff.attention_unfused = 0.30;
