@@ -79,8 +79,11 @@ struct SearchSettings {
   // that do not follow it (grid, random, analytic) turn it off: they record times all the same.
   bool learn_time = true;
   // Repeated measurements: at most this many of one configuration, and the prior of the
-  // relative measurement noise (a sd and its strength in pseudo-degrees of freedom).
-  int max_measurements = 8;
+  // relative measurement noise (a sd and its strength in pseudo-degrees of freedom). 24: at
+  // 4-5% noise the mean of 8 has a sd of 1.5-1.8%, and the lowest of a dozen such contenders'
+  // means sits 2-3% below its own truth (docs/search.md §7a); 24 brings the sd under 1%.
+  // Where the repeats agree (resolution below), the cap is never reached.
+  int max_measurements = 24;
   // The repeats that tell the noise: Thompson measures the recommendation again once it has
   // stayed the recommendation over confirm_after·(r + 1) newly measured configurations, while
   // fewer than `confirm_repeats` repeats have been made (r): where the search is settling, not
