@@ -4,7 +4,8 @@ and the recommendation's spec text name one configuration by one key (etp left o
 where the experts follow tp, uneven stages 0 when not given), two configurations that differ only
 in etp or in their uneven stages have different keys, and a table with two rows of one key is
 refused rather than read as one configuration; --dump's record of a run, and the tuning world
-seeds kept apart from the held-out ones.
+seeds kept apart from the held-out ones; scripts/world_oracle.py's rank of the first
+configuration within 2% of the best in the order of a world's structure.
 
 usage: bench_search_test.py SOURCE_DIR
 """
@@ -20,6 +21,11 @@ spec = importlib.util.spec_from_file_location(
     "bench_search", os.path.join(SOURCE_DIR, "scripts", "bench_search.py"))
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
+sys.path.insert(0, os.path.join(SOURCE_DIR, "scripts"))
+oracle_spec = importlib.util.spec_from_file_location(
+    "world_oracle", os.path.join(SOURCE_DIR, "scripts", "world_oracle.py"))
+oracle = importlib.util.module_from_spec(oracle_spec)
+oracle_spec.loader.exec_module(oracle)
 
 HEADER = ("tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,step_time_s,"
           "peak_memory_gib,status,etp,pp_first,pp_last")
@@ -93,6 +99,22 @@ class DumpTest(unittest.TestCase):
     def test_tuning_seeds_are_apart_from_the_held_out_ones(self):
         tuning = set(bench.WORLD_SEEDS["tune"]) | set(bench.WORLD_SEEDS["tune-extra"])
         self.assertFalse(tuning & set(bench.WORLD_SEEDS["held-out"]))
+
+
+class OracleTest(unittest.TestCase):
+    def test_rank_follows_the_structure_over_the_configurations_that_fit(self):
+        # The structure puts a first, but a does not fit; b is its second and the table's best
+        # lies 3% off it; c, last in the structure, is within 2% of the best.
+        table = {"a": None, "b": 10.3, "c": 10.1, "d": 10.0}
+        structure = {"a": 9.0, "b": 9.5, "c": 9.9, "d": 9.7}
+        self.assertEqual(oracle.oracle_rank(table, structure), (2, 2))
+        structure["d"] = 9.4
+        self.assertEqual(oracle.oracle_rank(table, structure), (1, 2))
+
+    def test_a_row_that_fits_without_a_time_in_the_twin_is_refused(self):
+        with self.assertRaises(ValueError):
+            oracle.oracle_rank({"a": 1.0}, {"a": None})
+        self.assertEqual(oracle.oracle_rank({"a": None}, {"a": 1.0}), (None, 0))
 
 
 if __name__ == "__main__":
