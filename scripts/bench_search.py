@@ -332,6 +332,18 @@ def dump_record(t, searcher, seed, e):
             "regret": finite(e["final"]), "oom": e["oom"]}
 
 
+def world_tables(work, world_seeds):
+    """The worlds suite's tables, each model x family x seed of WORLD_SEEDS[world_seeds], with
+    truth seed seed + 10 x (model index) (not loaded: make_table writes and loads them)."""
+    for m, (label, name, flags, _) in enumerate(MODELS):
+        for fam in FAMILIES:
+            for ws in WORLD_SEEDS[world_seeds]:
+                truth = ws + 10 * m
+                full = f"{name}.{fam}.{truth}"
+                yield Table(full, f"{label}, {fam}, truth seed {truth}", flags,
+                            os.path.join(work, full + ".csv"), fam, truth)
+
+
 def make_table(binary, t, world):
     cmd = [binary, "make-replay-table", *t.flags.split(), "--truth-seed", str(t.truth_seed),
            "--output", t.path]
@@ -375,19 +387,11 @@ def main():
     seeds = list(range(1, a.seeds + 1))
     start = time.monotonic()
 
-    tables, worlds = [], {}
-    for m, (label, name, flags, today_seed) in enumerate(MODELS):
-        if a.suite == "today":
-            tables.append(Table(name, f"(a) {label}", flags, os.path.join(a.work, name + ".csv"),
-                                None, today_seed))
-            continue
-        for fam in FAMILIES:
-            for ws in WORLD_SEEDS[a.world_seeds]:
-                truth = ws + 10 * m
-                full = f"{name}.{fam}.{truth}"
-                tables.append(Table(full, f"{label}, {fam}, truth seed {truth}", flags,
-                                    os.path.join(a.work, full + ".csv"), fam, truth))
-                worlds[full] = fam
+    if a.suite == "today":
+        tables = [Table(name, f"(a) {label}", flags, os.path.join(a.work, name + ".csv"), None,
+                        today_seed) for label, name, flags, today_seed in MODELS]
+    else:
+        tables = list(world_tables(a.work, a.world_seeds))
     tables = [t for t in tables if all(term in t.name for term in terms)]
     cpu = None
     if a.suite == "today" and a.cpu_table and all(term in "cpu" for term in terms):
@@ -412,7 +416,7 @@ def main():
     dump = open(a.dump, "w") if a.dump else None
     try:
         for t in tables:
-            make_table(a.bin, t, worlds.get(t.name))
+            make_table(a.bin, t, t.family)
         if cpu:
             cpu.load()
             tables.append(cpu)

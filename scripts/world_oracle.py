@@ -16,39 +16,18 @@ configurations that fit is not the table's.
 """
 
 import argparse
-import csv
 import os
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_search  # noqa: E402  (the suite's models, seeds and configuration key)
-
-
-def load(path):
-    """key -> step time of every row that fits (None for the others)."""
-    times = {}
-    for row in csv.DictReader(open(path)):
-        times[bench_search.key_of(row)] = (float(row["step_time_s"]) if row["status"] == "ok"
-                                           else None)
-    return times
-
-
-def make(binary, flags, truth, family, path, noise=None):
-    cmd = [binary, "make-replay-table", *flags.split(), "--truth-seed", str(truth), "--world",
-           family, "--output", path]
-    if noise is not None:
-        cmd += ["--noise", noise]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"make-replay-table failed: {' '.join(cmd)}: {r.stderr}")
-    return load(path)
+import bench_search  # noqa: E402  (the suite's worlds, their tables and keys)
 
 
 def oracle_rank(table, structure):
     """(rank, within): the first configuration within 2% of the best in the structure's order of
-    the configurations that fit in the table, and how many fit within 2%."""
+    the configurations that fit in the table (key -> time; absent or None: does not fit), and
+    how many fit within 2%."""
     fits = {k: t for k, t in table.items() if t is not None}
     if not fits:
         return None, 0
@@ -74,16 +53,16 @@ def main():
                      f"{', '.join(x for x in bench_search.FAMILIES if x != 'near_memory')}")
     print(f"{'table':40} {'oracle rank':>11} {'within 2%':>9}")
     with tempfile.TemporaryDirectory() as work:
-        for m, (_, short, flags, _) in enumerate(bench_search.MODELS):
-            for family in families:
-                for seed in bench_search.WORLD_SEEDS[a.world_seeds]:
-                    truth = seed + 10 * m  # as bench_search.py numbers the worlds
-                    name = f"{short}.{family}.{truth}"
-                    table = make(a.bin, flags, truth, family, os.path.join(work, name + ".csv"))
-                    structure = make(a.bin, flags, truth, family,
-                                     os.path.join(work, name + ".structure.csv"), noise="0")
-                    rank, within = oracle_rank(table, structure)
-                    print(f"{name:40} {rank if rank else '-':>11} {within:>9}", flush=True)
+        for t in bench_search.world_tables(work, a.world_seeds):
+            if t.family not in families:
+                continue
+            bench_search.make_table(a.bin, t, t.family)
+            twin = bench_search.Table(t.name + ".structure", t.label, t.flags + " --noise 0",
+                                      os.path.join(work, t.name + ".structure.csv"), t.family,
+                                      t.truth_seed)
+            bench_search.make_table(a.bin, twin, twin.family)
+            rank, within = oracle_rank(t.time, twin.time)
+            print(f"{t.name:40} {rank if rank else '-':>11} {within:>9}", flush=True)
 
 
 if __name__ == "__main__":
