@@ -3,12 +3,14 @@
 //
 // Recipe: current scaling (TransformerEngine's Float8CurrentScaling): each GEMM operand is
 // quantized with a scale from its own amax, taken just before the cast, so no amax history is
-// kept between iterations (delayed scaling would keep one and use the previous iteration's amax;
-// its step time is the same, one amax reduction per operand, but its first iterations depend on
-// the history's warm-up). The scale maps the tensor's largest magnitude onto the format's largest
-// finite value: scale = fp8_max / amax (transformer_engine/common/recipe/recipe_common.cuh,
-// compute_scale_from_amax, with epsilon 0 and no power-of-two rounding). The GEMM dequantizes with
-// scale_inv = 1 / scale (cuBLASLt's A/B_SCALE_POINTER).
+// kept between iterations (delayed scaling, Megatron-core's default recipe, would keep one and
+// use the previous iterations' amax: its first iterations depend on the history's warm-up, and
+// Transformer Engine then takes the amax inside the cast kernel, so current scaling reads each
+// operand once more; trial.md §14.1 measures what that costs). The scale maps the tensor's largest
+// magnitude onto the format's largest finite value: scale = fp8_max / amax
+// (transformer_engine/common/recipe/recipe_common.cuh, compute_scale_from_amax, with epsilon 0 and
+// no power-of-two rounding). The GEMM dequantizes with scale_inv = 1 / scale (cuBLASLt's
+// A/B_SCALE_POINTER).
 //
 // Formats: e4m3 (largest finite 448) for activations and weights; with --fp8-format hybrid the
 // gradients use e5m2 (largest finite 57344), with e4m3 everything does.

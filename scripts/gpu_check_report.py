@@ -10,6 +10,7 @@ the checks that need it, never a silent pass):
   gpu_bench_np<N>.json             tests/gpu/gpu_bench.cc's figures (N = 1: on cuDNN; 2, 8)
   gpu_bench_kernel_np1.json        the same on the CUDA-core attention kernel (no speed targets)
   trial_1gpu.json, plan.json       the llama-7B-shaped trial and `autopar-tune plan` of that job
+  trial_1gpu_fp8.json              that trial with --fp8-format hybrid
   trial_<pp|cp|tp>2.json           the 2-GPU trials (trial_*.err: what they printed on stderr)
 
 Targets (the issue's, set for an H100; scaled by the GPU preset's dense bf16 peak over the H100's
@@ -21,7 +22,10 @@ Targets we set (the issue names none):
   attention max error against the double reference: out <= 2e-2, dq/dk/dv <= 3e-2 of max |ref|,
   lse <= 1e-2 absolute (the bf16 tolerances of tests/unit/cuda_attention_test.cc);
   all-reduce bus bandwidth at 1 GiB >= 60% of the preset's NVLink bandwidth per direction;
-  every trial ends `ok`; the gpu-labelled tests: none fails and more run than skip (on a GPU
+  every trial ends `ok` (the FP8 one "skipped" where the GPU has no fp8 tensor cores and the
+  trial says so); the FP8 trial's step faster than the bf16 one's (speed-up > 1: a trial that
+  makes FP8 look slower would rank FP8 configurations wrongly; Transformer Engine gains about
+  1.3x on such a model, the analytic model predicts its own figure, both shown); the gpu-labelled tests: none fails and more run than skip (on a GPU
   machine a skip for want of a GPU means the tests did not see it); the benchmark entries: none
   fails (those needing more GPUs than there are skip).
 Attention backward TFLOP/s and the trials' step time against the model's prediction are reported
@@ -236,6 +240,36 @@ def bench_checks(work, gpus):
     return out, preset
 
 
+def fp8_trial_checks(work, bf16):
+    """The 1-GPU trial with --fp8-format hybrid: it ends ok (skipped where the GPU has no fp8) and
+    its step is shorter than the bf16 trial's `bf16` (the speed-up, next to the model's)."""
+    name = "trial llama-7B-shaped 8 layers, 1 GPU, fp8 hybrid"
+    fp8 = load_json(os.path.join(work, "trial_1gpu_fp8.json"))
+    if fp8 is None or fp8.get("status") != "ok":
+        why = why_not(work, "1gpu_fp8", fp8)
+        if "has no fp8" in why:  # the trial's refusal (exit 2) on a GPU without fp8
+            return [check(f"{name}: ends ok", None, "ok", "skipped", "", why)]
+        return [check(f"{name}: ends ok", fp8 and fp8.get("status"), "ok", "FAIL", "", why),
+                check(f"{name}: speed-up over bf16", None, "> 1", "FAIL", "x", why)]
+    out = [check(f"{name}: ends ok", "ok", "ok", "PASS", "", fp8.get("config", ""))]
+    step, predicted = fp8["step_time_s"], fp8.get("predicted_step_time_s", 0)
+    out.append(check(f"{name}: step time", step, None, "info", "s",
+                     f"model predicts {predicted:.4f} s (measured / model {step / predicted:.3f})"
+                     if predicted > 0 else "no prediction"))
+    if bf16 is None or bf16.get("status") != "ok":
+        out.append(check(f"{name}: speed-up over bf16", None, "> 1", "FAIL", "x",
+                         "the bf16 trial did not end ok"))
+        return out
+    speedup = bf16["step_time_s"] / step
+    bf16_predicted = bf16.get("predicted_step_time_s", 0)
+    model = (f"model predicts {bf16_predicted / predicted:.2f}x"
+             if predicted > 0 and bf16_predicted > 0 else "no prediction")
+    out.append(check(f"{name}: speed-up over bf16", speedup, "> 1",
+                     "PASS" if speedup > 1 else "FAIL", "x",
+                     f"bf16 {bf16['step_time_s']:.4f} s / fp8 {step:.4f} s; {model}"))
+    return out
+
+
 def trial_checks(work, gpus):
     out = []
     trial = load_json(os.path.join(work, "trial_1gpu.json"))
@@ -267,6 +301,7 @@ def trial_checks(work, gpus):
                              f"{step / predicted:.3f})" if predicted > 0 else "no prediction"))
         out.append(check(f"{name}: MFU", mfu, f">= {MFU_TARGET:.0%}",
                          "FAIL" if mfu is None or mfu < MFU_TARGET else "PASS", "", note))
+    out += fp8_trial_checks(work, trial)
     for tag in MULTI_GPU_TRIALS:
         name = f"trial {tag[:-1]}=2, 2 GPUs"
         if gpus < 2:

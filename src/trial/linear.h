@@ -24,6 +24,7 @@ inline device::GemmDesc Linear(int64_t m, int64_t n, int64_t k, float beta = 0,
   d.fp8_a = fp8.fwd;  // x
   d.fp8_b = fp8.fwd;  // W
   d.fp8_fast_accumulate = fp8.on();
+  d.fp8_b_is_weight = fp8.on();
   d.trans_b = true;
   d.m = m;
   d.n = n;
@@ -37,6 +38,7 @@ inline device::GemmDesc LinearInputGrad(int64_t m, int64_t n, int64_t k, float b
   device::GemmDesc d;
   d.fp8_a = fp8.grad;  // dy
   d.fp8_b = fp8.fwd;   // W
+  d.fp8_b_is_weight = fp8.on();
   d.m = m;
   d.n = k;
   d.k = n;

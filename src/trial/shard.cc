@@ -483,6 +483,7 @@ Status ModelShard::Step(Device& device, ProcessGroups& g, float lr, float eps, i
     std::fill(p.tp_summed.begin(), p.tp_summed.end(), false);
   }
   embedding_summed_ = false;
+  device.WeightsChanged();
   return OkStatus();
 }
 

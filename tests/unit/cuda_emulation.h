@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -94,6 +95,17 @@ inline unsigned long long atomicMin(unsigned long long* address, unsigned long l
   }
   return old;
 }
+
+inline unsigned atomicMax(unsigned* address, unsigned value) {
+  std::atomic_ref<unsigned> target(*address);
+  unsigned old = target.load();
+  while (value > old && !target.compare_exchange_weak(old, value)) {
+  }
+  return old;
+}
+
+inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
+inline float __uint_as_float(unsigned u) { return std::bit_cast<float>(u); }
 
 // IEEE single-precision operations with round to nearest: what the host does anyway (x86-64
 // without FMA contraction).

@@ -11,6 +11,7 @@
 #include "kernels/cross_entropy.cu"
 #include "kernels/elementwise.cu"
 #include "kernels/embedding.cu"
+#include "kernels/fp8.cu"
 #include "kernels/norms.cu"
 #include "kernels/rope.cu"
 // clang-format on
@@ -29,6 +30,7 @@
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
+#include "kernels/fp8_scale.h"
 #include "kernels/norms.h"
 #include "kernels/rope.h"
 #include "tests/unit/cuda_test_util.h"
@@ -414,6 +416,60 @@ TEST(EmulatedKernels, RopeActivationsEmbeddingAndAdamMatchReference) {
   EXPECT_EQ(ea, w_ea);
   EXPECT_EQ(eas, w_eas);
   for (std::int64_t i = 0; i < m; ++i) ASSERT_EQ(model[i], ToBf16Bits(w_master[i])) << i;
+}
+
+// The FP8 quantizer of the cuBLASLt GEMM against the host: amax over a strided view (NaN
+// ignored), scale = Fp8ScaleFromAmax, every element scaled and cast with saturation, written
+// as is (by words of 4, or by bytes where a row is not whole words) or transposed: odd sizes, a
+// row stride past the columns. Then the amax kernel alone on a
+// grid of fewer blocks than rows, as a large view runs it: its four-row loop and its tail.
+TEST(EmulatedKernels, Fp8QuantizeMatchesHostAmaxScaleAndCast) {
+  struct View {
+    std::int64_t rows, cols, ld;
+    bool transpose;
+  };
+  for (const Storage storage : {Storage::kBF16, Storage::kF32}) {
+    for (const View v : {View{70, 300, 310, false}, View{9, 30, 31, false}, View{37, 40, 40, true},
+                         View{5, 33, 48, true}}) {
+      for (const Fp8Format format : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+        std::vector<float> x = Stored(storage, Random(31, v.rows * v.ld, 6.0f, -3.0f));
+        x[static_cast<std::size_t>((v.rows / 2) * v.ld + v.cols / 3)] = -17.5f;  // the amax
+        x[static_cast<std::size_t>(v.cols - 1)] = std::numeric_limits<float>::quiet_NaN();
+        if (v.ld > v.cols) x[static_cast<std::size_t>(v.cols)] = 1000.0f;  // outside the view
+        Buf in(storage, x);
+        Fp8Scales scales{};
+        std::vector<__nv_fp8_storage_t> out(static_cast<std::size_t>(v.rows * v.cols));
+        ASSERT_EQ(emulated::QuantizeFp8(nullptr, storage, in.data(), v.rows, v.cols, v.ld,
+                                        v.transpose, format, &scales, out.data()),
+                  cudaSuccess);
+        const bool e4m3 = format == Fp8Format::kE4M3;
+        const float scale = Fp8ScaleFromAmax(17.5f, e4m3 ? kFp8E4M3Max : kFp8E5M2Max);
+        ASSERT_EQ(scales.scale, scale);
+        ASSERT_EQ(scales.scale_inv, 1.0f / scale);
+        for (std::int64_t r = 0; r < v.rows; ++r) {
+          for (std::int64_t c = 0; c < v.cols; ++c) {
+            const __nv_fp8_storage_t want =
+                __nv_cvt_float_to_fp8(x[static_cast<std::size_t>(r * v.ld + c)] * scale,
+                                      __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2);
+            const std::int64_t at = v.transpose ? c * v.rows + r : r * v.cols + c;
+            ASSERT_EQ(out[static_cast<std::size_t>(at)], want)
+                << "(" << r << ", " << c << ") of " << v.rows << "x" << v.cols;
+          }
+        }
+      }
+    }
+  }
+  for (const std::int64_t amax_row : {0, 29, 36}) {  // in the four-row loop, and in the tail
+    const std::int64_t rows = 37, cols = 300, ld = 301;
+    std::vector<float> x = Random(32, rows * ld, 2.0f, -1.0f);
+    x[static_cast<std::size_t>(amax_row * ld + 299)] = 9.0f;
+    x[static_cast<std::size_t>(5 * ld + 300)] = 50.0f;  // outside the view
+    unsigned amax_bits = 0;
+    ASSERT_EQ(Launch(AmaxKernel<float>, dim3(3, 2), kThreads, 0, nullptr, x.data(), rows, cols, ld,
+                     &amax_bits),
+              cudaSuccess);
+    EXPECT_EQ(__uint_as_float(amax_bits), 9.0f) << "row " << amax_row;
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "src/device/cuda/cuda_device.h"
 #include "tests/unit/cuda_test_util.h"
 
 namespace autopar::device {
@@ -27,8 +28,9 @@ class CudaFp8Gemm : public cuda_test::CudaTest {
 
   // C = alpha op(A) op(B) + beta C on the device in fp8 and on the host in fp32, compared with
   // the fp8 bound plus the output's rounding.
+  // `weight`: b is a weight (GemmDesc::fp8_b_is_weight), its copy kept by the device.
   void Check(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-             Fp8Operand fa, Fp8Operand fb, DType c_dtype, float beta) {
+             Fp8Operand fa, Fp8Operand fb, DType c_dtype, float beta, bool weight = false) {
     const std::vector<float> a = Random(11, m * k, 2.0f, -1.0f);
     const std::vector<float> b = Random(12, k * n, 2.0f, -1.0f);
     const std::vector<float> c0 = Random(13, m * n, 2.0f, -1.0f);
@@ -44,6 +46,7 @@ class CudaFp8Gemm : public cuda_test::CudaTest {
     d.beta = beta;
     d.fp8_a = fa;
     d.fp8_b = fb;
+    d.fp8_b_is_weight = weight;
     const Tensor ta = Put(DType::kBF16, a), tb = Put(DType::kBF16, b), tc = Put(c_dtype, c0);
     const Status s = dev().Gemm(d, ta, tb, tc);
     ASSERT_TRUE(s.ok()) << s.ToString();
@@ -68,10 +71,57 @@ class CudaFp8Gemm : public cuda_test::CudaTest {
 
 TEST_F(CudaFp8Gemm, LinearForwardInE4M3) {
   Check(false, true, 64, 48, 32, Fp8Operand::kE4M3, Fp8Operand::kE4M3, DType::kBF16, 0.0f);
+  Check(false, true, 64, 48, 32, Fp8Operand::kE4M3, Fp8Operand::kE4M3, DType::kBF16, 0.0f, true);
 }
 
 TEST_F(CudaFp8Gemm, InputGradientWithE5M2Gradients) {
   Check(false, false, 64, 32, 48, Fp8Operand::kE5M2, Fp8Operand::kE4M3, DType::kBF16, 0.0f);
+  Check(false, false, 64, 32, 48, Fp8Operand::kE5M2, Fp8Operand::kE4M3, DType::kBF16, 0.0f, true);
+}
+
+// A weight is quantized once per orientation and the copy reused until WeightsChanged, as
+// Transformer Engine reuses a step's first micro-batch's FP8 weights: a GEMM after the weight
+// changed without it still sees the old copy; after it, the new weight.
+TEST_F(CudaFp8Gemm, AWeightIsQuantizedOncePerStep) {
+  auto& cuda = static_cast<CudaDevice&>(dev());
+  const std::int64_t m = 64, n = 48, k = 32;
+  const std::vector<float> x = Random(21, m * k, 2.0f, -1.0f), w = Random(22, n * k, 2.0f, -1.0f);
+  const Tensor tx = Put(DType::kBF16, x), tw = Put(DType::kBF16, w);
+  const Tensor ty = Zeros(DType::kBF16, m * n);
+  GemmDesc fwd;  // y = x W^T
+  fwd.trans_b = true;
+  fwd.m = m;
+  fwd.n = n;
+  fwd.k = k;
+  fwd.fp8_a = fwd.fp8_b = Fp8Operand::kE4M3;
+  fwd.fp8_b_is_weight = true;
+  ASSERT_TRUE(dev().Gemm(fwd, tx, tw, ty).ok());
+  const std::vector<float> first = Get(ty);
+  EXPECT_EQ(cuda.fp8_weight_copies(), 1u);
+
+  ASSERT_TRUE(dev().Scale(tw, 2.0f).ok());  // exact in bf16
+  ASSERT_TRUE(dev().Gemm(fwd, tx, tw, ty).ok());
+  EXPECT_EQ(Get(ty), first) << "the step's copy, made before the weight changed";
+  EXPECT_EQ(cuda.fp8_weight_copies(), 1u);
+
+  GemmDesc dgrad = fwd;  // the input gradient's view of the same weight: its transpose
+  dgrad.trans_b = false;
+  dgrad.n = k;
+  dgrad.k = n;
+  dgrad.fp8_fast_accumulate = false;
+  const Tensor tdy = Put(DType::kBF16, Random(23, m * n, 2.0f, -1.0f));
+  const Tensor tdx = Zeros(DType::kBF16, m * k);
+  ASSERT_TRUE(dev().Gemm(dgrad, tdy, tw, tdx).ok());
+  EXPECT_EQ(cuda.fp8_weight_copies(), 2u) << "one copy per orientation";
+
+  dev().WeightsChanged();
+  EXPECT_EQ(cuda.fp8_weight_copies(), 0u);
+  ASSERT_TRUE(dev().Gemm(fwd, tx, tw, ty).ok());
+  // Twice the weight: twice the amax, half the scale, the same fp8 codes: exactly twice.
+  const std::vector<float> second = Get(ty);
+  for (std::size_t i = 0; i < first.size(); ++i) ASSERT_EQ(second[i], 2 * first[i]) << i;
+  ASSERT_TRUE(dev().ReleaseCachedMemory().ok());
+  EXPECT_EQ(cuda.fp8_weight_copies(), 0u);
 }
 
 TEST_F(CudaFp8Gemm, WeightGradientAccumulatesIntoF32) {

@@ -88,6 +88,7 @@ class ReportTest(unittest.TestCase):
         # gpu_bench leaves the 32k shape out on the kernel (gpu_check's time budget).
         self.put("gpu_bench_kernel_np1.json", bench_np1(fwd=(100.0, 90.0), engine="kernel"))
         self.put("trial_1gpu.json", trial(1.0))
+        self.put("trial_1gpu_fp8.json", trial(0.8))
         self.put("plan.json", PLAN)
         if gpus >= 2:
             self.put("gpu_bench_np2.json",
@@ -136,6 +137,35 @@ class ReportTest(unittest.TestCase):
         self.assertAlmostEqual(mfu["value"], 0.5 / 1.2)
         self.assertEqual(mfu["verdict"], "FAIL")
         self.assertEqual((rc, result["verdict"]), (1, "FAIL"))
+
+    def test_the_fp8_trial_must_be_faster_than_the_bf16_one(self):
+        self.healthy()
+        _, _, checks, _ = self.run_report()
+        name = "trial llama-7B-shaped 8 layers, 1 GPU, fp8 hybrid"
+        speedup = checks[f"{name}: speed-up over bf16"]
+        self.assertAlmostEqual(speedup["value"], 1.25)
+        self.assertEqual(speedup["verdict"], "PASS")
+        self.assertIn("model predicts 1.00x", speedup["note"])
+        self.assertEqual(checks[f"{name}: step time"]["verdict"], "info")
+        self.put("trial_1gpu_fp8.json", trial(1.05))  # slower than bf16: would rank FP8 wrongly
+        rc, _, checks, _ = self.run_report()
+        self.assertEqual(checks[f"{name}: speed-up over bf16"]["verdict"], "FAIL")
+        self.assertEqual(rc, 1)
+        # A GPU without fp8: the trial refuses (exit 2, no JSON) and the check is skipped.
+        os.remove(os.path.join(self.work, "trial_1gpu_fp8.json"))
+        self.put("trial_1gpu_fp8.err", "autopar-tune trial: --fp8-format: cuda:0 (NVIDIA A100) "
+                 "has no fp8 GEMMs; fp8 trials run on --backend cuda with a GPU of compute "
+                 "capability 8.9 or newer\n")
+        rc, _, checks, _ = self.run_report()
+        self.assertEqual(checks[f"{name}: ends ok"]["verdict"], "skipped")
+        self.assertNotIn(f"{name}: speed-up over bf16", checks)
+        self.assertEqual(rc, 0)
+        # Any other failure fails both.
+        self.put("trial_1gpu_fp8.err", "autopar-tune trial: cuBLASLt: CUBLAS_STATUS_NOT_SUPPORTED\n")
+        rc, _, checks, _ = self.run_report()
+        self.assertEqual(checks[f"{name}: ends ok"]["verdict"], "FAIL")
+        self.assertEqual(checks[f"{name}: speed-up over bf16"]["verdict"], "FAIL")
+        self.assertEqual(rc, 1)
 
     def test_targets_on_an_h100(self):
         self.healthy()

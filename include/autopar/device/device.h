@@ -59,6 +59,11 @@ class Device {
   // reads its baseline, so a trial's peak counts the workspaces its own shapes need rather than
   // an earlier trial's (which would sit in the baseline, counted nowhere). Nothing on the CPU.
   virtual Status ReleaseCachedMemory() { return OkStatus(); }
+  // The model's weights changed (the optimizer's step): a device that keeps copies derived from
+  // weights across the micro-batches of a step drops them, so the next GEMM makes them anew. The
+  // CUDA device keeps the FP8 copies of the weights (GemmDesc::fp8_b_is_weight), as Transformer
+  // Engine quantizes a weight once per step. Nothing on the CPU.
+  virtual void WeightsChanged() {}
   // The time by which every wait of the device must end, whatever its own bound per wait: the
   // trial's deadline while a trial runs (RunTrial sets it, and time_point::max(), none, after).
   // A wait still pending then gives up as kTimeout (the CUDA device aborting its communicators,

@@ -48,6 +48,12 @@ struct GemmDesc {
   // promotion to fp32), as TransformerEngine runs a linear layer's forward GEMM
   // (_2X_ACC_FPROP = False); its gradient GEMMs keep split accumulation (_2X_ACC_DGRAD/WGRAD).
   bool fp8_fast_accumulate = false;
+  // FP8 only: b is a weight, unchanged until Device::WeightsChanged, so the device may quantize
+  // it once and reuse the copy (and its scale) for every GEMM of the step that reads it the same
+  // way, as Transformer Engine does across the micro-batches of a step (Megatron-core passes
+  // is_first_microbatch to its linear layers: the weight's FP8 copy and, on Hopper, its
+  // transposed copy are made by the first micro-batch and cached).
+  bool fp8_b_is_weight = false;
 };
 
 // RMSNorm and LayerNorm over the last dimension of x [rows, hidden].

@@ -162,12 +162,14 @@ class CudaDevice final : public Device {
   int index() const { return index_; }
   cudaStream_t stream() const { return stream_; }
   double timeout_s() const { return timeout_s_; }
-  // Frees the cuDNN arena and the FP8 workspace (tensors of the budget that persist between
-  // calls; in stream order, after the work queued on them), waits for the stream (Synchronize),
-  // then gives what the tensor pool holds unused back to the driver, so the communicators and
-  // workspaces made next can have it. Between trials (RunTrial, before its baseline), not within
-  // a step.
+  // Frees the cuDNN arena, the FP8 workspace and weight copies (tensors of the budget that persist
+  // between calls; in stream order, after the work queued on them), waits for the stream
+  // (Synchronize), then gives what the tensor pool holds unused back to the driver, so the
+  // communicators and workspaces made next can have it. Between trials (RunTrial, before its
+  // baseline), not within a step.
   Status ReleaseCachedMemory() override;
+  void WeightsChanged() override { fp8_.WeightsChanged(); }
+  std::size_t fp8_weight_copies() const { return fp8_.weight_copies(); }
   void SetDeadline(std::chrono::steady_clock::time_point deadline) override;
   // When a wait that began at `started_s` must end (WaitEndS with this device's bounds).
   double wait_end_s(double started_s) const { return WaitEndS(started_s, timeout_s_, deadline_s_); }

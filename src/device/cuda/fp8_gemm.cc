@@ -65,6 +65,7 @@ void Fp8Gemm::Reset() {
     handle_ = nullptr;
   }
   workspace_.Reset();
+  weights_.clear();
 }
 
 Status Fp8Gemm::Reserve(Device& device, std::size_t bytes) {
@@ -83,6 +84,33 @@ Status Fp8Gemm::Reserve(Device& device, std::size_t bytes) {
   return OkStatus();
 }
 
+StatusOr<const Fp8Gemm::WeightCopy*> Fp8Gemm::WeightOperand(Device& device, cudaStream_t stream,
+                                                            kc::Storage t, const void* b,
+                                                            std::int64_t rows, std::int64_t cols,
+                                                            std::int64_t ld, bool transpose,
+                                                            Fp8Operand format) {
+  for (const WeightCopy& w : weights_) {
+    if (w.source == b && w.rows == rows && w.cols == cols && w.ld == ld &&
+        w.transpose == transpose && w.format == format) {
+      return &w;
+    }
+  }
+  const std::size_t scales_bytes = AlignUp(sizeof(kc::Fp8Scales));
+  StatusOr<Buffer> copy =
+      device.Allocate(scales_bytes + AlignUp(static_cast<std::size_t>(rows * cols)));
+  if (!copy.ok()) {
+    return Status::Error(copy.status().outcome(),
+                         "the FP8 copy of a weight: " + copy.status().message(), __FILE__,
+                         __LINE__);
+  }
+  WeightCopy w{b, rows, cols, ld, transpose, format, std::move(copy).value()};
+  auto* base = static_cast<char*>(w.copy.data());
+  AUTOPAR_CHECK_CUDA(kc::QuantizeFp8(stream, t, b, rows, cols, ld, transpose, KernelFormat(format),
+                                     reinterpret_cast<kc::Fp8Scales*>(base), base + scales_bytes));
+  weights_.push_back(std::move(w));
+  return &weights_.back();
+}
+
 Status Fp8Gemm::Run(Device& device, cudaStream_t stream, const GemmDesc& d, kc::Storage ab_t,
                     Tensor a, Tensor b, Tensor c) {
   const std::int64_t c_bytes = static_cast<std::int64_t>(DTypeSize(c.dtype));
@@ -92,10 +120,18 @@ Status Fp8Gemm::Run(Device& device, cudaStream_t stream, const GemmDesc& d, kc::
   const Fp8GemmPlan p = PlanFp8Gemm(d);
   if (handle_ == nullptr) AUTOPAR_CHECK_CUBLAS(cublasLtCreate(&handle_));
 
-  // Workspace: the two operands' scales, the a side as [m, k], the b side as [n, k], cuBLASLt's.
+  // A weight's copy is kept across calls (made here on its first use this step); otherwise the
+  // b side is quantized into the workspace with the a side.
+  const WeightCopy* weight = nullptr;
+  if (d.fp8_b_is_weight) {
+    AUTOPAR_ASSIGN_OR_RETURN(weight, WeightOperand(device, stream, ab_t, b.data, p.b_rows, p.b_cols,
+                                                   p.b_ld, p.b_transpose, d.fp8_b));
+  }
+  // Workspace: the two operands' scales, the a side as [m, k], the b side as [n, k] (none for a
+  // kept weight), cuBLASLt's.
   const std::size_t scales_bytes = AlignUp(2 * sizeof(kc::Fp8Scales));
   const std::size_t qa_bytes = AlignUp(static_cast<std::size_t>(d.m * d.k));
-  const std::size_t qb_bytes = AlignUp(static_cast<std::size_t>(d.n * d.k));
+  const std::size_t qb_bytes = weight != nullptr ? 0 : AlignUp(static_cast<std::size_t>(d.n * d.k));
   AUTOPAR_RETURN_IF_ERROR(Reserve(device, scales_bytes + qa_bytes + qb_bytes + kLtWorkspaceBytes));
   auto* base = static_cast<char*>(workspace_.data());
   auto* scales = reinterpret_cast<kc::Fp8Scales*>(base);
@@ -107,8 +143,14 @@ Status Fp8Gemm::Run(Device& device, cudaStream_t stream, const GemmDesc& d, kc::
 
   AUTOPAR_CHECK_CUDA(kc::QuantizeFp8(stream, ab_t, a.data, p.a_rows, p.a_cols, p.a_ld, p.a_transpose,
                                      KernelFormat(d.fp8_a), a_scales, qa));
-  AUTOPAR_CHECK_CUDA(kc::QuantizeFp8(stream, ab_t, b.data, p.b_rows, p.b_cols, p.b_ld, p.b_transpose,
-                                     KernelFormat(d.fp8_b), b_scales, qb));
+  if (weight != nullptr) {
+    auto* copy = static_cast<char*>(weight->copy.data());
+    b_scales = reinterpret_cast<kc::Fp8Scales*>(copy);
+    qb = copy + AlignUp(sizeof(kc::Fp8Scales));
+  } else {
+    AUTOPAR_CHECK_CUDA(kc::QuantizeFp8(stream, ab_t, b.data, p.b_rows, p.b_cols, p.b_ld,
+                                       p.b_transpose, KernelFormat(d.fp8_b), b_scales, qb));
+  }
 
   // cuBLASLt's A is our b side, its B our a side (fp8_gemm_plan.h).
   LtDescriptors lt;

@@ -7,6 +7,12 @@
 // accumulation only where GemmDesc::fp8_fast_accumulate asks (the forward), writing C in its own
 // dtype (bf16 or f32, beta as given). All on the device's stream; the host never waits.
 //
+// A weight operand (GemmDesc::fp8_b_is_weight) is quantized once per orientation and kept, with
+// its scale, until WeightsChanged: the copies Transformer Engine makes at a step's first
+// micro-batch and reuses for the rest (the weight and, for the input-gradient GEMM, its transpose;
+// 2 bytes per weight on Hopper, what the analytic model counts: Fp8WeightCacheBytes). They are
+// device Buffers too, so the trial's peak includes them.
+//
 // The workspace is a device Buffer (Device::Allocate: the tensor budget, the device's
 // stream-ordered pool), as Transformer Engine's fp8 copies and cuBLASLt workspace are PyTorch
 // tensors of the training job. It grows by freeing the old one in stream order (cudaFreeAsync:
@@ -18,6 +24,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "autopar/device/device.h"
 #include "autopar/device/ops.h"
@@ -39,16 +47,38 @@ class Fp8Gemm {
   // reserve); `stream` is the device's compute stream.
   Status Run(Device& device, cudaStream_t stream, const GemmDesc& d, kernels::cuda::Storage ab_t,
              Tensor a, Tensor b, Tensor c);
-  // Frees the handle and the workspace (in the device's stream order).
+  // Frees the handle, the workspace and the weights' copies (in the device's stream order).
   void Reset();
-  // Frees the workspace only (the next call allocates it again).
-  void ReleaseWorkspace() { workspace_.Reset(); }
+  // Frees the workspace and the weights' copies (the next call allocates them again).
+  void ReleaseWorkspace() {
+    workspace_.Reset();
+    WeightsChanged();
+  }
+  // Drops the weights' FP8 copies (in the device's stream order: GEMMs queued on them finish).
+  void WeightsChanged() { weights_.clear(); }
+  // How many weight copies are kept.
+  std::size_t weight_copies() const { return weights_.size(); }
 
  private:
+  // One quantized view: the source's address and view, the orientation and format it was
+  // quantized to; the data, after its Fp8Scales, in `copy`.
+  struct WeightCopy {
+    const void* source = nullptr;
+    std::int64_t rows = 0, cols = 0, ld = 0;
+    bool transpose = false;
+    Fp8Operand format = Fp8Operand::kNone;
+    Buffer copy;
+  };
   Status Reserve(Device& device, std::size_t bytes);
+  // The kept copy of the weight view b (quantized now if there is none): its scales and data.
+  StatusOr<const WeightCopy*> WeightOperand(Device& device, cudaStream_t stream,
+                                            kernels::cuda::Storage t, const void* b,
+                                            std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                                            bool transpose, Fp8Operand format);
 
   cublasLtHandle_t handle_ = nullptr;
   Buffer workspace_;
+  std::vector<WeightCopy> weights_;
 };
 
 }  // namespace autopar::device
