@@ -89,6 +89,12 @@ LLAMA_ARCH = ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-ty
 # --accumulate-allreduce-grads-in-fp32, which Megatron then leaves off).
 ERA_2020_2022 = ["--no-flash-attention", "--attention-dropout", "0.1", "--hidden-dropout", "0.1",
                  "--no-overlap-param-gather", "--fp16", "--fix", "grad_reduce_dtype=bf16"]
+# Before September 2021 Megatron-LM ran every backward tensor-parallel all-reduce after the GEMMs
+# that need it: the asynchronous all-reduce under the weight-gradient GEMM came with the merge of
+# slym/allreduce-overlap (b462d2545d, 2021-09-07; megatron/mpu/layers.py). The runs of Narayanan
+# et al. (arXiv 2104.04473, April 2021) and the README table of the same code predate it;
+# Korthikanti et al. (2022) postdate it.
+ERA_2021 = ERA_2020_2022 + ["--no-async-tp-backward"]
 # Megatron-core / NeMo of 2024-2026: Transformer Engine with flash (cuDNN fused) attention,
 # gradient reduce and parameter gather overlapped with compute (the tool's defaults), distributed
 # optimizer (in the configuration), fp32 gradient reduction (Megatron's default for bf16). Each
@@ -122,7 +128,7 @@ class Source:
 
 SOURCES = {
     # Narayanan et al. 2021 Table 1: their TFLOP/s count the recomputed forward (eq. 3).
-    "NARAYANAN21_T1": Source("2020-2022", "tflops", ERA_2020_2022, GPT_ARCH, narayanan_flops,
+    "NARAYANAN21_T1": Source("2020-2022", "tflops", ERA_2021, GPT_ARCH, narayanan_flops,
                              recompute="full"),
     "KORTHIKANTI22_T4": Source("2020-2022", "layer_ms", ERA_2020_2022, GPT_ARCH,
                                recompute="full"),
@@ -130,7 +136,7 @@ SOURCES = {
                                recompute="full"),
     # Megatron README 2020: recompute not stated, but its TFLOP/s match the 96·B·s·l·h² formula,
     # which counts the recomputed forward: activation checkpointing was on.
-    "MEGATRON_README_2020": Source("2020-2022", "iteration_ms", ERA_2020_2022, GPT_ARCH,
+    "MEGATRON_README_2020": Source("2020-2022", "iteration_ms", ERA_2021, GPT_ARCH,
                                    recompute="full"),
     # Megatron-core r0.8.0 README table (July 2024): TFLOP/s from r0.8's
     # num_floating_point_operations (full attention square, no recompute counted). Not stated,

@@ -169,6 +169,9 @@ const FlagGroup kStack = {
     "software stack (docs/cli.md §4)",
     {
         Switch("--no-flash-attention", "attention without flash attention"),
+        Switch("--no-async-tp-backward",
+               "every backward tensor-parallel collective exposed, as Megatron-LM before "
+               "September 2021 (docs/models.md §4.3)"),
         Number("--attention-efficiency", "F",
                "the flash attention kernel's efficiency, of the dense peak, on long calls at head "
                "dim 128 (the GPU family's: docs/models.md §5)",

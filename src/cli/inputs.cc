@@ -385,6 +385,7 @@ Inputs ReadInputs(Args& args) {
     pasted = SplitCommandLine(ReadTextFile("--megatron-args-file", *file), variables);
   }
   const bool no_flash = args.Switch("--no-flash-attention");
+  const bool no_async_tp = args.Switch("--no-async-tp-backward");
   const auto attention_efficiency = args.Value("--attention-efficiency");
   ReadSpaceOptions(args, in.space);
   if (const auto f = args.Value("--format")) in.format = ParseFormat(*f);
@@ -463,6 +464,7 @@ Inputs ReadInputs(Args& args) {
                                 in.megatron_uneven_flag);
   if (!rest.empty()) throw InputError(rest[0], "unknown flag (see autopar-tune --help)");
   if (no_flash) stack.flash_attention = false;
+  if (no_async_tp) stack.async_tp_backward = false;
   return in;
 }
 

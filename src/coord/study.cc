@@ -147,6 +147,7 @@ pb::PerfDesc Describe(const PerfConstants& k) {
   d.set_ddp_bucket_size(k.stack.ddp_bucket_size);
   d.set_tp_comm_overlap(k.stack.tp_comm_overlap);
   d.set_cross_entropy_fusion(k.stack.cross_entropy_fusion);
+  d.set_no_async_tp_backward(!k.stack.async_tp_backward);
   return d;
 }
 

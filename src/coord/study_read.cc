@@ -97,6 +97,7 @@ StudySpecs SpecsOf(const pb::StudyDescription& d) {
   k.stack.ddp_bucket_size = p.ddp_bucket_size();
   k.stack.tp_comm_overlap = p.tp_comm_overlap();
   k.stack.cross_entropy_fusion = p.cross_entropy_fusion();
+  k.stack.async_tp_backward = !p.no_async_tp_backward();
   return s;
 }
 

@@ -102,6 +102,14 @@ struct TpOverlap {
 constexpr double kUserbufferSmShare = 16.0 / 132;
 constexpr double kPipelinedChunks = 4;
 
+// What a collective run beside a GEMM exposes (Megatron's asynchronous tensor-parallel backward):
+// the part the GEMM does not cover, and at least the GEMM's loss of the SMs the collective's
+// kernels hold meanwhile, taken as userbuffers' 16 of 132 (NCCL runs a ring or NVLS collective
+// on one SM per channel, of that order on an NVSwitch node; not measured here).
+double ExposedBeside(double collective, double gemm) {
+  return std::max(kUserbufferSmShare * collective, collective - gemm);
+}
+
 TpOverlap UserbufferExposure(double gathers, double reduce_scatters, double gemm_forward) {
   const double total = gathers + reduce_scatters;
   const double last_chunk = reduce_scatters / kPipelinedChunks;
@@ -160,14 +168,20 @@ LayerShape CostModel::ShapeOf(const ParallelConfig& c) const {
   return x;
 }
 
-double CostModel::LayerCompute(const ParallelConfig& c, const LayerShape& x, bool moe,
-                               bool windowed, std::array<double, kNumFeatures>& f) const {
+CostModel::ComputeParts CostModel::LayerCompute(const ParallelConfig& c, const LayerShape& x,
+                                                bool moe, bool windowed,
+                                                std::array<double, kNumFeatures>& f) const {
   const ModelSpec& m = model_;
   const StackOptions& stack = constants_.stack;
   const Efficiency& e = constants_.eff;
   const double t = x.t, s = x.s, h = x.h, a = x.a, tokens = x.tokens, hbm = x.hbm;
-  // GEMMs: 2 FLOPs per parameter per token, split by tp.
+  ComputeParts parts;
+  // GEMMs: 2 FLOPs per parameter per token, split by tp. The column-parallel linears' share by
+  // their output widths: QKV's against the projection's input, fc1's (two halves with SwiGLU)
+  // against fc2's.
   f[kGemm] = GemmTime(2 * tokens * params_.attention_per_layer / t, a * x.qk_dim / t);
+  const double qkv_width = a * x.qk_dim + x.kv_heads * (x.qk_dim + x.v_dim);
+  parts.qkv_gemm = f[kGemm] * qkv_width / (qkv_width + a * x.v_dim);
   if (moe) {
     const double routed = 2 * tokens * m.moe_router_topk * x.one_expert / t;
     const double shared =
@@ -175,14 +189,17 @@ double CostModel::LayerCompute(const ParallelConfig& c, const LayerShape& x, boo
     f[kGemm] += GemmTime(routed, m.moe_ffn_hidden_size / x.et) +
                 (shared > 0 ? GemmTime(shared, std::max<double>(h, 1) / t) : 0);
   } else {
-    f[kGemm] += GemmTime(2 * tokens * params_.dense_mlp_per_layer / t, m.ffn_hidden_size / t);
+    const double mlp =
+        GemmTime(2 * tokens * params_.dense_mlp_per_layer / t, m.ffn_hidden_size / t);
+    parts.fc1_gemm = mlp * (m.activation == Activation::kSwiGLU ? 2.0 / 3 : 0.5);
+    f[kGemm] += mlp;
   }
   // Attention core over the full key range; flash skips the masked half of a causal square.
   const double heads = a / (t * c.up);
   // A rank attends with its heads/(tp·up) heads for the cp rank's s/cp queries over all s keys
   // (after the Ulysses all-to-all); the load-balanced chunks give every rank the same share.
   const double attn_flops = 2 * c.mbs * (s / c.cp) * s * heads * (x.qk_dim + x.v_dim);
-  double softmax = 0;  // the unfused attention's passes over the score matrix
+  double& softmax = parts.softmax;  // the unfused attention's passes over the score matrix
   if (stack.flash_attention) {
     f[kAttention] = 0.5 * attn_flops * (windowed ? x.window_share : 1.0) /
                     (attention_peak_flops_ * e.attention *
@@ -211,11 +228,11 @@ double CostModel::LayerCompute(const ParallelConfig& c, const LayerShape& x, boo
       element_bytes_ *
       (hidden_passes * tokens * h / (c.sp ? t : 1) + act_passes * tokens * width / t) / hbm;
   if (moe) f[kMemoryBound] += element_bytes_ * 4 * tokens * m.moe_router_topk * h / t / hbm;
-  return softmax;
+  return parts;
 }
 
 CostModel::BackwardComm CostModel::LayerCommunication(const ParallelConfig& c, const LayerShape& x,
-                                                      bool moe,
+                                                      bool moe, const ComputeParts& parts,
                                                       std::array<double, kNumFeatures>& f) const {
   const ModelSpec& m = model_;
   const double t = x.t, h = x.h, tokens = x.tokens, hbm = x.hbm;
@@ -226,6 +243,15 @@ CostModel::BackwardComm CostModel::LayerCommunication(const ParallelConfig& c, c
   const int64_t tp_stride = 1;
   const double act_bytes = element_bytes_ * tokens * h;
   const double fp8_gathers = fp8_ ? (moe ? 1 : 2) : 0;
+  // Megatron's asynchronous backward of a column-parallel linear (QKV; fc1 in a dense layer):
+  // the input gradient's all-reduce, or reduce-scatter with SP, runs under the weight-gradient
+  // GEMM, and with SP the input is gathered again for that GEMM under the input-gradient GEMM
+  // (megatron/core/tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication;
+  // Transformer Engine's Linear and LayerNormLinear alike). Each of those GEMMs takes as long as
+  // the linear's forward one. The output gradients' all-gathers before the projection's and
+  // fc2's GEMMs stay exposed.
+  const bool async = constants_.stack.async_tp_backward && c.tp > 1;
+  const std::array<double, 2> column_gemms = {parts.qkv_gemm, parts.fc1_gemm};
   BackwardComm backward;
   if (c.sp) {
     const double gather = AllGatherTime(act_bytes, c.tp, tp_stride);  // = a reduce-scatter
@@ -241,10 +267,20 @@ CostModel::BackwardComm CostModel::LayerCommunication(const ParallelConfig& c, c
       const double rest = f[kTpComm] - pairs * (overlapped_gather + gather);
       backward.tp = rest + o.backward;
       f[kTpComm] = rest + o.forward;
+    } else if (async) {
+      const double input_gather = fp8_ ? fp8_gather : gather;
+      for (const double gemm : column_gemms) {
+        if (gemm <= 0) continue;
+        backward.tp += ExposedBeside(input_gather, gemm) + ExposedBeside(gather, gemm) - gather;
+      }
     }
   } else {
-    f[kTpComm] = 2 * AllReduceTime(act_bytes, c.tp, tp_stride);
+    const double all_reduce = AllReduceTime(act_bytes, c.tp, tp_stride);
+    f[kTpComm] = 2 * all_reduce;
     backward.tp = f[kTpComm];
+    for (const double gemm : column_gemms) {
+      if (async && gemm > 0) backward.tp += ExposedBeside(all_reduce, gemm) - all_reduce;
+    }
   }
   // Ulysses (as the trial runs it): one all-to-all of q, k and v into head shards, one of the
   // output back; backward mirrors them. The buffers are packed and unpacked by row gathers.
@@ -292,8 +328,8 @@ LayerCost CostModel::LayerTime(const ParallelConfig& c, const LayerShape& x, boo
                                bool windowed) const {
   LayerCost lc;
   auto& f = lc.fwd;
-  const double softmax = LayerCompute(c, x, moe, windowed, f);
-  const BackwardComm backward = LayerCommunication(c, x, moe, f);
+  const ComputeParts parts = LayerCompute(c, x, moe, windowed, f);
+  const BackwardComm backward = LayerCommunication(c, x, moe, parts, f);
   // Backward: twice the GEMM FLOPs (input and weight gradients), the same collectives.
   auto& b = lc.bwd;
   b = f;
@@ -310,7 +346,7 @@ LayerCost CostModel::LayerTime(const ParallelConfig& c, const LayerShape& x, boo
   b[kTpComm] = backward.tp;
   if (c.recompute == Recompute::kSelective) {  // the attention core runs forward again
     b[kAttention] += f[kAttention];
-    b[kMemoryBound] += softmax;
+    b[kMemoryBound] += parts.softmax;
     b[kCpComm] += f[kCpComm];
   }
   return lc;

@@ -1,6 +1,7 @@
 // One transformer layer of the step program: norms, the tensor-parallel region's entry and exit,
 // attention (local, or split over the sequence by ContextAttention) and the MLP (dense, or a MoE
 // layer's shared experts plus its routed experts), forward and backward.
+#include <memory>
 #include <utility>
 
 #include "src/trial/linear.h"
@@ -37,6 +38,26 @@ Status StageProgram::ReduceRows(Tensor partial, Tensor local_out) {
   if (s_.sp) return g_.tp.ReduceScatter(partial, local_out);
   AUTOPAR_RETURN_IF_ERROR(g_.tp.AllReduce(partial));
   return dev_.Copy(local_out, partial);
+}
+
+Status StageProgram::ColumnParallelBackward(const device::GemmDesc& dgrad,
+                                            const device::GemmDesc& wgrad, Tensor dy, Tensor w,
+                                            Tensor dw, Tensor x_local) {
+  // megatron/core/tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication
+  // (and Transformer Engine's Linear): the collectives run beside the GEMMs that do not need them.
+  std::unique_ptr<device::Request> gather, reduce;
+  Tensor x = x_local;
+  if (s_.sp) {
+    AUTOPAR_RETURN_IF_ERROR(g_.tp.StartAllGather(x_local, gathered_, gather));
+    x = gathered_;
+  }
+  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(dgrad, dy, w, partial_));
+  AUTOPAR_RETURN_IF_ERROR(g_.tp.Wait(gather));
+  AUTOPAR_RETURN_IF_ERROR(s_.sp ? g_.tp.StartReduceScatter(partial_, reduced_, reduce)
+                                : g_.tp.StartAllReduce(partial_, reduce));
+  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(wgrad, dy, x, dw));
+  AUTOPAR_RETURN_IF_ERROR(g_.tp.Wait(reduce));
+  return s_.sp ? OkStatus() : dev_.Copy(reduced_, partial_);
 }
 
 Status StageProgram::Rope(Tensor qkv, bool backward) {
@@ -151,6 +172,10 @@ Status StageProgram::MlpBackward(const LayerWeights& w, const LayerActs& a, MoeA
     AUTOPAR_RETURN_IF_ERROR(s_.swiglu ? dev_.SwiGluBackward(T, ffn, da1, h1, dh1)
                                       : dev_.GeluBackward(da1, h1, dh1));
   }
+  if (!w.moe && ffn > 0) {  // a dense MLP: fc1 is a column-parallel linear like QKV
+    return ColumnParallelBackward(LinearInputGrad(T, fc1, h, 0, s_.fp8),
+                                  LinearWeightGrad(T, fc1, h, s_.fp8), dh1, w.fc1, w.d_fc1, a.y2);
+  }
   if (w.moe)
     AUTOPAR_RETURN_IF_ERROR(moe_->BackwardExperts(w, moe, d_partial.Slice(first, rows * h)));
   AUTOPAR_ASSIGN_OR_RETURN(Tensor y2, GatherRows(a.y2, gathered_));
@@ -203,12 +228,9 @@ Status StageProgram::LayerBackward(const LayerWeights& w, const LayerActs& a, Mo
   AUTOPAR_RETURN_IF_ERROR(
       dev_.Gemm(LinearInputGrad(T, h, s_.q_cols, 0, s_.fp8), d_partial, w.proj, do_));
   AUTOPAR_RETURN_IF_ERROR(AttentionBackward(a));
-  AUTOPAR_ASSIGN_OR_RETURN(Tensor y1, GatherRows(a.y1, gathered_));
-  AUTOPAR_RETURN_IF_ERROR(
-      dev_.Gemm(LinearWeightGrad(T, s_.qkv_cols, h, s_.fp8), dqkv_, y1, w.d_qkv));
-  AUTOPAR_RETURN_IF_ERROR(
-      dev_.Gemm(LinearInputGrad(T, s_.qkv_cols, h, 0, s_.fp8), dqkv_, w.qkv, partial_));
-  AUTOPAR_RETURN_IF_ERROR(ReduceRows(partial_, reduced_));
+  AUTOPAR_RETURN_IF_ERROR(ColumnParallelBackward(LinearInputGrad(T, s_.qkv_cols, h, 0, s_.fp8),
+                                                 LinearWeightGrad(T, s_.qkv_cols, h, s_.fp8), dqkv_,
+                                                 w.qkv, w.d_qkv, a.y1));
   AUTOPAR_RETURN_IF_ERROR(
       NormBackward(w.norm1, w.d_norm1, w.d_norm1_bias, reduced_, a.x, a.rstd1, a.mean1, dx));
   return dev_.Add(dx, dx1_, dx);

@@ -92,6 +92,12 @@ class StageProgram {
   // Sequence-parallel entry and exit of the tensor-parallel region.
   StatusOr<Tensor> GatherRows(Tensor local, Tensor full);
   Status ReduceRows(Tensor partial, Tensor local_out);
+  // The backward of a column-parallel linear y = x·Wᵀ as Megatron runs it asynchronously: with
+  // SP the input x (local rows) is gathered again while the input-gradient GEMM runs, and the
+  // input gradient's all-reduce (reduce-scatter) into reduced_ while the weight-gradient GEMM
+  // adds into dw. `dgrad` and `wgrad` are the linear's LinearInputGrad / LinearWeightGrad.
+  Status ColumnParallelBackward(const device::GemmDesc& dgrad, const device::GemmDesc& wgrad,
+                                Tensor dy, Tensor w, Tensor dw, Tensor x_local);
   Status Rope(Tensor qkv, bool backward);
   Status Embed(int microbatch, Tensor x);
   Status EmbedBackward(int microbatch, Tensor dx);

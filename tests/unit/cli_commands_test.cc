@@ -490,8 +490,9 @@ TEST(Cli, VersionIsTheProjectVersion) {
 
 // The stack's statements change the estimate: --tp-comm-overlap (a Megatron flag, on our command
 // line or in a pasted script) hides tensor-parallel collectives of an sp configuration,
-// --cross-entropy-loss-fusion shortens the loss's passes, and --attention-efficiency sets the
-// attention kernel's efficiency; a bad value is refused.
+// --cross-entropy-loss-fusion shortens the loss's passes, --attention-efficiency sets the
+// attention kernel's efficiency (a bad value is refused), and --no-async-tp-backward exposes the
+// backward tensor-parallel collectives that today's Megatron runs beside their GEMMs.
 TEST(Cli, StackFlagsChangeTheEstimate) {
   const std::vector<std::string> tp8 = {"--config", "tp=8,sp=on,mbs=1", "--format", "json"};
   const Result plain = RunCli(Cmd("predict", Llama7bOn(1, tp8)));
@@ -517,6 +518,12 @@ TEST(Cli, StackFlagsChangeTheEstimate) {
   const Result slower = RunCli(Cmd("predict", Llama7bOn(1, slow)));
   ASSERT_EQ(slower.code, kExitOk) << slower.err;
   EXPECT_GT(JsonNumber(slower.out, "attention"), 2 * JsonNumber(plain.out, "attention"));
+  std::vector<std::string> exposed = tp8;
+  exposed.push_back("--no-async-tp-backward");
+  const Result old_stack = RunCli(Cmd("predict", Llama7bOn(1, exposed)));
+  ASSERT_EQ(old_stack.code, kExitOk) << old_stack.err;
+  EXPECT_GT(JsonNumber(old_stack.out, "tp_comm"), JsonNumber(plain.out, "tp_comm"));
+  EXPECT_GT(JsonNumber(old_stack.out, "step_time_s"), JsonNumber(plain.out, "step_time_s"));
   for (const char* bad : {"0", "1.5", "fast"}) {
     ExpectBadInput(
         Cmd("predict", Llama7bOn(1, {"--config", "tp=8", "--attention-efficiency", bad})),

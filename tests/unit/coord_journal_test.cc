@@ -679,9 +679,9 @@ TEST(StudyDir, ModelRoundTripsThroughTheDescription) {
 }
 
 // The stack's statements a study models with (--tp-comm-overlap, --cross-entropy-loss-fusion,
-// --attention-efficiency)
-// round-trip, so `--resume` and `report` predict as the run that started the study; a changed
-// one refuses --resume.
+// --attention-efficiency, --no-async-tp-backward) round-trip, so `--resume` and `report` predict
+// as the run that started the study; a changed one refuses --resume. A description written before
+// the asynchronous backward's field existed reads as today's Megatron, with it.
 TEST(StudyDir, StackStatementsRoundTripThroughTheDescription) {
   PerfConstants k;
   k.stack.tp_comm_overlap = true;
@@ -695,8 +695,14 @@ TEST(StudyDir, StackStatementsRoundTripThroughTheDescription) {
   EXPECT_TRUE(SpecsOf(d).constants.stack.tp_comm_overlap);
   EXPECT_TRUE(SpecsOf(d).constants.stack.cross_entropy_fusion);
   EXPECT_EQ(SpecsOf(d).constants.eff.attention, 0.32);
+  EXPECT_TRUE(SpecsOf(d).constants.stack.async_tp_backward);
+  EXPECT_FALSE(d.perf().no_async_tp_backward());  // the field's default: an older study's value
   pb::StudyDescription other = d;
   other.mutable_perf()->set_tp_comm_overlap(false);
+  EXPECT_THROW(CheckSameStudy(d, other), StudyError);
+  k.stack.async_tp_backward = false;
+  *other.mutable_perf() = Describe(k);
+  EXPECT_FALSE(SpecsOf(other).constants.stack.async_tp_backward);
   EXPECT_THROW(CheckSameStudy(d, other), StudyError);
 }
 

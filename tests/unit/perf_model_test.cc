@@ -249,10 +249,14 @@ TEST(Time, StepTimeIsTheSumOfFeaturesAndRecomputeCosts) {
 // tp = 1 nothing changes. A MoE layer overlaps its attention block's pair only.
 TEST(Time, TpCommOverlapHidesTheTensorParallelCollectivesUnderTheGemms) {
   const ClusterSpec cluster = SmallCluster(1, 8);
-  PerfConstants overlapped;
+  // Against a stack that exposes every backward collective (the asynchronous backward is
+  // Time.AsyncTpBackward...).
+  PerfConstants exposed;
+  exposed.stack.async_tp_backward = false;
+  PerfConstants overlapped = exposed;
   overlapped.stack.tp_comm_overlap = true;
   const ModelSpec model = ModelPreset("llama2-7b");
-  const CostModel plain(model, SmallTrain(64, 4096), cluster, PerfConstants{});
+  const CostModel plain(model, SmallTrain(64, 4096), cluster, exposed);
   const CostModel ub(model, SmallTrain(64, 4096), cluster, overlapped);
   const TimeBreakdown sp = plain.Time(Complete(ParseSpec("tp=8,sp=on,mbs=1"), 8));
   const TimeBreakdown sp_ub = ub.Time(Complete(ParseSpec("tp=8,sp=on,mbs=1"), 8));
@@ -271,7 +275,7 @@ TEST(Time, TpCommOverlapHidesTheTensorParallelCollectivesUnderTheGemms) {
     EXPECT_EQ(ub.Time(c).step_time_s, plain.Time(c).step_time_s) << spec;
   }
   const ModelSpec moe = ModelPreset("mixtral-8x7b");
-  const CostModel moe_plain(moe, SmallTrain(64, 4096), cluster, PerfConstants{});
+  const CostModel moe_plain(moe, SmallTrain(64, 4096), cluster, exposed);
   const CostModel moe_ub(moe, SmallTrain(64, 4096), cluster, overlapped);
   const ParallelConfig c = Complete(ParseSpec("tp=8,ep=1,sp=on,mbs=1"), 8);
   const double moe_hidden = moe_plain.Time(c).features[kTpComm] - moe_ub.Time(c).features[kTpComm];
@@ -279,6 +283,39 @@ TEST(Time, TpCommOverlapHidesTheTensorParallelCollectivesUnderTheGemms) {
   EXPECT_GT(moe_hidden, 0);
   // Half the pairs, of the same size (mixtral has llama2-7b's hidden size and layers).
   EXPECT_NEAR(moe_hidden / dense_hidden, 0.5, 0.1);
+}
+
+// Megatron's asynchronous tensor-parallel backward: the input-gradient all-reduce of QKV and fc1
+// (reduce-scatter with SP) runs under their weight-gradient GEMMs and, with SP, the re-gather of
+// their inputs under their input-gradient GEMMs. Where those GEMMs are long (gpt3-175b at tp = 2)
+// each overlapped collective exposes only the SMs it takes from the GEMM (16 of 132); the output
+// gradients' all-gathers (SP) stay exposed; the forward does not change; tp = 1 has nothing.
+TEST(Time, AsyncTpBackwardHidesColumnParallelCollectivesUnderTheirGemms) {
+  const ClusterSpec cluster = SmallCluster(1, 8);
+  PerfConstants exposed;
+  exposed.stack.async_tp_backward = false;
+  const ModelSpec model = ModelPreset("gpt3-175b");
+  const CostModel async(model, SmallTrain(64, 2048), cluster, PerfConstants{});
+  const CostModel plain(model, SmallTrain(64, 2048), cluster, exposed);
+  const double share = 16.0 / 132, layers = static_cast<double>(model.num_layers);
+  const double act_bytes = 2.0 * 2048 * model.hidden_size;  // bf16, mbs 1
+  {  // without SP: two all-reduces a direction; the backward's two run beside their GEMMs
+    const ParallelConfig c = Complete(ParseSpec("tp=2,sp=off,mbs=1"), 8);
+    const TimeBreakdown on = async.Time(c), off = plain.Time(c);
+    const double all_reduce = plain.AllReduceTime(act_bytes, 2, 1) * off.microbatches * layers;
+    EXPECT_NEAR(off.features[kTpComm], 4 * all_reduce, 1e-9 * all_reduce);
+    EXPECT_NEAR(on.features[kTpComm], (2 + 2 * share) * all_reduce, 1e-9 * all_reduce);
+  }
+  {  // with SP: the backward's two reduce-scatters and two re-gathers (new) beside their GEMMs
+    const ParallelConfig c = Complete(ParseSpec("tp=2,sp=on,mbs=1"), 8);
+    const TimeBreakdown on = async.Time(c), off = plain.Time(c);
+    const double gather = plain.AllGatherTime(act_bytes, 2, 1) * off.microbatches * layers;
+    EXPECT_NEAR(off.features[kTpComm] - on.features[kTpComm], (2 - 4 * share) * gather,
+                1e-9 * gather);
+    EXPECT_LT(on.step_time_s, off.step_time_s);
+  }
+  const ParallelConfig tp1 = Complete(ParseSpec("tp=1,dp=8"), 8);
+  EXPECT_EQ(async.Time(tp1).step_time_s, plain.Time(tp1).step_time_s);
 }
 
 // Megatron's cross-entropy: the fused loss (--cross-entropy-loss-fusion) moves 24 bytes a

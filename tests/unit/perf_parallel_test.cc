@@ -2,6 +2,8 @@
 // memory and sends, as the trial runner does it.
 #include <gtest/gtest.h>
 
+#include <ios>
+
 #include "autopar/perf/cost_model.h"
 #include "autopar/spec/parse.h"
 #include "space_test_util.h"
@@ -125,8 +127,9 @@ TEST(Time, ExpertParallelDispatchAndCombine) {
 
 // Expert tensor parallel (etp, MoE parallel folding). At etp = tp the model is what it was before
 // etp existed: these are that model's numbers, bit for bit (step time, peak memory), the step
-// times re-pinned with issue 14's attention (the kernels' shape law on Hopper) and its
-// cross-entropy passes (Megatron's FP32 vocab-parallel loss).
+// times re-pinned with issue 14's attention (the kernels' shape law on Hopper), its
+// cross-entropy passes (Megatron's FP32 vocab-parallel loss) and the asynchronous
+// tensor-parallel backward.
 TEST(ExpertTensorParallelAtTp, EstimatesAreThoseOfTheModelBeforeEtp) {
   struct Golden {
     const char* model;
@@ -138,19 +141,19 @@ TEST(ExpertTensorParallelAtTp, EstimatesAreThoseOfTheModelBeforeEtp) {
   const Golden golden[] = {
       {"mixtral-8x7b", "h100", 4, 256, 4096,
        "tp=2,pp=2,dp=8,ep=8,vpp=2,mbs=1,sp=on,recompute=selective,dist_opt=on",
-       0x1.8fb4bd2073eb3p+2, 0x1.a0814cp+35},
+       0x1.8e74956333709p+2, 0x1.a0814cp+35},
       {"mixtral-8x7b", "h100", 4, 256, 4096, "tp=4,dp=8,ep=4,mbs=2,sp=on,recompute=full",
-       0x1.362084bfca755p+3, 0x1.e659d97333333p+35},
+       0x1.3447ac84d591p+3, 0x1.e659d97333333p+35},
       {"mixtral-8x7b", "h100", 4, 64, 32768,
-       "tp=2,dp=4,cp=2,up=2,ep=4,sp=on,recompute=full,dist_opt=on", 0x1.551e9e77b049dp+4,
+       "tp=2,dp=4,cp=2,up=2,ep=4,sp=on,recompute=full,dist_opt=on", 0x1.5485c537f602fp+4,
        0x1.eac88fe333333p+35},
       {"deepseek-v3", "h800", 32, 1024, 4096, "tp=2,dp=128,ep=64,sp=on,recompute=full,dist_opt=on",
-       0x1.03311d8501158p+5, 0x1.df2e77ded999ap+36},
+       0x1.029cf6ae41b22p+5, 0x1.df2e77ded999ap+36},
       {"deepseek-v3", "h800", 32, 1024, 4096,
-       "tp=8,dp=32,ep=32,sp=on,recompute=selective,dist_opt=on", 0x1.8696b0776157dp+5,
+       "tp=8,dp=32,ep=32,sp=on,recompute=selective,dist_opt=on", 0x1.8499d7fc0f541p+5,
        0x1.9c4946afa6666p+36},
       {"deepseek-v3", "h800", 8, 64, 32768,
-       "tp=4,dp=4,cp=2,up=2,ep=8,sp=on,recompute=full,dist_opt=on", 0x1.e03ad6e45bde9p+6,
+       "tp=4,dp=4,cp=2,up=2,ep=8,sp=on,recompute=full,dist_opt=on", 0x1.de7e62601db47p+6,
        0x1.193fff05a6666p+38},
   };
   for (const Golden& g : golden) {
@@ -164,8 +167,11 @@ TEST(ExpertTensorParallelAtTp, EstimatesAreThoseOfTheModelBeforeEtp) {
       ParallelConfig c = Spec(g.spec, g.nnodes * 8);
       if (!etp.empty()) c = Spec(std::string(g.spec) + etp + std::to_string(c.tp), g.nnodes * 8);
       const Estimate e = cm.Evaluate(c);
-      EXPECT_EQ(e.time.step_time_s, g.step_time_s) << g.model << " " << g.spec << etp;
-      EXPECT_EQ(e.memory.total(), g.memory_bytes) << g.model << " " << g.spec << etp;
+      // The message gives the value as a hex float, as the table holds it.
+      EXPECT_EQ(e.time.step_time_s, g.step_time_s)
+          << g.model << " " << g.spec << etp << ": " << std::hexfloat << e.time.step_time_s;
+      EXPECT_EQ(e.memory.total(), g.memory_bytes)
+          << g.model << " " << g.spec << etp << ": " << std::hexfloat << e.memory.total();
     }
   }
 }

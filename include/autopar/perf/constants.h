@@ -40,6 +40,12 @@ struct StackOptions {
   // all-gathers and reduce-scatters with the linear layers' GEMMs (docs/models.md §4.3). Megatron
   // allows it only with sequence parallelism, so it applies to configurations with tp > 1 and sp.
   bool tp_comm_overlap = false;
+  // Megatron's asynchronous tensor-parallel backward (Megatron-LM since September 2021, always on
+  // in Megatron-core and Transformer Engine): a column-parallel linear's input-gradient
+  // all-reduce (reduce-scatter with SP) runs under its weight-gradient GEMM, and with SP the
+  // re-gather of its input under its input-gradient GEMM (docs/models.md §4.3). Off
+  // (--no-async-tp-backward): the Megatron-LM of 2020-2021, every backward collective exposed.
+  bool async_tp_backward = true;
   // Megatron's --cross-entropy-loss-fusion (NeMo's default): the vocab-parallel loss's passes
   // fused into fewer kernels (docs/models.md §4.4).
   bool cross_entropy_fusion = false;

@@ -135,17 +135,25 @@ class CostModel {
   StageTimeParts TimeParts(const ParallelConfig& c) const;
   // One layer's forward and backward (LayerTime), from the configuration's shapes (ShapeOf):
   // its compute (returns the unfused attention's softmax time, which selective recompute
-  // repeats) and its collectives (returns what the backward exposes of them where it differs
-  // from the forward: the ring's and, with --tp-comm-overlap, tensor parallel's), time_model.cc.
+  // repeats, and the forward GEMM times of the column-parallel linears, QKV and a dense layer's
+  // fc1, under whose backward GEMMs Megatron runs their collectives) and its collectives
+  // (returns what the backward exposes of them where it differs from the forward: the ring's
+  // and tensor parallel's), time_model.cc.
+  struct ComputeParts {
+    double softmax = 0;
+    double qkv_gemm = 0;
+    double fc1_gemm = 0;  // 0 in a MoE layer
+  };
   struct BackwardComm {
     double cp = 0;
     double tp = 0;
   };
   LayerShape ShapeOf(const ParallelConfig& c) const;
   LayerCost LayerTime(const ParallelConfig& c, const LayerShape& x, bool moe, bool windowed) const;
-  double LayerCompute(const ParallelConfig& c, const LayerShape& x, bool moe, bool windowed,
-                      std::array<double, kNumFeatures>& f) const;
+  ComputeParts LayerCompute(const ParallelConfig& c, const LayerShape& x, bool moe, bool windowed,
+                            std::array<double, kNumFeatures>& f) const;
   BackwardComm LayerCommunication(const ParallelConfig& c, const LayerShape& x, bool moe,
+                                  const ComputeParts& parts,
                                   std::array<double, kNumFeatures>& f) const;
   // The stages of c (the slowest, and the one with the longest gradient reduction), the
   // reduction's time for given parameters per rank, and the DP and optimizer features.
