@@ -240,6 +240,14 @@ def bench_checks(work, gpus):
     return out, preset
 
 
+def step_time_check(name, trial):
+    """The trial's step time next to the model's prediction (info, no target)."""
+    step, predicted = trial["step_time_s"], trial.get("predicted_step_time_s", 0)
+    return check(f"{name}: step time", step, None, "info", "s",
+                 f"model predicts {predicted:.4f} s (measured / model {step / predicted:.3f})"
+                 if predicted > 0 else "no prediction")
+
+
 def fp8_trial_checks(work, bf16):
     """The 1-GPU trial with --fp8-format hybrid: it ends ok (skipped where the GPU has no fp8) and
     its step is shorter than the bf16 trial's `bf16` (the speed-up, next to the model's)."""
@@ -251,11 +259,9 @@ def fp8_trial_checks(work, bf16):
             return [check(f"{name}: ends ok", None, "ok", "skipped", "", why)]
         return [check(f"{name}: ends ok", fp8 and fp8.get("status"), "ok", "FAIL", "", why),
                 check(f"{name}: speed-up over bf16", None, "> 1", "FAIL", "x", why)]
-    out = [check(f"{name}: ends ok", "ok", "ok", "PASS", "", fp8.get("config", ""))]
+    out = [check(f"{name}: ends ok", "ok", "ok", "PASS", "", fp8.get("config", "")),
+           step_time_check(name, fp8)]
     step, predicted = fp8["step_time_s"], fp8.get("predicted_step_time_s", 0)
-    out.append(check(f"{name}: step time", step, None, "info", "s",
-                     f"model predicts {predicted:.4f} s (measured / model {step / predicted:.3f})"
-                     if predicted > 0 else "no prediction"))
     if bf16 is None or bf16.get("status") != "ok":
         out.append(check(f"{name}: speed-up over bf16", None, "> 1", "FAIL", "x",
                          "the bf16 trial did not end ok"))
@@ -296,9 +302,7 @@ def trial_checks(work, gpus):
             predicted_mfu = flops / (predicted * world * peak) if predicted > 0 else float("nan")
             note = (f"MFU {mfu:.1%} = {flops / 1e12:.1f} TFLOP per step / ({step:.4f} s x {peak / 1e12:.0f} "
                     f"TFLOP/s peak); model predicts {predicted:.4f} s, MFU {predicted_mfu:.1%}")
-            out.append(check(f"{name}: step time", step, None, "info", "s",
-                             f"model predicts {predicted:.4f} s (measured / model "
-                             f"{step / predicted:.3f})" if predicted > 0 else "no prediction"))
+            out.append(step_time_check(name, trial))
         out.append(check(f"{name}: MFU", mfu, f">= {MFU_TARGET:.0%}",
                          "FAIL" if mfu is None or mfu < MFU_TARGET else "PASS", "", note))
     out += fp8_trial_checks(work, trial)

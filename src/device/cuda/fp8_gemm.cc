@@ -23,6 +23,11 @@ constexpr std::size_t kLtScaleAlignment = 16;  // what an FP8 scale pointer need
 
 constexpr std::size_t AlignUp(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
+// A weight's kept copy is one buffer: its Fp8Scales, then the quantized data.
+constexpr std::size_t kCopyScalesBytes = AlignUp(sizeof(kc::Fp8Scales));
+kc::Fp8Scales* CopyScales(const Buffer& copy) { return static_cast<kc::Fp8Scales*>(copy.data()); }
+void* CopyData(const Buffer& copy) { return static_cast<char*>(copy.data()) + kCopyScalesBytes; }
+
 // The largest power of two up to 256 that divides the address (what the heuristic may assume).
 std::uint32_t Alignment(const void* p) {
   const auto address = reinterpret_cast<std::uintptr_t>(p);
@@ -95,18 +100,16 @@ StatusOr<const Fp8Gemm::WeightCopy*> Fp8Gemm::WeightOperand(Device& device, cuda
       return &w;
     }
   }
-  const std::size_t scales_bytes = AlignUp(sizeof(kc::Fp8Scales));
   StatusOr<Buffer> copy =
-      device.Allocate(scales_bytes + AlignUp(static_cast<std::size_t>(rows * cols)));
+      device.Allocate(kCopyScalesBytes + AlignUp(static_cast<std::size_t>(rows * cols)));
   if (!copy.ok()) {
     return Status::Error(copy.status().outcome(),
                          "the FP8 copy of a weight: " + copy.status().message(), __FILE__,
                          __LINE__);
   }
   WeightCopy w{b, rows, cols, ld, transpose, format, std::move(copy).value()};
-  auto* base = static_cast<char*>(w.copy.data());
   AUTOPAR_CHECK_CUDA(kc::QuantizeFp8(stream, t, b, rows, cols, ld, transpose, KernelFormat(format),
-                                     reinterpret_cast<kc::Fp8Scales*>(base), base + scales_bytes));
+                                     CopyScales(w.copy), CopyData(w.copy)));
   weights_.push_back(std::move(w));
   return &weights_.back();
 }
@@ -144,9 +147,8 @@ Status Fp8Gemm::Run(Device& device, cudaStream_t stream, const GemmDesc& d, kc::
   AUTOPAR_CHECK_CUDA(kc::QuantizeFp8(stream, ab_t, a.data, p.a_rows, p.a_cols, p.a_ld, p.a_transpose,
                                      KernelFormat(d.fp8_a), a_scales, qa));
   if (weight != nullptr) {
-    auto* copy = static_cast<char*>(weight->copy.data());
-    b_scales = reinterpret_cast<kc::Fp8Scales*>(copy);
-    qb = copy + AlignUp(sizeof(kc::Fp8Scales));
+    b_scales = CopyScales(weight->copy);
+    qb = CopyData(weight->copy);
   } else {
     AUTOPAR_CHECK_CUDA(kc::QuantizeFp8(stream, ab_t, b.data, p.b_rows, p.b_cols, p.b_ld,
                                        p.b_transpose, KernelFormat(d.fp8_b), b_scales, qb));
