@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <unordered_map>
 #include <stdexcept>
 
 #include "autopar/search/rng.h"
@@ -64,6 +65,19 @@ std::string LevelName(const char* knob, const ParallelConfig& c) {
   return k + "=" + value;
 }
 
+// The cells of a partition of n candidates, numbered from 0 in order of first appearance:
+// two partitions are the same exactly when their numberings are equal. `cell(i)` is any key of
+// candidate i's cell.
+template <typename Cell>
+std::vector<uint32_t> FirstAppearance(size_t n, Cell cell) {
+  std::unordered_map<uint64_t, uint32_t> number;
+  std::vector<uint32_t> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = number.emplace(cell(i), static_cast<uint32_t>(number.size())).first->second;
+  }
+  return out;
+}
+
 }  // namespace
 
 CandidateSet::CandidateSet(std::vector<ParallelConfig> configs, const CostModel& model,
@@ -93,13 +107,25 @@ CandidateSet::CandidateSet(std::vector<ParallelConfig> configs, const CostModel&
   h.Add(capacity_gib_);
   fingerprint_ = h.value();
 
-  // Level effects for the knobs that vary: their values in ascending order.
+  // Level effects for the knobs that vary: their values in ascending order. A knob whose values
+  // partition the candidates as an earlier knob's do (overlap_param_gather where it is on exactly
+  // with dist_opt) is that knob's alias: its effect is the earlier knob's, and it gets none.
   std::vector<const Knob*> varying;
   std::vector<std::map<int64_t, int>> levels;  // per varying knob: value key → coefficient
+  std::vector<std::vector<uint32_t>> partitions;       // per varying knob
+  std::vector<std::pair<const Knob*, size_t>> aliases;  // a knob, and the varying one it aliases
   for (const Knob& q : kKnobs) {
     std::map<int64_t, int> values;
     for (const ParallelConfig& c : configs_) values.emplace(q.key(c), 0);
     if (values.size() < 2) continue;
+    std::vector<uint32_t> partition =
+        FirstAppearance(n, [&](size_t i) { return static_cast<uint64_t>(q.key(configs_[i])); });
+    const auto same = std::find(partitions.begin(), partitions.end(), partition);
+    if (same != partitions.end()) {
+      aliases.emplace_back(&q, same - partitions.begin());
+      continue;
+    }
+    partitions.push_back(std::move(partition));
     for (auto& [key, coefficient] : values) {
       coefficient = kNumCoefficients + static_cast<int>(level_names_.size());
       const int64_t wanted = key;  // clang before 16 cannot capture a structured binding
@@ -122,10 +148,18 @@ CandidateSet::CandidateSet(std::vector<ParallelConfig> configs, const CostModel&
           static_cast<uint16_t>(levels[q].at(varying[q]->key(configs_[i]))));
     }
   }
-  std::vector<int> values_per_knob;
-  values_per_knob.reserve(levels.size());
-  for (const auto& values : levels) values_per_knob.push_back(static_cast<int>(values.size()));
-  BuildInteractions(values_per_knob);
+  // An alias's values are named after the knob's: "dist_opt=on | overlap_param_gather=on".
+  for (const auto& [alias, q] : aliases) {
+    std::vector<bool> named(level_names_.size(), false);
+    for (size_t i = 0; i < n; ++i) {
+      const int l = level_coefficient(static_cast<int64_t>(i), static_cast<int>(q)) -
+                    kNumCoefficients;
+      if (named[l]) continue;
+      named[l] = true;
+      level_names_[l] += " | " + LevelName(alias->name, configs_[i]);
+    }
+  }
+  BuildInteractions();
   if (n > 0) {
     std::vector<double> sorted = nominal_time_s_;
     std::nth_element(sorted.begin(), sorted.begin() + n / 2, sorted.end());
@@ -133,31 +167,48 @@ CandidateSet::CandidateSet(std::vector<ParallelConfig> configs, const CostModel&
   }
 }
 
-void CandidateSet::BuildInteractions(const std::vector<int>& count) {
-  // Per knob, its first level coefficient.
-  std::vector<int> first(varying_knobs_, kNumCoefficients);
-  for (int q = 1; q < varying_knobs_; ++q) first[q] = first[q - 1] + count[q - 1];
+void CandidateSet::BuildInteractions() {
   const size_t n = configs_.size();
-  num_pairs_ = varying_knobs_ * (varying_knobs_ - 1) / 2;
+  // Each pair's cells, numbered from 0 in order of first appearance: two pairs whose cells
+  // partition the candidates alike (tp·pp fixing dp on a fixed cluster makes (tp, pp), (tp, dp)
+  // and (pp, dp) one partition) number them alike, so an alias is an equal vector.
+  std::vector<std::vector<uint32_t>> kept;  // per kept pair, candidate i's cell
+  std::vector<std::vector<std::string>> kept_names;
+  for (int q = 0; q < varying_knobs_; ++q) {
+    for (int r = q + 1; r < varying_knobs_; ++r) {
+      const std::vector<uint32_t> cells = FirstAppearance(n, [&](size_t i) {
+        const auto a = static_cast<uint64_t>(level_coefficient(static_cast<int64_t>(i), q));
+        return a << 32 | static_cast<uint64_t>(level_coefficient(static_cast<int64_t>(i), r));
+      });
+      std::vector<std::string> names;
+      for (size_t i = 0; i < n; ++i) {
+        if (cells[i] < names.size()) continue;  // numbered in order of first appearance
+        names.push_back(level_names_[level_coefficient(static_cast<int64_t>(i), q) -
+                                     kNumCoefficients] +
+                        "*" +
+                        level_names_[level_coefficient(static_cast<int64_t>(i), r) -
+                                     kNumCoefficients]);
+      }
+      // An alias adds no coefficients: the same effect in two groups would split between them,
+      // each half as relevant as the one effect is (TimePosterior::Reprofile). Its cells are
+      // named after the first pair's, with this pair's name added.
+      const auto same = std::find(kept.begin(), kept.end(), cells);
+      if (same != kept.end()) {
+        std::vector<std::string>& first_names = kept_names[same - kept.begin()];
+        for (size_t m = 0; m < first_names.size(); ++m) first_names[m] += " | " + names[m];
+        continue;
+      }
+      kept.push_back(std::move(cells));
+      kept_names.push_back(std::move(names));
+    }
+  }
+  num_pairs_ = static_cast<int>(kept.size());
   interaction_coefficient_.assign(n * num_pairs_, 0);
   uint32_t next = static_cast<uint32_t>(kNumCoefficients + num_levels());
-  int p = 0;
-  for (int q = 0; q < varying_knobs_; ++q) {
-    for (int r = q + 1; r < varying_knobs_; ++r, ++p) {
-      // Cells of this pair numbered in order of first appearance, after the previous pairs'.
-      std::vector<int64_t> cell(static_cast<size_t>(count[q]) * count[r], -1);
-      for (size_t i = 0; i < n; ++i) {
-        const int a = level_coefficient(static_cast<int64_t>(i), q) - first[q];
-        const int b = level_coefficient(static_cast<int64_t>(i), r) - first[r];
-        int64_t& id = cell[static_cast<size_t>(a) * count[r] + b];
-        if (id < 0) {
-          id = next++;
-          interaction_names_.push_back(level_names_[first[q] - kNumCoefficients + a] + "*" +
-                                       level_names_[first[r] - kNumCoefficients + b]);
-        }
-        interaction_coefficient_[i * num_pairs_ + p] = static_cast<uint32_t>(id);
-      }
-    }
+  for (int p = 0; p < num_pairs_; ++p) {
+    for (size_t i = 0; i < n; ++i) interaction_coefficient_[i * num_pairs_ + p] = next + kept[p][i];
+    next += static_cast<uint32_t>(kept_names[p].size());
+    for (std::string& name : kept_names[p]) interaction_names_.push_back(std::move(name));
   }
 }
 

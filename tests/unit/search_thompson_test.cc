@@ -108,7 +108,21 @@ TEST(CandidateSet, LevelEffectsAreOneRelativeCoefficientPerKnobValue) {
   for (int l = 0; l < cs.num_levels(); ++l) tp_values += cs.level_name(l).rfind("tp=", 0) == 0;
   EXPECT_GE(tp_values, 2);
   EXPECT_EQ(cs.level_name(0), "tp=1");
-  EXPECT_EQ(cs.num_pairs(), cs.varying_knobs() * (cs.varying_knobs() - 1) / 2);
+  // Aliases, which partition the candidates as an earlier knob or pair does, get no coefficients
+  // of their own: overlap_param_gather, on exactly where dist_opt is, is named with it; tp and pp
+  // fix dp on 16 GPUs, so (tp, dp) and (pp, dp) are (tp, pp)'s. Every other pair is distinct.
+  int dist_opt_on = 0;
+  for (int l = 0; l < cs.num_levels(); ++l) {
+    dist_opt_on += cs.level_name(l) == "dist_opt=on | overlap_param_gather=on";
+    EXPECT_NE(cs.level_name(l).rfind("overlap_param_gather", 0), 0u) << cs.level_name(l);
+  }
+  EXPECT_EQ(dist_opt_on, 1);
+  EXPECT_EQ(cs.num_pairs(), cs.varying_knobs() * (cs.varying_knobs() - 1) / 2 - 2);
+  int tp_pp_dp = 0;
+  for (int m = 0; m < cs.num_interactions(); ++m) {
+    tp_pp_dp += cs.interaction_name(m) == "tp=2*pp=2 | tp=2*dp=4 | pp=2*dp=4";
+  }
+  EXPECT_EQ(tp_pp_dp, 1);
   EXPECT_GT(cs.num_interactions(), cs.num_pairs());
   EXPECT_EQ(cs.num_coefficients(), kNumCoefficients + cs.num_levels() + cs.num_interactions());
   // θ = 1 on the features, θ₀ = 0.1 s, δ_l = 0.01·(l + 1): every path gives the same prediction,
@@ -256,7 +270,7 @@ TEST(TimePosterior, RelevanceGoesToThePairOfKnobsThatInteracts) {
     for (int p = 0; p < cs.num_pairs(); ++p) {
       const int m =
           static_cast<int>(cs.interaction_coefficient(i, p)) - kNumCoefficients - cs.num_levels();
-      if (cs.interaction_name(m) == "tp=2*pp=2") tp_pp = cs.varying_knobs() + p;
+      if (cs.interaction_name(m).rfind("tp=2*pp=2 | ", 0) == 0) tp_pp = cs.varying_knobs() + p;
     }
   }
   ASSERT_GE(tp_pp, 0);
@@ -268,10 +282,12 @@ TEST(TimePosterior, RelevanceGoesToThePairOfKnobsThatInteracts) {
     sum += crossed.relevance()[g];
   }
   EXPECT_NEAR(sum, 1.0, 1e-9);
-  // With 16 GPUs, tp and pp fix dp: the pairs (tp, dp) and (pp, dp) carry the same cells and
-  // share the effect, so (tp, pp) is compared with the even share and with the plain cluster.
-  EXPECT_GT(crossed.relevance()[tp_pp], 5 * even);
-  EXPECT_GT(crossed.relevance()[tp_pp], 10 * plain.relevance()[tp_pp]);
+  // With 16 GPUs, tp and pp fix dp: (tp, dp) and (pp, dp) are aliases of (tp, pp), one group
+  // that holds the whole effect. The plain cluster gives the layout's cells a share too (its
+  // features are scaled apart, which the layout's cells can carry: 0.19 of 26 pairs), the
+  // crossed one most of the variance (0.71).
+  EXPECT_GT(crossed.relevance()[tp_pp], 10 * even);
+  EXPECT_GT(crossed.relevance()[tp_pp], 3 * plain.relevance()[tp_pp]);
 }
 
 // A candidate that may not fit is proposed only in the draws where it does. The same seeds with

@@ -73,11 +73,14 @@ class CandidateSet {
   // order (tp, pp, dp, cp, up, ep, vpp, mbs, sp, recompute, dist_opt) and ascending value.
   int num_levels() const { return static_cast<int>(level_names_.size()); }
   // Interactions: one coefficient per pair of values of two varying knobs that occurs in the set,
-  // after the levels; pairs in knob order, so a candidate's coefficients ascend.
+  // after the levels; pairs in knob order, so a candidate's coefficients ascend. A pair whose
+  // cells partition the set exactly as an earlier pair's do (its alias: tp and pp fixing dp) has
+  // no coefficients of its own, so num_pairs() counts the distinct partitions.
   int num_interactions() const { return static_cast<int>(interaction_names_.size()); }
   int num_pairs() const { return num_pairs_; }
   int num_coefficients() const { return kNumCoefficients + num_levels() + num_interactions(); }
-  // "tp=2*pp=4", ... for interaction m (coefficient kNumCoefficients + num_levels() + m).
+  // "tp=2*pp=4", ... for interaction m (coefficient kNumCoefficients + num_levels() + m); with
+  // the aliases' names after it, "tp=2*pp=4 | tp=2*dp=2 | pp=4*dp=2".
   const std::string& interaction_name(int m) const { return interaction_names_[m]; }
   uint32_t interaction_coefficient(int64_t i, int p) const {
     return interaction_coefficient_[static_cast<size_t>(i) * num_pairs_ + p];
@@ -110,7 +113,7 @@ class CandidateSet {
   double PredictOne(int64_t i, const double* theta) const;
 
  private:
-  void BuildInteractions(const std::vector<int>& values_per_knob);
+  void BuildInteractions();
 
   std::vector<ParallelConfig> configs_;
   std::vector<double> columns_[kNumFeatures];
