@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
-#include <unordered_map>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "autopar/search/rng.h"
 #include "autopar/spec/units.h"
@@ -112,7 +112,7 @@ CandidateSet::CandidateSet(std::vector<ParallelConfig> configs, const CostModel&
   // with dist_opt) is that knob's alias: its effect is the earlier knob's, and it gets none.
   std::vector<const Knob*> varying;
   std::vector<std::map<int64_t, int>> levels;  // per varying knob: value key → coefficient
-  std::vector<std::vector<uint32_t>> partitions;       // per varying knob
+  std::vector<std::vector<uint32_t>> partitions;        // per varying knob
   std::vector<std::pair<const Knob*, size_t>> aliases;  // a knob, and the varying one it aliases
   for (const Knob& q : kKnobs) {
     std::map<int64_t, int> values;
@@ -152,8 +152,8 @@ CandidateSet::CandidateSet(std::vector<ParallelConfig> configs, const CostModel&
   for (const auto& [alias, q] : aliases) {
     std::vector<bool> named(level_names_.size(), false);
     for (size_t i = 0; i < n; ++i) {
-      const int l = level_coefficient(static_cast<int64_t>(i), static_cast<int>(q)) -
-                    kNumCoefficients;
+      const int l =
+          level_coefficient(static_cast<int64_t>(i), static_cast<int>(q)) - kNumCoefficients;
       if (named[l]) continue;
       named[l] = true;
       level_names_[l] += " | " + LevelName(alias->name, configs_[i]);
@@ -176,18 +176,16 @@ void CandidateSet::BuildInteractions() {
   std::vector<std::vector<std::string>> kept_names;
   for (int q = 0; q < varying_knobs_; ++q) {
     for (int r = q + 1; r < varying_knobs_; ++r) {
-      const std::vector<uint32_t> cells = FirstAppearance(n, [&](size_t i) {
+      std::vector<uint32_t> cells = FirstAppearance(n, [&](size_t i) {
         const auto a = static_cast<uint64_t>(level_coefficient(static_cast<int64_t>(i), q));
         return a << 32 | static_cast<uint64_t>(level_coefficient(static_cast<int64_t>(i), r));
       });
       std::vector<std::string> names;
       for (size_t i = 0; i < n; ++i) {
         if (cells[i] < names.size()) continue;  // numbered in order of first appearance
-        names.push_back(level_names_[level_coefficient(static_cast<int64_t>(i), q) -
-                                     kNumCoefficients] +
-                        "*" +
-                        level_names_[level_coefficient(static_cast<int64_t>(i), r) -
-                                     kNumCoefficients]);
+        names.push_back(
+            level_names_[level_coefficient(static_cast<int64_t>(i), q) - kNumCoefficients] + "*" +
+            level_names_[level_coefficient(static_cast<int64_t>(i), r) - kNumCoefficients]);
       }
       // An alias adds no coefficients: the same effect in two groups would split between them,
       // each half as relevant as the one effect is (TimePosterior::Reprofile). Its cells are
