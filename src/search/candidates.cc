@@ -159,7 +159,7 @@ CandidateSet::CandidateSet(std::vector<ParallelConfig> configs, const CostModel&
       level_names_[l] += " | " + LevelName(alias->name, configs_[i]);
     }
   }
-  BuildInteractions(partitions);
+  BuildInteractions();
   if (n > 0) {
     std::vector<double> sorted = nominal_time_s_;
     std::nth_element(sorted.begin(), sorted.begin() + n / 2, sorted.end());
@@ -167,7 +167,7 @@ CandidateSet::CandidateSet(std::vector<ParallelConfig> configs, const CostModel&
   }
 }
 
-void CandidateSet::BuildInteractions(const std::vector<std::vector<uint32_t>>& knob_partitions) {
+void CandidateSet::BuildInteractions() {
   const size_t n = configs_.size();
   // Each pair's cells, numbered from 0 in order of first appearance: two pairs whose cells
   // partition the candidates alike (tp·pp fixing dp on a fixed cluster makes (tp, pp), (tp, dp)
@@ -186,12 +186,6 @@ void CandidateSet::BuildInteractions(const std::vector<std::vector<uint32_t>>& k
         names.push_back(
             level_names_[level_coefficient(static_cast<int64_t>(i), q) - kNumCoefficients] + "*" +
             level_names_[level_coefficient(static_cast<int64_t>(i), r) - kNumCoefficients]);
-      }
-      // A pair whose cells are one knob's values (tp and sp where sp follows tp, as MoE layers
-      // with tp > 1 require) is that knob's level effect again: no coefficients.
-      if (std::find(knob_partitions.begin(), knob_partitions.end(), cells) !=
-          knob_partitions.end()) {
-        continue;
       }
       // An alias adds no coefficients: the same effect in two groups would split between them,
       // each half as relevant as the one effect is (TimePosterior::Reprofile). Its cells are

@@ -251,34 +251,6 @@ TEST(TimePosterior, LearnsAnInteractionBetweenTwoKnobs) {
   EXPECT_GT(ratio / count, 1.08);
 }
 
-// A pair whose cells are one knob's values adds nothing to that knob's level effect: where
-// sp follows tp (on exactly with tp > 1, as Megatron requires of MoE layers), (tp, sp) has no
-// coefficients; dp = 16/tp is tp's alias. Knobs: tp, mbs, sp; pairs (tp, mbs) and (mbs, sp).
-TEST(CandidateSet, APairThatIsOneKnobsValuesHasNoCoefficients) {
-  Llama7bCase c;
-  std::vector<ParallelConfig> configs;
-  for (int32_t tp : {1, 2, 4}) {
-    for (int32_t mbs : {1, 2}) {
-      ParallelConfig p;
-      p.tp = tp;
-      p.dp = 16 / tp;
-      p.mbs = mbs;
-      p.sp = tp > 1;
-      configs.push_back(p);
-    }
-  }
-  const CandidateSet cs(configs, *c.cost, 80);
-  ASSERT_EQ(cs.varying_knobs(), 3);
-  EXPECT_EQ(cs.level_name(0), "tp=1 | dp=16");
-  EXPECT_EQ(cs.num_pairs(), 2);
-  // (tp, mbs): 6 cells; (mbs, sp): 4.
-  EXPECT_EQ(cs.num_interactions(), 10);
-  for (int m = 0; m < cs.num_interactions(); ++m) {
-    const std::string& name = cs.interaction_name(m);
-    EXPECT_FALSE(name.rfind("tp=", 0) == 0 && name.find("*sp=") != std::string::npos) << name;
-  }
-}
-
 // Automatic relevance determination: the interaction between tp and pp above is one pair of the
 // knobs' 36, and once the data show it the posterior gives that pair a large share of the
 // interactions' prior variance (the other pairs keep at least their floor); a cluster without

@@ -74,9 +74,8 @@ class CandidateSet {
   int num_levels() const { return static_cast<int>(level_names_.size()); }
   // Interactions: one coefficient per pair of values of two varying knobs that occurs in the set,
   // after the levels; pairs in knob order, so a candidate's coefficients ascend. A pair whose
-  // cells partition the set exactly as an earlier pair's do (its alias: tp and pp fixing dp), or
-  // as one knob's values do (tp and sp where sp follows tp), has no coefficients of its own, so
-  // num_pairs() counts the distinct partitions that are not a knob's.
+  // cells partition the set exactly as an earlier pair's do (its alias: tp and pp fixing dp) has
+  // no coefficients of its own, so num_pairs() counts the distinct partitions.
   int num_interactions() const { return static_cast<int>(interaction_names_.size()); }
   int num_pairs() const { return num_pairs_; }
   int num_coefficients() const { return kNumCoefficients + num_levels() + num_interactions(); }
@@ -114,8 +113,7 @@ class CandidateSet {
   double PredictOne(int64_t i, const double* theta) const;
 
  private:
-  // The pairs' interactions; knob_partitions: the varying knobs' values as FirstAppearance cells.
-  void BuildInteractions(const std::vector<std::vector<uint32_t>>& knob_partitions);
+  void BuildInteractions();
 
   std::vector<ParallelConfig> configs_;
   std::vector<double> columns_[kNumFeatures];
