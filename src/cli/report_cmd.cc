@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -194,6 +195,12 @@ struct StudyView {
   std::vector<const coord::JournaledTrial*> ok;  // by measured step time
   int64_t failed = 0, in_flight = 0;
   std::string state;
+  // What the study recommends (docs/search.md §7a): the journal's last recorded recommendation;
+  // for a journal written before trials recorded it, the configuration with the lowest mean
+  // measured step time. Empty before the first ok trial.
+  std::string best_spec;
+  double best_step_time_s = 0;
+  bool best_recorded = false;
 
   explicit StudyView(const std::string& study)
       : description(coord::ReadStudyDescription(study)),
@@ -207,6 +214,25 @@ struct StudyView {
     std::sort(ok.begin(), ok.end(), [](auto* a, auto* b) {
       return a->result.step_time_s() < b->result.step_time_s();
     });
+    best_recorded = !journal.best_spec.empty();
+    if (best_recorded) {
+      best_spec = journal.best_spec;
+      best_step_time_s = journal.best_step_time_s;
+    } else {
+      std::map<std::string, std::pair<double, int>> sums;  // spec -> (sum, count)
+      for (const coord::JournaledTrial* t : ok) {
+        auto& [sum, n] = sums[t->spec];
+        sum += t->result.step_time_s();
+        ++n;
+      }
+      best_step_time_s = INFINITY;
+      for (const auto& [spec, sum_n] : sums) {
+        if (const double mean = sum_n.first / sum_n.second; mean < best_step_time_s) {
+          best_spec = spec;
+          best_step_time_s = mean;
+        }
+      }
+    }
     state = !journal.stop_reason.empty() ? "finished: " + journal.stop_reason
             : in_flight > 0              ? "interrupted (a trial in flight)"
                                          : "running or interrupted";
@@ -246,10 +272,11 @@ std::string SummaryJson(const std::string& study, const StudyView& v) {
   js.Field("in_flight", v.in_flight).Field("state", v.state);
   js.Field("stop_reason", v.journal.stop_reason);
   js.Field("elapsed_s", v.journal.elapsed_s);
-  if (!v.ok.empty()) {
-    js.Key("best").BeginObject().Field("config", v.ok[0]->spec);
-    js.Field("step_time_s", v.ok[0]->result.step_time_s());
-    js.Field("megatron_args", MegatronFlags(ParseSpec(v.ok[0]->spec), specs.model, specs.train));
+  if (!v.best_spec.empty()) {
+    js.Key("best").BeginObject().Field("config", v.best_spec);
+    js.Field("step_time_s", v.best_step_time_s);
+    js.Field("recorded", v.best_recorded);
+    js.Field("megatron_args", MegatronFlags(ParseSpec(v.best_spec), specs.model, specs.train));
     js.EndObject();
   }
   js.EndObject();
@@ -287,9 +314,11 @@ void PrintTable(std::ostream& out, const std::string& study, const StudyView& v,
     out << "  the journal ends in a torn record (" << j.file_bytes - j.valid_bytes
         << " bytes), which resuming will cut\n";
   }
-  if (!v.ok.empty()) {
-    out << "  best: " << v.ok[0]->spec << "  " << v.ok[0]->result.step_time_s() << " s/step\n"
-        << "  megatron: " << MegatronFlags(ParseSpec(v.ok[0]->spec), specs.model, specs.train)
+  if (!v.best_spec.empty()) {
+    out << "  best: " << v.best_spec << "  " << v.best_step_time_s << " s/step"
+        << (v.best_recorded ? " (the study's recommendation)\n"
+                            : " (lowest mean measured: this journal records no recommendation)\n")
+        << "  megatron: " << MegatronFlags(ParseSpec(v.best_spec), specs.model, specs.train)
         << "\n";
   }
   char line[300];

@@ -150,6 +150,10 @@ JournalSummary ReadJournal(const std::string& dir, const pb::StudyDescription& d
         if (j.spec.empty()) j.spec = f.result().spec();
         j.elapsed_s = f.elapsed_s();
         s.elapsed_s = std::max(s.elapsed_s, f.elapsed_s());
+        if (!f.best_spec().empty()) {
+          s.best_spec = f.best_spec();
+          s.best_step_time_s = f.best_step_time_s();
+        }
         break;
       }
       case pb::JournalRecord::kFinished:

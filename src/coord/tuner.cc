@@ -248,6 +248,11 @@ void Tuner::RecordFinished(const pb::TrialResult& result, double elapsed_s) {
   finished.mutable_trial_finished()->set_candidate(trials_.back().candidate);
   finished.mutable_trial_finished()->set_elapsed_s(elapsed_s);
   finished.mutable_trial_finished()->set_state_digest(state_->Digest());
+  if (trials_.back().best_candidate >= 0) {
+    finished.mutable_trial_finished()->set_best_spec(
+        ToSpec(candidates_.config(trials_.back().best_candidate)));
+    finished.mutable_trial_finished()->set_best_step_time_s(trials_.back().best_step_time_s);
+  }
   Append(finished);
   if (observer_) observer_->OnTrialFinished(trials_.back(), *state_);
 }

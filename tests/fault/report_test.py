@@ -8,6 +8,9 @@
    written (read-only) is refused naming --output (exit 2) and nothing is written.
 3. A journal from another study (same flags and seed, another replay table: its trials replayed
    silently before) is refused by `report` and `tune --resume` with exit 4, its bytes unchanged.
+4. `report`'s best is the study's recommendation (result.json's), not the fastest single
+   measurement: on a noisy world (8% noise) the two differ for these seeds (before the fix, the
+   report printed the lucky measurement's configuration).
 """
 import argparse
 import json
@@ -128,6 +131,25 @@ def main():
     check(open(journal, "rb").read() == foreign, "the foreign journal was changed")
     r = run(*tune, "--replay-table", "t2.csv", "--study", "other", "--resume", "--max-trials", "8")
     check(r.returncode == 0, f"its own study resumes it: {r.stderr}")
+
+    # 4. The recommendation, on a noisy world where repeats decide it.
+    noisy = ["--model", "llama2-7b", "--gpu", "h100", "--nnodes", "2", "--nproc-per-node", "8",
+             "--global-batch-size", "64"]
+    r = run("make-replay-table", *noisy, "--world", "noisy", "--noise", "0.08", "--truth-seed",
+            "5", "--output", "noisy.csv")
+    check(r.returncode == 0, f"make-replay-table --world noisy: {r.stderr}")
+    for seed in ("1", "6"):
+        study = f"noisy{seed}"
+        r = run("tune", "--backend", "replay", "--replay-table", "noisy.csv", *noisy, "--quiet",
+                "--seed", seed, "--max-trials", "30", "--study", study)
+        check(r.returncode == 0, f"tune {study}: {r.stderr}")
+        result = json.load(open(os.path.join(a.work, study, "result.json")))["best"]["config"]
+        r = run("report", "--study", study)
+        check(r.returncode == 0 and f"best: {result} " in r.stdout,
+              f"report {study}'s best is not result.json's {result}: {r.stdout[:400]}")
+        summary = json.load(open(os.path.join(a.work, study, "report", "summary.json")))["best"]
+        check(summary["config"] == result and summary["recorded"],
+              f"summary.json's best {summary} is not result.json's {result}")
 
     print(f"{len(FAILURES)} failed")
     sys.exit(1 if FAILURES else 0)

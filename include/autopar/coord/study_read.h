@@ -38,6 +38,10 @@ struct JournalSummary {
   std::vector<JournaledTrial> trials;  // by index, each once
   int sessions = 0;
   std::string stop_reason;             // empty when the study did not finish
+  // The recommendation after the last finished trial that records one (empty in a journal
+  // written before TrialFinished carried it) and its estimated step time.
+  std::string best_spec;
+  double best_step_time_s = 0;
   double elapsed_s = 0;
   size_t valid_bytes = 0, file_bytes = 0;  // a torn tail shows as valid < file
 };
