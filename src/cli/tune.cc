@@ -404,7 +404,13 @@ int TuneStudy(TuneFlags& flags, const Inputs& in, std::ostream& out, std::ostrea
   coord::TunerObserver* observer = status ? static_cast<coord::TunerObserver*>(&*status) : &progress;
   coord::Tuner tuner(*candidates, *searcher, settings, flags.tuner, *journal.journal, *backend,
                      observer);
-  tuner.Replay(journal.records, journal.checked_records);
+  if (const std::string diverged =
+          tuner.ReplayAcrossBuilds(journal.records, journal.checked_records);
+      !diverged.empty()) {
+    err << "autopar-tune tune: note: " << diverged << ".\n  The study's flags match (study.pb), so "
+        << "its measurements are replayed as observations without the proposal and digest "
+        << "checks; the search goes on as this build runs it (docs/journal.md §7)\n";
+  }
   if (!journal.records.empty() && !flags.quiet) {
     err << "autopar-tune tune: resumed '" << flags.study << "' after " << tuner.trials().size()
         << " trials\n";

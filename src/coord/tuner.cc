@@ -123,6 +123,7 @@ void Tuner::Replay(const std::vector<pb::JournalRecord>& records, size_t checked
         const pb::TrialStarted& s = record.trial_started();
         if (s.trial_index() != next)
           Diverged(next, "trial index " + std::to_string(s.trial_index()));
+        // The candidate set is this study's (study.pb compares its fingerprint, journal.md §2).
         if (s.candidate() < 0 || s.candidate() >= candidates_.size() ||
             ToSpec(candidates_.config(s.candidate())) != s.spec()) {
           Diverged(next, "'" + s.spec() + "' is not candidate " + std::to_string(s.candidate()));
@@ -161,6 +162,25 @@ void Tuner::Replay(const std::vector<pb::JournalRecord>& records, size_t checked
       default:
         break;
     }
+  }
+}
+
+std::string Tuner::ReplayAcrossBuilds(const std::vector<pb::JournalRecord>& records,
+                                      size_t checked_records) {
+  const search::SearchSettings initial = settings_;  // before the probe record tightens it
+  try {
+    Replay(records, checked_records);
+    return "";
+  } catch (const StudyError& e) {
+    if (checked_records == 0) throw;  // it failed without the checks: not a matter of builds
+    settings_ = initial;
+    state_.reset();
+    in_flight_.reset();
+    trials_.clear();
+    elapsed_base_s_ = 0;
+    sessions_ = 0;
+    Replay(records, 0);
+    return e.what();
   }
 }
 

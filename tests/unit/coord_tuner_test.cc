@@ -184,6 +184,45 @@ TEST(Tuner, AJournalOfAnotherSeedDoesNotReplay) {
   EXPECT_THROW(other.Replay(journal.all()), StudyError);
 }
 
+// A study begun by another build (here: one whose check trials fall elsewhere, so it proposes
+// otherwise from trial 5 on) does not replay under the checks; ReplayAcrossBuilds replays its
+// measurements as observations instead, with the probe's tightening applied once, and the study
+// goes on. A journal that replays is replayed as before.
+TEST(Tuner, AJournalOfAnotherBuildReplaysItsMeasurementsWithoutTheChecks) {
+  Fixture f;
+  MemoryJournal journal;
+  ReplayBackend replay(f.table);
+  CountingProbe backend(replay);  // its probe record tightens the prior on replay
+  TunerOptions few = f.options;
+  few.stop.max_trials = 12;
+  few.stop.min_measured = 1000;  // max_trials decides
+  search::SearchSettings earlier = f.Settings();
+  earlier.check_every = 4;
+  Tuner live(*f.c.candidates, f.searcher, earlier, few, journal, backend);
+  live.Run();
+  const std::vector<pb::JournalRecord> records = journal.all();
+
+  Tuner strict(*f.c.candidates, f.searcher, f.Settings(), few, journal, backend);
+  EXPECT_THROW(strict.Replay(records), StudyError);
+  Tuner unchecked(*f.c.candidates, f.searcher, f.Settings(), few, journal, backend);
+  unchecked.Replay(records, 0);
+  Tuner resumed(*f.c.candidates, f.searcher, f.Settings(), few, journal, backend);
+  const std::string why = resumed.ReplayAcrossBuilds(records, records.size());
+  EXPECT_NE(why.find("does not replay"), std::string::npos) << why;
+  EXPECT_EQ(resumed.state().Digest(), unchecked.state().Digest());
+  ASSERT_EQ(resumed.trials().size(), live.trials().size());
+  EXPECT_EQ(Specs(resumed), Specs(live));
+  few.stop.max_trials = 16;
+  Tuner goes_on(*f.c.candidates, f.searcher, f.Settings(), few, journal, backend);
+  EXPECT_FALSE(goes_on.ReplayAcrossBuilds(records, records.size()).empty());
+  goes_on.Run();
+  EXPECT_EQ(goes_on.trials().size(), 16u);
+
+  Tuner same_build(*f.c.candidates, f.searcher, earlier, few, journal, backend);
+  EXPECT_EQ(same_build.ReplayAcrossBuilds(records, records.size()), "");
+  EXPECT_EQ(same_build.state().Digest(), live.state().Digest());
+}
+
 // A backend whose process "dies" inside chosen trials: Run throws, as a killed coordinator would
 // stop, leaving the trial started but not finished in the journal.
 class DyingBackend : public TrialBackend {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "autopar/coord/backend.h"
@@ -98,6 +99,13 @@ class Tuner {
   // searcher proposed and what the state holds (docs/journal.md §9).
   void Replay(const std::vector<pb::JournalRecord>& records,
               size_t checked_records = std::numeric_limits<size_t>::max());
+  // Replay, and when the journal does not replay as this build runs the study (a study begun by
+  // another build of autopar-tune whose searcher proposes otherwise or whose state digests
+  // differ), replay every record again without those checks: the measurements are kept as
+  // observations of this build's state (docs/journal.md §7). Returns
+  // the reason the checked replay failed, empty when it did not. Only on a fresh tuner.
+  std::string ReplayAcrossBuilds(const std::vector<pb::JournalRecord>& records,
+                                 size_t checked_records);
 
   // Runs until a stop rule fires; returns why. Throws what the backend or the journal throw (the
   // journal then holds everything up to the failure).
