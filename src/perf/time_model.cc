@@ -203,7 +203,8 @@ CostModel::ComputeParts CostModel::LayerCompute(const ParallelConfig& c, const L
   if (stack.flash_attention) {
     f[kAttention] = 0.5 * attn_flops * (windowed ? x.window_share : 1.0) /
                     (attention_peak_flops_ * e.attention *
-                     (windowed ? x.attention_shape_windowed : x.attention_shape));
+                     (windowed ? x.attention_shape_windowed : x.attention_shape)) *
+                    (stack.dropout ? attention_law_.dropout_forward : 1.0);
   } else {
     f[kAttention] = attn_flops / (attention_peak_flops_ * e.attention_unfused);
     // Scale-mask-softmax and dropout over the score matrix, each one read and one write of an
@@ -301,7 +302,7 @@ CostModel::BackwardComm CostModel::LayerCommunication(const ParallelConfig& c, c
     const bool crosses = CrossesNodes(c.cp, x.cp_stride);
     const double step = P2PTime(kv_block, crosses), both = P2PTime(2 * kv_block, crosses);
     const double attention_step = f[kAttention] / c.cp;
-    const double backward_step = (constants_.stack.flash_attention ? 2.5 : 2.0) * attention_step;
+    const double backward_step = AttentionBackwardRatio() * attention_step;
     f[kCpComm] = (c.cp - 1) * std::max(0.0, step - attention_step);
     backward.cp = (c.cp - 1) * std::max(0.0, both - backward_step) + step;
     // Merges: 2·cp − 1 partial results of half the rows each, read twice and written once.
@@ -324,6 +325,16 @@ CostModel::BackwardComm CostModel::LayerCommunication(const ParallelConfig& c, c
   return backward;
 }
 
+double CostModel::AttentionBackwardRatio() const {
+  // Flash attention's backward recomputes the scores: 2.5 forwards' work; unfused, twice the
+  // forward's GEMMs. With dropout the fused kernel's RNG costs the forward and the backward
+  // differently (AttentionShapeLaw).
+  const StackOptions& stack = constants_.stack;
+  if (!stack.flash_attention) return 2.0;
+  return 2.5 *
+         (stack.dropout ? attention_law_.dropout_backward / attention_law_.dropout_forward : 1.0);
+}
+
 LayerCost CostModel::LayerTime(const ParallelConfig& c, const LayerShape& x, bool moe,
                                bool windowed) const {
   LayerCost lc;
@@ -334,7 +345,7 @@ LayerCost CostModel::LayerTime(const ParallelConfig& c, const LayerShape& x, boo
   auto& b = lc.bwd;
   b = f;
   b[kGemm] = 2 * f[kGemm];
-  b[kAttention] = (constants_.stack.flash_attention ? 2.5 : 2.0) * f[kAttention];
+  b[kAttention] = AttentionBackwardRatio() * f[kAttention];
   b[kMemoryBound] = 2 * f[kMemoryBound];
   if (fp8_) {  // Transformer Engine's casts of GEMM inputs and output gradients (fp8.cc)
     const Fp8LayerTraffic q =

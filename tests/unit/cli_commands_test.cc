@@ -60,7 +60,7 @@ TEST(Cli, PredictJsonHasTheContractKeys) {
     EXPECT_NE(r.out.find(key), std::string::npos) << key;
   }
   const Result table = RunCli(Cmd("plan", Llama7bOn(2, {"--top", "2"})));
-  EXPECT_NE(table.out.find("prediction interval: step_s ±10.0%"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("prediction interval: step_s ±8.2%"), std::string::npos) << table.out;
 }
 
 TEST(Cli, EveryFormat) {

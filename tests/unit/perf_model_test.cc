@@ -139,6 +139,27 @@ TEST(Time, AttentionEfficiencyFollowsTheKernelShape) {
       1e-9);
 }
 
+// Dropout in fused attention draws its mask in-kernel: cuDNN's (Transformer Engine's engine on
+// Hopper and later) forward 2.15x, backward 1.19x; flash-attn 2's (the A100's) 1.17x and 1.14x;
+// nothing elsewhere. Selective recompute runs the forward a second time at its own factor.
+TEST(Time, AttentionDropoutCostsWhatTheFusedKernelMeasured) {
+  const ModelSpec m = ModelPreset("llama2-7b");
+  auto ratio = [&](const std::string& gpu, const char* spec) {
+    ClusterSpec cluster = SmallCluster(1, 8);
+    cluster.gpu.name = gpu;
+    PerfConstants plain = DefaultConstants(gpu), dropout = plain;
+    dropout.stack.dropout = true;
+    const ParallelConfig c = Complete(ParseSpec(spec), 8);
+    return CostModel(m, SmallTrain(8, 4096), cluster, dropout).Time(c).features[kAttention] /
+           CostModel(m, SmallTrain(8, 4096), cluster, plain).Time(c).features[kAttention];
+  };
+  EXPECT_NEAR(ratio("h100", "tp=8"), (2.15 + 2.5 * 1.19) / 3.5, 1e-9);
+  EXPECT_NEAR(ratio("h100", "tp=8,recompute=selective"), (2 * 2.15 + 2.5 * 1.19) / 4.5, 1e-9);
+  EXPECT_NEAR(ratio("b200", "tp=8"), (2.15 + 2.5 * 1.19) / 3.5, 1e-9);
+  EXPECT_NEAR(ratio("a100-80gb", "tp=8"), (1.17 + 2.5 * 1.14) / 3.5, 1e-9);
+  EXPECT_DOUBLE_EQ(ratio("cpu", "tp=8"), 1);
+}
+
 TEST(Time, CollectivesUseTheLinkTheGroupCrosses) {
   const ClusterSpec cluster = SmallCluster(4, 8);
   PerfConstants k;
@@ -386,7 +407,7 @@ TEST(PredictionSpread, FollowsTheRunsTheBenchmarkMeasured) {
   StackOptions stack;
   const PredictionSpread today = SpreadOf(t, stack);
   EXPECT_EQ(today.rows, 9);
-  EXPECT_NEAR(today.relative, 0.100, 1e-12);
+  EXPECT_NEAR(today.relative, 0.082, 1e-12);
   t.precision = Precision::kFP8;
   EXPECT_EQ(SpreadOf(t, stack).rows, 17);
   stack.flash_attention = false;

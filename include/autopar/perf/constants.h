@@ -81,9 +81,17 @@ Fp8Traits Fp8TraitsOf(const std::string& gpu_name);
 // less MMA work per byte and per exponential. Derived from the GPU's name (which a study stores)
 // rather than kept with the efficiencies, like Fp8Traits. Hopper and Blackwell only, the families
 // whose attention efficiency is set with it; elsewhere both are 0 (factor 1).
+//
+// With dropout in the attention (StackOptions::dropout), the fused kernel draws its mask in-kernel
+// (Philox) forward and again backward: its time grows by `dropout_forward` / `dropout_backward`
+// (1 where not measured). The engine is Transformer Engine's choice: cuDNN's fused attention on
+// compute capability 9.0 and later (TE's get_attention_backend: "Disabling FlashAttention to give
+// FusedAttention preference on Hopper+"), flash-attn 2 before.
 struct AttentionShapeLaw {
   double half_keys = 0;
   double half_head_dim = 0;
+  double dropout_forward = 1;
+  double dropout_backward = 1;
 };
 AttentionShapeLaw AttentionShapeLawOf(const std::string& gpu_name);
 

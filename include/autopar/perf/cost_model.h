@@ -158,6 +158,8 @@ class CostModel {
   // The stages of c (the slowest, and the one with the longest gradient reduction), the
   // reduction's time for given parameters per rank, and the DP and optimizer features.
   StageSummary SummarizeStages(const ParallelConfig& c, const StageTimeParts& parts) const;
+  // An attention core's backward time over its forward time (flash 2.5, unfused 2; dropout).
+  double AttentionBackwardRatio() const;
   double GradReduceTime(const ParallelConfig& c, double dense, double experts) const;
   void AddDataParallel(const ParallelConfig& c, const StageSummary& st, TimeBreakdown& out) const;
   LayerCost StageTime(const StageTimeParts& parts, const ParallelConfig& c,
