@@ -102,8 +102,8 @@ class Tuner {
   // Replay, and when the journal does not replay as this build runs the study (a study begun by
   // another build of autopar-tune whose searcher proposes otherwise or whose state digests
   // differ), replay every record again without those checks: the measurements are kept as
-  // observations of this build's state (docs/journal.md §7). Returns
-  // the reason the checked replay failed, empty when it did not. Only on a fresh tuner.
+  // observations of this build's state (docs/journal.md §7). Returns the reason the checked
+  // replay failed, empty when it did not. Only on a fresh tuner.
   std::string ReplayAcrossBuilds(const std::vector<pb::JournalRecord>& records,
                                  size_t checked_records);
 
