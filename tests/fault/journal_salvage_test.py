@@ -10,6 +10,11 @@
    finishes the study; a later plain `--resume` and `report` read the salvaged journal (exit 0).
 4. A whole frame cut out of the journal (a gap in the sequence numbers) is refused the same way.
 5. `--salvage` without `--resume` is bad input (exit 2).
+6. A study begun by another build (here: its journal's state digests altered, as another build's
+   search would have written them; CRCs recomputed, so the file is sound): `tune --resume` notes
+   that the journal does not replay as this build runs it, replays its measurements as
+   observations, keeps every trial and finishes the study (exit 0), where it refused it (exit 4)
+   before.
 """
 import csv
 import os
@@ -46,6 +51,57 @@ def frames(data):
 
 CONFIG = ["tp", "pp", "dp", "cp", "up", "ep", "vpp", "mbs", "sp", "recompute",
           "recompute_layers", "dist_opt"]
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def varint(data, at):
+    """(value, next offset) of the protobuf varint at `at`."""
+    value, shift = 0, 0
+    while True:
+        b = data[at]
+        value |= (b & 0x7F) << shift
+        at += 1
+        if not b & 0x80:
+            return value, at
+        shift += 7
+
+
+def other_build(data):
+    """The journal with every TrialFinished's state digest (field 4, fixed64) changed and each
+    frame's CRCs recomputed: what a build whose search differs would have written."""
+    out, off = bytearray(data[:FILE_HEADER]), FILE_HEADER
+    while off + FRAME_HEADER <= len(data):
+        n, seq = struct.unpack_from("<II", data, off)
+        payload = bytearray(data[off + FRAME_HEADER:off + FRAME_HEADER + n])
+        if payload and payload[0] == FINISHED:
+            size, at = varint(payload, 1)
+            end = at + size
+            while at < end:
+                tag, at = varint(payload, at)
+                kind = tag & 7
+                if tag == (4 << 3 | 1):
+                    payload[at] ^= 0xFF
+                if kind == 0:
+                    _, at = varint(payload, at)
+                elif kind == 1:
+                    at += 8
+                elif kind == 2:
+                    length, at = varint(payload, at)
+                    at += length
+                else:
+                    at += 4
+        head = struct.pack("<III", n, seq, crc32c(payload))
+        out += head + struct.pack("<I", crc32c(head)) + payload
+        off += FRAME_HEADER + n
+    return bytes(out)
 
 
 def measured(study):
@@ -137,6 +193,24 @@ def main():
     # ---- 5. --salvage alone ----
     r = run(*tune, "--study", "ref", "--salvage")
     check(r.returncode == 2 and "--salvage" in r.stderr, f"--salvage needs --resume: {r.stderr}")
+
+    # ---- 6. a study begun by another build ----
+    cut = fs[finished[len(finished) // 2]]
+    begun = other_build(good[:cut[0] + cut[1]])  # interrupted after a result in the middle
+    shutil.rmtree(study)
+    shutil.copytree(ref, study)
+    for name in ("trials.csv", "result.json"):  # the outputs come from the resumed run alone
+        os.remove(os.path.join(study, name))
+    open(journal, "wb").write(begun)
+    r = run(*tune, "--study", "damaged", "--resume")
+    check(r.returncode == 0, f"resuming another build's study: {r.returncode} {r.stderr}")
+    check("does not replay at trial 1: the state digest differs" in r.stderr and
+          "replayed as observations" in r.stderr, f"the resume says what it did: {r.stderr}")
+    got = measured(study)
+    begun_trials = want[:len(finished) // 2 + 1]
+    check(got[:len(begun_trials)] == begun_trials,
+          f"every trial of the other build is kept, in order: {got[:len(begun_trials)]}")
+    check(os.path.exists(os.path.join(study, "result.json")), "the study finished")
 
     if FAILURES:
         sys.exit(f"{len(FAILURES)} checks failed")
