@@ -200,7 +200,7 @@ struct StudyView {
   // measured step time. Empty before the first ok trial.
   std::string best_spec;
   double best_step_time_s = 0;
-  bool best_recorded = false;
+  bool best_recorded() const { return !journal.best_spec.empty(); }
 
   explicit StudyView(const std::string& study)
       : description(coord::ReadStudyDescription(study)),
@@ -214,8 +214,7 @@ struct StudyView {
     std::sort(ok.begin(), ok.end(), [](auto* a, auto* b) {
       return a->result.step_time_s() < b->result.step_time_s();
     });
-    best_recorded = !journal.best_spec.empty();
-    if (best_recorded) {
+    if (best_recorded()) {
       best_spec = journal.best_spec;
       best_step_time_s = journal.best_step_time_s;
     } else {
@@ -275,7 +274,7 @@ std::string SummaryJson(const std::string& study, const StudyView& v) {
   if (!v.best_spec.empty()) {
     js.Key("best").BeginObject().Field("config", v.best_spec);
     js.Field("step_time_s", v.best_step_time_s);
-    js.Field("recorded", v.best_recorded);
+    js.Field("recorded", v.best_recorded());
     js.Field("megatron_args", MegatronFlags(ParseSpec(v.best_spec), specs.model, specs.train));
     js.EndObject();
   }
@@ -316,8 +315,8 @@ void PrintTable(std::ostream& out, const std::string& study, const StudyView& v,
   }
   if (!v.best_spec.empty()) {
     out << "  best: " << v.best_spec << "  " << v.best_step_time_s << " s/step"
-        << (v.best_recorded ? " (the study's recommendation)\n"
-                            : " (lowest mean measured: this journal records no recommendation)\n")
+        << (v.best_recorded() ? " (the study's recommendation)\n"
+                              : " (lowest mean measured: this journal records no recommendation)\n")
         << "  megatron: " << MegatronFlags(ParseSpec(v.best_spec), specs.model, specs.train)
         << "\n";
   }

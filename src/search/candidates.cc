@@ -152,8 +152,7 @@ CandidateSet::CandidateSet(std::vector<ParallelConfig> configs, const CostModel&
   for (const auto& [alias, q] : aliases) {
     std::vector<bool> named(level_names_.size(), false);
     for (size_t i = 0; i < n; ++i) {
-      const int l =
-          level_coefficient(static_cast<int64_t>(i), static_cast<int>(q)) - kNumCoefficients;
+      const int l = levels_of(static_cast<int64_t>(i))[q] - kNumCoefficients;
       if (named[l]) continue;
       named[l] = true;
       level_names_[l] += " | " + LevelName(alias->name, configs_[i]);
@@ -177,15 +176,15 @@ void CandidateSet::BuildInteractions() {
   for (int q = 0; q < varying_knobs_; ++q) {
     for (int r = q + 1; r < varying_knobs_; ++r) {
       std::vector<uint32_t> cells = FirstAppearance(n, [&](size_t i) {
-        const auto a = static_cast<uint64_t>(level_coefficient(static_cast<int64_t>(i), q));
-        return a << 32 | static_cast<uint64_t>(level_coefficient(static_cast<int64_t>(i), r));
+        const uint16_t* l = levels_of(static_cast<int64_t>(i));
+        return static_cast<uint64_t>(l[q]) << 32 | l[r];
       });
       std::vector<std::string> names;
       for (size_t i = 0; i < n; ++i) {
         if (cells[i] < names.size()) continue;  // numbered in order of first appearance
-        names.push_back(
-            level_names_[level_coefficient(static_cast<int64_t>(i), q) - kNumCoefficients] + "*" +
-            level_names_[level_coefficient(static_cast<int64_t>(i), r) - kNumCoefficients]);
+        const uint16_t* l = levels_of(static_cast<int64_t>(i));
+        names.push_back(level_names_[l[q] - kNumCoefficients] + "*" +
+                        level_names_[l[r] - kNumCoefficients]);
       }
       // An alias adds no coefficients: the same effect in two groups would split between them,
       // each half as relevant as the one effect is (TimePosterior::Reprofile). Its cells are

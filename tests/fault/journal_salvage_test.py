@@ -77,11 +77,11 @@ def varint(data, at):
 def other_build(data):
     """The journal with every TrialFinished's state digest (field 4, fixed64) changed and each
     frame's CRCs recomputed: what a build whose search differs would have written."""
-    out, off = bytearray(data[:FILE_HEADER]), FILE_HEADER
-    while off + FRAME_HEADER <= len(data):
+    out = bytearray(data[:FILE_HEADER])
+    for off, size, kind in frames(data):
         n, seq = struct.unpack_from("<II", data, off)
-        payload = bytearray(data[off + FRAME_HEADER:off + FRAME_HEADER + n])
-        if payload and payload[0] == FINISHED:
+        payload = bytearray(data[off + FRAME_HEADER:off + size])
+        if kind == FINISHED:
             size, at = varint(payload, 1)
             end = at + size
             while at < end:
@@ -100,7 +100,6 @@ def other_build(data):
                     at += 4
         head = struct.pack("<III", n, seq, crc32c(payload))
         out += head + struct.pack("<I", crc32c(head)) + payload
-        off += FRAME_HEADER + n
     return bytes(out)
 
 
