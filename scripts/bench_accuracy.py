@@ -186,12 +186,17 @@ SOURCES = {
     # Megatron-core MoE model zoo, Qwen3-235B-A22B long context: Megatron-core of 2025-2026 counts
     # the causal half of the scores. Recipe (model_configs/benchmarking/Qwen3-235B-A22B.yaml):
     # kv_channels 128, qk-layernorm, --expert-tensor-parallel-size 1, sequence parallel,
-    # distributed optimizer, dropout 0; the DeepEP (flex) dispatcher.
+    # distributed optimizer, dropout 0, --account-for-embedding-in-pipeline-split and
+    # --account-for-loss-in-pipeline-split (94 layers + 2 over pp 8 × vpp 4: the first and the last
+    # model chunk one layer short of the others' 3); the DeepEP (flex) dispatcher; selective
+    # recompute of layernorm and moe (best_practice/qwen3/readme.md's command).
     "MOE_MODELZOO_QWEN3_LC": Source(
         "2024", "tflops", STACK_2024 + ["--bf16"], LLAMA_ARCH + ["--kv-channels", "128"],
         lambda r: megatron_flops(r, swiglu=True, causal=True, kv_channels=128), mbs=1,
         sp_when_tp=True, dist_opt="on", etp=1,
-        not_modelled="DeepEP (flex) token dispatcher: the model times the all-to-all one"),
+        not_modelled="DeepEP (flex) token dispatcher: the model times the all-to-all one; "
+                     "virtual stages with the embedding and the loss counted in the split (model "
+                     "chunks one layer short) are not modelled"),
 }
 
 # Gradient all-reduce: the 2020 README runs used PyTorch DDP (--DDP-impl torch, the default then),
@@ -233,18 +238,27 @@ def nodes_of(row, gpus_per_node):
     return max(1, n // gpus_per_node), min(n, gpus_per_node)
 
 
+# Megatron's --recompute-modules names (TransformerConfig.recompute_modules) the model runs.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
+
+
 def recompute_of(row, src):
-    """(mode, reason): the row's recompute, the source's default when not stated; a reason when
-    it names modules the model does not recompute (its selective mode is core attention)."""
+    """(mode, modules, reason): the row's recompute, the source's default when not stated, with
+    selective recompute's modules as SPEC's recompute_modules ('' for core_attn alone); a reason
+    when it names a module the model does not run."""
     r = row["recompute"].strip().lower()
     for mode in ("full", "selective", "none"):
         if r.startswith(mode):
-            modules = re.match(r"selective\s*\(([^)]*)\)", r)
-            if modules and not re.fullmatch(r"\s*(core[_ ]attn|attention)[^,]*", modules.group(1)):
-                return mode, (f"recompute '{row['recompute']}': recomputing these modules is not "
-                              "modelled (selective recompute is core attention)")
-            return mode, None
-    return src.recompute, None
+            listed = re.match(r"selective\s*\(([^)]*)\)", r)
+            names = [re.sub(r"^attention$", "core_attn", n.strip().split()[0])
+                     for n in listed.group(1).split(",")] if listed else []
+            unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+            if unknown:
+                return mode, "", (f"recompute '{row['recompute']}': recomputing "
+                                  f"{', '.join(unknown)} is not modelled")
+            modules = "+".join(m for m in RECOMPUTE_MODULES if m in names)
+            return mode, "" if modules in ("", "core_attn") else modules, None
+    return src.recompute, "", None
 
 
 def sp_of(row, src, tp):
@@ -278,7 +292,7 @@ def config_of(row, src):
     # (the sources do not state their split); such rows are reported apart (uneven_or_etp).
     ep = num(row["ep"]) or 1
     etp = num(row["etp"]) or src.etp
-    recompute, why = recompute_of(row, src)
+    recompute, modules, why = recompute_of(row, src)
     if why:
         reasons.append(why)
     if src.not_modelled:
@@ -291,6 +305,8 @@ def config_of(row, src):
     if ep > 1 and etp and etp != tp:
         spec += f"etp={etp},"
     spec += f"vpp={vpp},mbs={mbs},sp={sp_of(row, src, tp)},recompute={recompute}"
+    if modules:
+        spec += f",recompute_modules={modules}"
     if src.dist_opt:
         stated_off = row["dist_opt_zero"].strip().lower().startswith("no")
         spec += f",dist_opt={'off' if stated_off else src.dist_opt}"

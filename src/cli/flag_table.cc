@@ -131,6 +131,7 @@ const FlagGroup kMegatronParallel = {
         Megatron("--recompute-granularity", "full|selective"),
         Megatron("--recompute-method", "uniform|block"),
         Megatron("--recompute-num-layers", "N"),
+        Megatron("--recompute-modules", "MODULE ..."),
         Megatron("--overlap-grad-reduce", ""),
         Megatron("--overlap-param-gather", ""),
         Megatron("--grad-reduce-in-bf16", ""),

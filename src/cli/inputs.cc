@@ -106,6 +106,11 @@ Args::Args(const std::vector<std::string>& argv, const std::string& command)
       // A pasted argument list starts with "--" itself: its value is always the next item.
       const bool verbatim = a == "--megatron-args";
       if (i + 1 < argv.size() && (verbatim || !IsFlag(argv[i + 1]))) item.value = argv[++i];
+      const FlagHelp* row = FindFlag(*command_, item.flag);
+      if (item.value && row != nullptr && row->type == FlagType::kMegatron &&
+          std::string(row->value).find(' ') != std::string::npos) {
+        while (i + 1 < argv.size() && !IsFlag(argv[i + 1])) item.more.push_back(argv[++i]);
+      }
     }
     items_.push_back(std::move(item));
   }
@@ -206,6 +211,7 @@ std::vector<std::string> Args::Remaining() const {
     if (item.used) continue;
     out.push_back(item.flag);
     if (item.value) out.push_back(*item.value);
+    out.insert(out.end(), item.more.begin(), item.more.end());
   }
   return out;
 }
@@ -366,6 +372,29 @@ double AttentionEfficiency(const Args& args, const std::string& text) {
   return v;
 }
 
+// A pasted script's parallel flags are its configuration; the rest of a script is Megatron's
+// business (learning rate, data paths, ...): what could change the step and is not modelled is
+// named in one note. On our command line, parallel flags pin the space and an unknown flag is an
+// error.
+void ReadMegatronParallel(std::vector<std::string> script_rest, std::vector<std::string> rest,
+                          bool script, Inputs& in) {
+  StackOptions& stack = in.constants.stack;
+  MegatronFlagsRead script_read, read;
+  in.script_config = TakeMegatronParallelFlags(script_rest, in.model, in.train.precision, script,
+                                               stack, in.notes, script_read);
+  if (const auto note = IgnoredNote(script_rest)) in.notes.push_back(*note);
+  in.megatron_config =
+      TakeMegatronParallelFlags(rest, in.model, in.train.precision, false, stack, in.notes, read);
+  if (!rest.empty()) throw InputError(rest[0], "unknown flag (see autopar-tune --help)");
+  in.megatron_uneven_flag = read.uneven_flag;
+  // What selective recompute reruns in a search: the command line's modules, else the script's
+  // (else --fix recompute_modules=..., already read).
+  if (const auto modules =
+          read.recompute_modules ? read.recompute_modules : script_read.recompute_modules) {
+    in.space.recompute_modules = *modules;
+  }
+}
+
 }  // namespace
 
 Inputs ReadInputs(Args& args) {
@@ -447,24 +476,10 @@ Inputs ReadInputs(Args& args) {
   if (attention_efficiency) {
     in.constants.eff.attention = AttentionEfficiency(args, *attention_efficiency);
   }
-  StackOptions& stack = in.constants.stack;
-  // A pasted script's parallel flags are its configuration; the rest of a script is Megatron's
-  // business (learning rate, data paths, ...): what could change the step and is not modelled
-  // is named in one note. On our command line, parallel flags pin the space and an unknown flag
-  // is an error.
-  std::vector<std::string> script_rest = from_script.unused;
-  std::string script_uneven_flag;
-  in.script_config = TakeMegatronParallelFlags(script_rest, in.model, in.train.precision,
-                                               /*script=*/!pasted.empty() && !model_value,
-                                               stack, in.notes, script_uneven_flag);
-  if (const auto note = IgnoredNote(script_rest)) in.notes.push_back(*note);
-  std::vector<std::string> rest = megatron.unused;
-  in.megatron_config =
-      TakeMegatronParallelFlags(rest, in.model, in.train.precision, false, stack, in.notes,
-                                in.megatron_uneven_flag);
-  if (!rest.empty()) throw InputError(rest[0], "unknown flag (see autopar-tune --help)");
-  if (no_flash) stack.flash_attention = false;
-  if (no_async_tp) stack.async_tp_backward = false;
+  ReadMegatronParallel(from_script.unused, megatron.unused,
+                       /*script=*/!pasted.empty() && !model_value, in);
+  if (no_flash) in.constants.stack.flash_attention = false;
+  if (no_async_tp) in.constants.stack.async_tp_backward = false;
   return in;
 }
 

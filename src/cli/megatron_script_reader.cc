@@ -85,7 +85,15 @@ struct MegatronReading {
   std::optional<bool> grad_reduce_in_fp32;
   // TransformerConfig's dropout defaults (megatron/core/transformer/transformer_config.py).
   std::optional<double> attention_dropout, hidden_dropout;
+  std::optional<uint8_t> recompute_modules;  // canonical: 0 is core_attn alone
 };
+
+// --recompute-modules NAME...: Megatron's module names (TransformerConfig.recompute_modules).
+uint8_t ReadModules(const std::string& flag, const std::vector<std::string>& names) {
+  uint8_t modules = 0;
+  for (const std::string& name : names) modules |= ParseRecomputeModule(flag, name);
+  return modules == kRecomputeCoreAttn ? 0 : modules;
+}
 
 // The configuration read from the flags, completed with what the rest of them say: Megatron's
 // defaults, its own corrections (with a note), the pipeline's stages (ApplyMegatronStages).
@@ -114,6 +122,10 @@ std::string FinishMegatronConfig(const MegatronReading& r, const ModelSpec& mode
     config.etp = 0;
   }
   if (config.etp == config.tp) config.etp = 0;
+  // Megatron reads the modules only with selective granularity.
+  if (config.recompute == Recompute::kSelective) {
+    config.recompute_modules = r.recompute_modules.value_or(0);
+  }
   // `uniform` with N layers per checkpoint recomputes every layer; only `block` limits it.
   if (config.recompute == Recompute::kFull && r.recompute_method != "block") {
     config.recompute_layers = 0;
@@ -123,6 +135,14 @@ std::string FinishMegatronConfig(const MegatronReading& r, const ModelSpec& mode
     config.recompute_layers = 0;  // every layer
   }
   return uneven_flag;
+}
+
+// --attention-backend: flash, fused (cuDNN) and auto keep no s² scores (AttnBackend); unfused
+// and local do.
+bool FlashBackend(const std::string& flag, const std::string& v) {
+  if (v == "flash" || v == "fused" || v == "auto") return true;
+  if (v == "unfused" || v == "local") return false;
+  throw InputError(flag, "allowed: flash, fused, unfused, local, auto; got '" + v + "'");
 }
 
 // Dropout on or off from --attention-dropout and --hidden-dropout; a pasted script that defines
@@ -140,7 +160,7 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
                                                         const ModelSpec& model, Precision precision,
                                                         bool script, StackOptions& stack,
                                                         std::vector<std::string>& notes,
-                                                        std::string& uneven_flag) {
+                                                        MegatronFlagsRead& read) {
   std::optional<ParallelConfig> config;
   auto cfg = [&]() -> ParallelConfig& {
     if (!config) config = ParallelConfig{};
@@ -208,17 +228,13 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
       else if (v == "selective") cfg().recompute = Recompute::kSelective;
       else throw InputError(flag, "allowed: full, selective; got '" + v + "'");
     } else if (flag == "--recompute-method") r.recompute_method = next();
+    else if (flag == "--recompute-modules") r.recompute_modules = ReadModules(flag, next_list());
     else if (flag == "--recompute-num-layers") cfg().recompute_layers = next_int(kLayers);
     else if (flag == "--attention-dropout") r.attention_dropout = ToDouble(flag, next());
     else if (flag == "--hidden-dropout") r.hidden_dropout = ToDouble(flag, next());
     else if (flag == "--use-flash-attn") stack.flash_attention = true;
-    else if (flag == "--attention-backend") {
-      // AttnBackend: flash, fused (cuDNN) and auto keep no s² scores; unfused and local do.
-      const std::string v = next();
-      if (v == "flash" || v == "fused" || v == "auto") stack.flash_attention = true;
-      else if (v == "unfused" || v == "local") stack.flash_attention = false;
-      else throw InputError(flag, "allowed: flash, fused, unfused, local, auto; got '" + v + "'");
-    } else if (flag == "--tp-comm-overlap") stack.tp_comm_overlap = true;
+    else if (flag == "--attention-backend") stack.flash_attention = FlashBackend(flag, next());
+    else if (flag == "--tp-comm-overlap") stack.tp_comm_overlap = true;
     else if (flag == "--cross-entropy-loss-fusion") stack.cross_entropy_fusion = true;
     else if (flag == "--overlap-grad-reduce") r.overlap_grad_reduce = true;
     else if (flag == "--overlap-param-gather") r.overlap_param_gather = true;
@@ -232,8 +248,9 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
   }
   args = rest;
   ApplyDropout(r, script, stack);
-  uneven_flag.clear();
-  if (config) uneven_flag = FinishMegatronConfig(r, model, precision, *config, notes);
+  read.uneven_flag.clear();
+  read.recompute_modules = r.recompute_modules;
+  if (config) read.uneven_flag = FinishMegatronConfig(r, model, precision, *config, notes);
   return config;
 }
 

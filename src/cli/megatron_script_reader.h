@@ -18,9 +18,17 @@
 
 namespace autopar::cli {
 
+// What Megatron-LM's parallel flags said besides the configuration and the stack.
+struct MegatronFlagsRead {
+  std::string uneven_flag;  // the flag that made the pipeline stages uneven ("" when even)
+  // --recompute-modules (canonical RecomputeModule bits, 0 for core_attn alone): what selective
+  // recompute reruns, in the configuration and in every selective candidate of a search.
+  std::optional<uint8_t> recompute_modules;
+};
+
 // Megatron-LM's parallelism and software-stack flags, taken out of `args` (argv items).
-// Returns the configuration they describe, if any parallel flag was present, and in
-// `uneven_flag` the flag that made its pipeline stages uneven. `precision` decides
+// Returns the configuration they describe, if any parallel flag was present, and in `read`
+// what else they said. `precision` decides
 // what an absent reduction-dtype flag means (Megatron reduces bf16 runs' gradients in fp32 and
 // fp16 runs' in fp16 by default).
 // From a pasted script that defines the model (`script`: no --model), Megatron's defaults apply
@@ -30,7 +38,7 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
                                                         const ModelSpec& model, Precision precision,
                                                         bool script, StackOptions& stack,
                                                         std::vector<std::string>& notes,
-                                                        std::string& uneven_flag);
+                                                        MegatronFlagsRead& read);
 
 // --megatron-env NAME=VALUE[,NAME=VALUE...] and this process's environment: what a pasted
 // script's `$NAME` expands to.

@@ -196,11 +196,19 @@ void WriteYaml(std::ostream& out, const Inputs& in, const std::vector<Ranked>& r
   }
 }
 
+// Megatron's names of what c's selective recompute reruns.
+std::vector<std::string> RecomputeModuleNames(const ParallelConfig& c) {
+  std::vector<std::string> names;
+  std::istringstream in(RecomputeModulesText(c.selective_modules()));
+  for (std::string name; std::getline(in, name, '+');) names.push_back(name);
+  return names;
+}
+
 std::string BridgeValue(const BridgeOverride& o, bool yaml) {
   if (!o.list.empty()) {
     std::string text = "[";
     for (size_t i = 0; i < o.list.size(); ++i) {
-      text += (i ? (yaml ? ", " : ",") : "") + std::to_string(o.list[i]);
+      text += (i ? (yaml ? ", " : ",") : "") + o.list[i];
     }
     return text + "]";
   }
@@ -240,7 +248,12 @@ std::string MegatronFlags(const ParallelConfig& c, const ModelSpec& model, const
   if (model.is_moe()) f << " --expert-tensor-parallel-size " << c.expert_tp();
   f << " --micro-batch-size " << c.mbs << " --global-batch-size " << train.global_batch_size;
   if (c.sp) f << " --sequence-parallel";
-  if (c.recompute == Recompute::kSelective) f << " --recompute-granularity selective";
+  // The modules always, even Megatron's default (core_attn): a recipe's own list would otherwise
+  // stay in a command these flags are pasted into.
+  if (c.recompute == Recompute::kSelective) {
+    f << " --recompute-granularity selective --recompute-modules";
+    for (const std::string& name : RecomputeModuleNames(c)) f << ' ' << name;
+  }
   if (c.recompute == Recompute::kFull) {
     f << " --recompute-granularity full";
     if (c.recompute_layers == 0) f << " --recompute-method uniform --recompute-num-layers 1";
@@ -294,7 +307,9 @@ std::vector<BridgeOverride> BridgeOverrides(const ParallelConfig& c, const Model
     add("model.cp_comm_type", c.up == 1 ? "p2p" : c.cp == 1 ? "a2a" : "a2a+p2p");
   }
   if (c.up > 1 && c.cp > 1) {
-    o.push_back({"model.hierarchical_context_parallel_sizes", "", {c.up, c.cp}});
+    o.push_back({"model.hierarchical_context_parallel_sizes",
+                 "",
+                 {std::to_string(c.up), std::to_string(c.cp)}});
   }
   if (model.is_moe()) {
     number("model.expert_model_parallel_size", c.ep);
@@ -311,6 +326,7 @@ std::vector<BridgeOverride> BridgeOverrides(const ParallelConfig& c, const Model
     add("model.recompute_granularity", "selective");
     add("model.recompute_method", "null");
     add("model.recompute_num_layers", "null");
+    o.push_back({"model.recompute_modules", "", RecomputeModuleNames(c)});
   } else {
     add("model.recompute_granularity", "full");
     add("model.recompute_method", c.recompute_layers == 0 ? "uniform" : "block");

@@ -20,6 +20,7 @@ pb::ParallelConfig ToProto(const ParallelConfig& c) {
                   : c.recompute == Recompute::kSelective ? pb::RECOMPUTE_SELECTIVE
                                                          : pb::RECOMPUTE_FULL);
   p.set_recompute_layers(c.recompute_layers);
+  p.set_recompute_modules(c.recompute_modules);
   p.set_dist_opt(c.dist_opt);
   p.set_overlap_grad_reduce(c.overlap_grad_reduce);
   p.set_overlap_param_gather(c.overlap_param_gather);
@@ -46,6 +47,11 @@ ParallelConfig FromProto(const pb::ParallelConfig& p) {
                 : p.recompute() == pb::RECOMPUTE_FULL    ? Recompute::kFull
                                                          : Recompute::kNone;
   c.recompute_layers = p.recompute_layers();
+  // The canonical form: core_attn alone is 0, and only selective recompute has modules.
+  c.recompute_modules = static_cast<uint8_t>(p.recompute_modules() & kRecomputeModulesAll);
+  if (c.recompute != Recompute::kSelective || c.recompute_modules == kRecomputeCoreAttn) {
+    c.recompute_modules = 0;
+  }
   c.dist_opt = p.dist_opt();
   if (p.has_overlap_grad_reduce()) c.overlap_grad_reduce = p.overlap_grad_reduce();
   c.overlap_param_gather =

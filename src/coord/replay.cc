@@ -67,6 +67,18 @@ class RowReader {
     if (text == "full") return Recompute::kFull;
     Fail("recompute", "allowed: none, selective, full; got '" + text + "'");
   }
+  // Empty → selective recompute's default (core_attn alone); otherwise SPEC's recompute_modules,
+  // which only selective recompute takes.
+  uint8_t RecomputeModules(Recompute recompute, const std::string& text) const {
+    if (text.empty()) return 0;
+    try {
+      return ParseSpec(std::string("recompute=") + ToString(recompute) +
+                       ",recompute_modules=" + text)
+          .recompute_modules;
+    } catch (const InputError& e) {
+      Fail("recompute_modules", e.what());
+    }
+  }
   // Empty → NaN (not measured); otherwise a finite number.
   double Number(const std::string& column, const std::string& text) const {
     if (text.empty()) return std::nan("");
@@ -169,6 +181,9 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
     }
     if (column.count("pp_first")) c.pp_first = r.Int("pp_first", cell("pp_first"));  // absent:
     if (column.count("pp_last")) c.pp_last = r.Int("pp_last", cell("pp_last"));      // even
+    if (column.count("recompute_modules")) {
+      c.recompute_modules = r.RecomputeModules(c.recompute, cell("recompute_modules"));
+    }
 
     const auto status = search::ParseOutcome(cell("status"));
     if (!status) {
@@ -225,19 +240,22 @@ const ReplayRow* ReplayTable::Best() const {
 
 std::string ReplayTable::ToCsv() const {
   // The noise column only where it says something, so a noise-free table reads as it always did.
-  // So are the etp column, only where some row's experts do not follow tp, and the pp_first and
-  // pp_last columns, only where some row's pipeline stages are uneven.
-  bool noisy = false, etp = false, uneven = false;
+  // So are the etp column, only where some row's experts do not follow tp, the pp_first and
+  // pp_last columns, only where some row's pipeline stages are uneven, and the recompute_modules
+  // column, only where some row's selective recompute reruns more than core_attn.
+  bool noisy = false, etp = false, uneven = false, modules = false;
   for (const ReplayRow& r : rows_) {
     noisy = noisy || r.noise_sd > 0;
     etp = etp || r.config.etp != 0;
     uneven = uneven || UnevenStages(r.config);
+    modules = modules || r.config.recompute_modules != 0;
   }
   std::string out =
       "tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,step_time_s,"
       "peak_memory_gib,status";
   out += etp ? ",etp" : "";
   out += uneven ? ",pp_first,pp_last" : "";
+  out += modules ? ",recompute_modules" : "";
   out += noisy ? ",noise_sd\n" : "\n";
   char line[256];
   auto number = [](double v) {
@@ -260,6 +278,10 @@ std::string ReplayTable::ToCsv() const {
     if (uneven) {
       out.back() = ',';
       out += std::to_string(c.pp_first) + "," + std::to_string(c.pp_last) + "\n";
+    }
+    if (modules) {
+      out.back() = ',';
+      out += RecomputeModulesText(c.recompute_modules) + "\n";
     }
     if (noisy) {
       out.back() = ',';

@@ -125,6 +125,7 @@ pb::SpaceDesc Describe(const SpaceOptions& s, const search::CandidateSet& candid
   d.set_max_mbs(s.max_mbs);
   d.set_sweep_recompute_layers(s.sweep_recompute_layers);
   d.set_long_sequence_threshold(s.long_sequence_threshold);
+  d.set_recompute_modules(s.recompute_modules);
   d.set_candidates(candidates.size());
   d.set_candidates_fingerprint(candidates.fingerprint());
   return d;

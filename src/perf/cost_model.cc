@@ -172,12 +172,12 @@ LayerBytes CostModel::LayerBytesOf(const ParallelConfig& c) const {
   // output (with Ulysses, also its head-sharded form before the all-to-all back, unless selective
   // recompute reruns it); the MLP's fc1 output (gate and up for SwiGLU) and activation output.
   const double replicated = (4 * elem + (stack.dropout ? 2 : 0)) * tokens * h;
+  const bool core_attn = c.Recomputes(kRecomputeCoreAttn);
   const double attention_saved =
-      elem * tokens * d *
-      (2 * tp_heads + 2 * tp_kv + (up > 1 && c.recompute != Recompute::kSelective ? tp_heads : 0));
+      elem * tokens * d * (2 * tp_heads + 2 * tp_kv + (up > 1 && !core_attn ? tp_heads : 0));
   const double gated = elem * (m.activation == Activation::kSwiGLU ? 3 : 2);
   const double scores =
-      stack.flash_attention || c.recompute == Recompute::kSelective
+      stack.flash_attention || core_attn
           ? 0
           : ((stack.dropout ? 1 + 2 * elem : elem)) * c.mbs * (a / c.up) *
                 // NOLINTNEXTLINE(bugprone-integer-division): cp divides the sequence (the space)
@@ -202,7 +202,25 @@ LayerBytes CostModel::LayerBytesOf(const ParallelConfig& c) const {
     const Fp8LayerTraffic q = Fp8Layer(m, c, tokens, elem, fp8_transposed_copy_, moe);
     return q.saved_delta_bytes + q.routed_saved_delta_bytes;
   };
-  auto layer_bytes = [&](bool moe) { return layer_ws(moe) + (moe ? routed : 0) + fp8_saved(moe); };
+  // Selective recompute's other modules (Megatron's --recompute-modules) keep less and rebuild
+  // it in the layer's backward: layernorm both norms' outputs; mlp a dense layer's fc1 and
+  // activation outputs; moe a MoE layer's routed and shared-expert activations (its input is the
+  // norm's output, kept or rebuilt by layernorm); moe_act the routed experts' activation output;
+  // shared_experts the shared experts' fc1 and activation outputs. (FP8 copies of their inputs
+  // are still counted.)
+  const double norms =
+      c.Recomputes(kRecomputeLayernorm) ? 2 * elem * tokens * h / (c.sp ? t : 1) : 0.0;
+  const double shared = gated * tokens * m.moe_shared_expert_intermediate_size / t;
+  const double dense_rerun =
+      c.Recomputes(kRecomputeMlp) ? gated * tokens * m.ffn_hidden_size / t : 0.0;
+  const double moe_rerun =
+      c.Recomputes(kRecomputeMoe)
+          ? routed + shared
+          : (c.Recomputes(kRecomputeMoeAct) ? elem * tokens * k * m.moe_ffn_hidden_size / t : 0.0) +
+                (c.Recomputes(kRecomputeSharedExperts) ? shared : 0.0);
+  auto layer_bytes = [&](bool moe) {
+    return layer_ws(moe) + (moe ? routed - moe_rerun : -dense_rerun) - norms + fp8_saved(moe);
+  };
   // Transient buffers of a MoE layer's backward: dispatch and combine ping-pong buffers
   // ([tokens·k·etp/tp, h] each), the experts' input gradient and their fc1 / activation
   // gradients; and the router's input gradient [tokens / tp, h].
@@ -219,6 +237,8 @@ LayerBytes CostModel::LayerBytesOf(const ParallelConfig& c) const {
   out.moe_transient = moe_transient;
   out.context_ws = ContextWorkspaceBytes(c, tokens, d, tp_heads, tp_kv);
   out.layer_input = elem * tokens * h / (c.sp ? t : 1);  // what full recompute keeps
+  out.dense_rerun = dense_rerun + norms;
+  out.moe_rerun = moe_rerun + norms;
   return out;
 }
 
@@ -235,7 +255,7 @@ double CostModel::ContextWorkspaceBytes(const ParallelConfig& c, double tokens, 
     context_ws = rows * ul_cols;
     if (c.up > 1) context_ws += 2 * rows * ul_cols + rows * d * tp_heads / up;
     if (c.cp > 1) context_ws += 6 * rows * kv_cols + rows / 2 * d * tp_heads / up;
-    if (c.up > 1 && c.recompute == Recompute::kSelective) context_ws += tokens * d * tp_heads;
+    if (c.up > 1 && c.Recomputes(kRecomputeCoreAttn)) context_ws += tokens * d * tp_heads;
     context_ws *= element_bytes_;
   }
   return context_ws;
@@ -322,9 +342,11 @@ MemoryBreakdown CostModel::StageMemory(const ParallelConfig& c, const LayerBytes
   // tensor-parallel region ([s·b, h] each) and the residual-stream gradients and pipeline
   // send/recv buffers (local [s·b, h] each). A fully recomputed layer rebuilds its activations
   // first.
-  double working = std::max(dense_layers > 0 ? x.dense_ws : 0.0, moe_layers > 0 ? x.moe_ws : 0.0) +
-                   elem * tokens * h * (2 + 6 / (c.sp ? t : 1)) + x.context_ws +
-                   (moe_layers > 0 ? x.moe_transient : 0.0);
+  double working =
+      std::max(dense_layers > 0 ? x.dense_ws : 0.0, moe_layers > 0 ? x.moe_ws : 0.0) +
+      elem * tokens * h * (2 + 6 / (c.sp ? t : 1)) + x.context_ws +
+      (moe_layers > 0 ? x.moe_transient : 0.0) +
+      std::max(dense_layers > 0 ? x.dense_rerun : 0.0, moe_layers > 0 ? x.moe_rerun : 0.0);
   if (c.recompute == Recompute::kFull) {
     // Megatron's block method recomputes the first N layers of every model chunk: they keep
     // only their input; the others (and MTP modules) keep their activations.

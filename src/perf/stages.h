@@ -119,6 +119,8 @@ struct LayerBytes {
   double tokens = 0;
   double dense = 0, moe = 0, mtp = 0, dense_ws = 0, moe_ws = 0;
   double moe_transient = 0, context_ws = 0, layer_input = 0;
+  // What selective recompute's modules rebuild in one layer's backward (beside its working set).
+  double dense_rerun = 0, moe_rerun = 0;
 };
 
 // A stage's layers as the model sees them: all its chunks' layers by kind, the ones block

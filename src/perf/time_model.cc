@@ -186,14 +186,17 @@ CostModel::ComputeParts CostModel::LayerCompute(const ParallelConfig& c, const L
     const double routed = 2 * tokens * m.moe_router_topk * x.one_expert / t;
     const double shared =
         2 * tokens * (params_.shared_expert_per_layer + params_.moe_router_per_layer) / t;
-    f[kGemm] += GemmTime(routed, m.moe_ffn_hidden_size / x.et) +
-                (shared > 0 ? GemmTime(shared, std::max<double>(h, 1) / t) : 0);
+    parts.mlp_gemm = GemmTime(routed, m.moe_ffn_hidden_size / x.et) +
+                     (shared > 0 ? GemmTime(shared, std::max<double>(h, 1) / t) : 0);
+    parts.shared_gemm =
+        params_.shared_expert_per_layer > 0
+            ? GemmTime(2 * tokens * params_.shared_expert_per_layer / t, std::max<double>(h, 1) / t)
+            : 0;
   } else {
-    const double mlp =
-        GemmTime(2 * tokens * params_.dense_mlp_per_layer / t, m.ffn_hidden_size / t);
-    parts.fc1_gemm = mlp * (m.activation == Activation::kSwiGLU ? 2.0 / 3 : 0.5);
-    f[kGemm] += mlp;
+    parts.mlp_gemm = GemmTime(2 * tokens * params_.dense_mlp_per_layer / t, m.ffn_hidden_size / t);
+    parts.fc1_gemm = parts.mlp_gemm * (m.activation == Activation::kSwiGLU ? 2.0 / 3 : 0.5);
   }
+  f[kGemm] += parts.mlp_gemm;
   // Attention core over the full key range; flash skips the masked half of a causal square.
   const double heads = a / (t * c.up);
   // A rank attends with its heads/(tp·up) heads for the cp rank's s/cp queries over all s keys
@@ -225,15 +228,19 @@ CostModel::ComputeParts CostModel::LayerCompute(const ParallelConfig& c, const L
       moe ? m.moe_router_topk * m.moe_ffn_hidden_size + m.moe_shared_expert_intermediate_size
           : m.ffn_hidden_size;
   const double act_passes = m.activation == Activation::kSwiGLU ? 3 : 2;
+  const double act = element_bytes_ * act_passes * tokens / t / hbm;  // per unit of width
+  parts.norms = element_bytes_ * 4 * tokens * h / (c.sp ? t : 1) / hbm;
+  parts.mlp_memory = act * width;
+  if (moe) parts.mlp_memory += element_bytes_ * 4 * tokens * m.moe_router_topk * h / t / hbm;
+  parts.moe_act = moe ? act * m.moe_router_topk * m.moe_ffn_hidden_size : 0;
+  parts.shared_memory = moe ? act * m.moe_shared_expert_intermediate_size : 0;
   f[kMemoryBound] +=
-      element_bytes_ *
-      (hidden_passes * tokens * h / (c.sp ? t : 1) + act_passes * tokens * width / t) / hbm;
-  if (moe) f[kMemoryBound] += element_bytes_ * 4 * tokens * m.moe_router_topk * h / t / hbm;
+      element_bytes_ * hidden_passes * tokens * h / (c.sp ? t : 1) / hbm + parts.mlp_memory;
   return parts;
 }
 
 CostModel::BackwardComm CostModel::LayerCommunication(const ParallelConfig& c, const LayerShape& x,
-                                                      bool moe, const ComputeParts& parts,
+                                                      bool moe, ComputeParts& parts,
                                                       std::array<double, kNumFeatures>& f) const {
   const ModelSpec& m = model_;
   const double t = x.t, h = x.h, tokens = x.tokens, hbm = x.hbm;
@@ -319,9 +326,15 @@ CostModel::BackwardComm CostModel::LayerCommunication(const ParallelConfig& c, c
     f[kEpComm] = 2 * AllToAllTime(routed / t, c.ep, x.ex.ep) +
                  2 * AllGatherTime(routed * x.gathered, c.expert_tp(), x.ex.etp) +
                  (c.ep > 1 ? AllToAllTime(0, c.ep, x.ex.ep) : 0);
+    parts.mlp_ep = f[kEpComm];
     // Row gathers of dispatch, sort, unsort and combine.
-    f[kMemoryBound] += 2 * (2 * routed / t + 2 * routed * x.gathered) / hbm;
+    const double gathers = 2 * (2 * routed / t + 2 * routed * x.gathered) / hbm;
+    f[kMemoryBound] += gathers;
+    parts.mlp_memory += gathers;
   }
+  // The MLP block's half of the tensor-parallel collectives (its entry and exit), as its
+  // forward reruns them under recompute.
+  parts.mlp_tp = f[kTpComm] / 2;
   return backward;
 }
 
@@ -339,7 +352,7 @@ LayerCost CostModel::LayerTime(const ParallelConfig& c, const LayerShape& x, boo
                                bool windowed) const {
   LayerCost lc;
   auto& f = lc.fwd;
-  const ComputeParts parts = LayerCompute(c, x, moe, windowed, f);
+  ComputeParts parts = LayerCompute(c, x, moe, windowed, f);
   const BackwardComm backward = LayerCommunication(c, x, moe, parts, f);
   // Backward: twice the GEMM FLOPs (input and weight gradients), the same collectives.
   auto& b = lc.bwd;
@@ -355,12 +368,34 @@ LayerCost CostModel::LayerTime(const ParallelConfig& c, const LayerShape& x, boo
   }
   b[kCpComm] = backward.cp;
   b[kTpComm] = backward.tp;
-  if (c.recompute == Recompute::kSelective) {  // the attention core runs forward again
+  AddSelectiveRerun(c, moe, parts, f, b);
+  return lc;
+}
+
+void CostModel::AddSelectiveRerun(const ParallelConfig& c, bool moe, const ComputeParts& parts,
+                                  const std::array<double, kNumFeatures>& f,
+                                  std::array<double, kNumFeatures>& b) const {
+  if (c.Recomputes(kRecomputeCoreAttn)) {  // the attention core runs forward again
     b[kAttention] += f[kAttention];
     b[kMemoryBound] += parts.softmax;
     b[kCpComm] += f[kCpComm];
   }
-  return lc;
+  if (c.Recomputes(kRecomputeLayernorm)) b[kMemoryBound] += parts.norms;
+  // The MLP block's forward again (Megatron's checkpoint of the module): a dense MLP under mlp,
+  // a MoE layer under moe, with its collectives and the token dispatcher's all-to-alls.
+  if (moe ? c.Recomputes(kRecomputeMoe) : c.Recomputes(kRecomputeMlp)) {
+    b[kGemm] += parts.mlp_gemm;
+    b[kMemoryBound] += parts.mlp_memory;
+    b[kTpComm] += parts.mlp_tp;
+    b[kEpComm] += parts.mlp_ep;
+    return;
+  }
+  if (!moe) return;
+  if (c.Recomputes(kRecomputeMoeAct)) b[kMemoryBound] += parts.moe_act;
+  if (c.Recomputes(kRecomputeSharedExperts)) {
+    b[kGemm] += parts.shared_gemm;
+    b[kMemoryBound] += parts.shared_memory;
+  }
 }
 
 StageTimeParts CostModel::TimeParts(const ParallelConfig& c) const {

@@ -1,5 +1,6 @@
 #include "autopar/space/config.h"
 
+#include <array>
 #include <charconv>
 #include <sstream>
 
@@ -10,8 +11,8 @@ namespace {
 
 constexpr const char* kFlag = "--config";
 constexpr const char* kKeys =
-    "tp, pp, pp_first, pp_last, dp, cp, up, ep, etp, vpp, mbs, sp, recompute, recompute_layers, "
-    "dist_opt, "
+    "tp, pp, pp_first, pp_last, dp, cp, up, ep, etp, vpp, mbs, sp, recompute, recompute_modules, "
+    "recompute_layers, dist_opt, "
     "overlap_grad_reduce, overlap_param_gather, grad_reduce_dtype";
 
 int32_t ParsePositive(const std::string& key, const std::string& value, bool allow_zero) {
@@ -32,6 +33,21 @@ bool ParseOnOff(const std::string& key, const std::string& value) {
   throw InputError(kFlag, "key '" + key + "' takes on|off, got '" + value + "'");
 }
 
+// `recompute_modules=layernorm+moe`: one or more of Megatron's module names joined by '+'.
+uint8_t ParseModules(const std::string& value) {
+  uint8_t modules = 0;
+  std::istringstream in(value);
+  std::string name;
+  while (std::getline(in, name, '+')) {
+    modules |= ParseRecomputeModule(std::string(kFlag) + " key 'recompute_modules'", name);
+  }
+  if (modules == 0) {
+    throw InputError(
+        kFlag, "key 'recompute_modules' needs module names joined by '+', got '" + value + "'");
+  }
+  return modules;
+}
+
 }  // namespace
 
 const char* ToString(Recompute r) {
@@ -41,6 +57,36 @@ const char* ToString(Recompute r) {
     case Recompute::kFull: return "full";
   }
   return "?";
+}
+
+namespace {
+
+// Megatron's module names, in the order of the RecomputeModule bits.
+constexpr std::array<const char*, 6> kModuleNames = {"core_attn", "layernorm", "mlp",
+                                                     "moe",       "moe_act",   "shared_experts"};
+
+}  // namespace
+
+std::string RecomputeModulesText(uint8_t modules) {
+  std::string out;
+  for (size_t i = 0; i < kModuleNames.size(); ++i) {
+    if ((modules >> i & 1) == 0) continue;
+    if (!out.empty()) out += '+';
+    out += kModuleNames[i];
+  }
+  return out;
+}
+
+uint8_t ParseRecomputeModule(const std::string& flag, const std::string& name) {
+  for (size_t i = 0; i < kModuleNames.size(); ++i) {
+    if (name == kModuleNames[i]) return static_cast<uint8_t>(1 << i);
+  }
+  const std::string allowed = "allowed: core_attn, layernorm, mlp, moe, moe_act, shared_experts";
+  if (name == "mla_up_proj" || name == "mhc" || name.rfind("gd", 0) == 0) {
+    throw InputError(flag, "Megatron-LM's '" + name +
+                               "' recompute is not modelled (nor run by a trial); " + allowed);
+  }
+  throw InputError(flag, allowed + "; got '" + name + "'");
 }
 
 const char* ToString(GradReduceDtype d) { return d == GradReduceDtype::kBF16 ? "bf16" : "fp32"; }
@@ -54,6 +100,8 @@ std::string ToSpec(const ParallelConfig& c) {
   if (c.expert_tp() != c.tp) out << ",etp=" << c.etp;
   out << ",vpp=" << c.vpp << ",mbs=" << c.mbs << ",sp=" << (c.sp ? "on" : "off")
       << ",recompute=" << ToString(c.recompute);
+  if (c.recompute_modules != 0)
+    out << ",recompute_modules=" << RecomputeModulesText(c.recompute_modules);
   if (c.recompute_layers != 0) out << ",recompute_layers=" << c.recompute_layers;
   out << ",dist_opt=" << (c.dist_opt ? "on" : "off");
   if (!c.overlap_grad_reduce) out << ",overlap_grad_reduce=off";
@@ -93,6 +141,8 @@ ParallelConfig ParseSpec(const std::string& text) {
     else if (key == "vpp") c.vpp = ParsePositive(key, value, false);
     else if (key == "mbs") c.mbs = ParsePositive(key, value, false);
     else if (key == "recompute_layers") c.recompute_layers = ParsePositive(key, value, true);
+    else if (key == "recompute_modules")
+      c.recompute_modules = ParseModules(value);
     else if (key == "sp") c.sp = ParseOnOff(key, value);
     else if (key == "dist_opt") c.dist_opt = ParseOnOff(key, value);
     else if (key == "overlap_grad_reduce") c.overlap_grad_reduce = ParseOnOff(key, value);
@@ -115,6 +165,10 @@ ParallelConfig ParseSpec(const std::string& text) {
   if (c.recompute_layers != 0 && c.recompute != Recompute::kFull) {
     throw InputError(kFlag, "recompute_layers needs recompute=full");
   }
+  if (c.recompute_modules != 0 && c.recompute != Recompute::kSelective) {
+    throw InputError(kFlag, "recompute_modules needs recompute=selective");
+  }
+  if (c.recompute_modules == kRecomputeCoreAttn) c.recompute_modules = 0;  // Megatron's default
   if (c.etp == c.tp) c.etp = 0;  // the canonical form: 0 is "as tp"
   if (UnevenStages(c) && c.pp == 1) {
     throw InputError(kFlag, "pp_first and pp_last need pp > 1");

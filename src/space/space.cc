@@ -131,6 +131,30 @@ std::string EtpReason(const ModelSpec& m, int64_t etp) {
 // experts are split over ep ranks and each expert's weights over etp; the grid folds into the
 // tp·cp·dp ranks of one up slice and pipeline stage (docs/architecture.md §3), so etp·ep must
 // divide tp·cp·dp. At etp = tp this is the earlier rule, ep | cp·dp.
+// Selective recompute's modules must exist in the model, and Megatron-LM's own refusals are
+// ours (transformer_config.py, __post_init__).
+std::string RecomputeModulesReason(const ModelSpec& m, const TrainSpec& t, uint8_t modules) {
+  const std::string names = RecomputeModulesText(modules);
+  if (!m.is_moe() && (modules & (kRecomputeMoe | kRecomputeMoeAct | kRecomputeSharedExperts))) {
+    return "recompute_modules=" + names + ": moe, moe_act and shared_experts need a MoE model (" +
+           m.name + " has no experts)";
+  }
+  if ((modules & kRecomputeSharedExperts) && m.moe_shared_expert_intermediate_size == 0) {
+    return "recompute_modules=" + names + ": " + m.name +
+           " has no shared experts (--moe-shared-expert-intermediate-size)";
+  }
+  if ((modules & kRecomputeMlp) && m.is_moe() && m.moe_first_dense_layers == 0) {
+    return "recompute_modules=" + names + ": mlp reruns dense MLPs, and every layer of " + m.name +
+           " is a MoE layer (moe, moe_act and shared_experts rerun those)";
+  }
+  if (t.precision == Precision::kFP8 && (modules & (kRecomputeLayernorm | kRecomputeMoeAct))) {
+    return "recompute_modules=" + names +
+           ": Megatron-LM refuses layernorm and moe_act recompute with FP8's delayed scaling, its "
+           "default recipe (the one modelled)";
+  }
+  return {};
+}
+
 std::string ExpertReason(const ModelSpec& m, const ParallelConfig& c) {
   if (!m.is_moe()) {
     if (c.ep != 1) return "ep > 1 needs a mixture-of-experts model";
@@ -223,6 +247,10 @@ void SearchSpace::ValidateOptions() const {
                                                  Str(train_.global_batch_size));
     }
   }
+  if (std::string r = RecomputeModulesReason(model_, train_, options_.recompute_modules);
+      !r.empty()) {
+    throw InputError("--recompute-modules", r);
+  }
   for (int32_t n : options_.recompute_layers) {
     if (n < 0 || n > model_.num_layers) {
       throw InputError("--recompute-num-layers",
@@ -289,6 +317,12 @@ std::string SearchSpace::Check(const ParallelConfig& c) const {
       (c.recompute != Recompute::kFull || c.recompute_layers >= largest_stage)) {
     return "recompute_layers needs recompute=full and fewer than the " + Str(largest_stage) +
            " layers of the largest stage (0 recomputes every layer)";
+  }
+  if (c.recompute_modules != 0 && c.recompute != Recompute::kSelective) {
+    return "recompute_modules needs recompute=selective";
+  }
+  if (std::string r = RecomputeModulesReason(model_, train_, c.selective_modules()); !r.empty()) {
+    return r;
   }
   if (c.overlap_param_gather && !OverlapParamGatherAllowed(c)) {
     return "overlap_param_gather=on needs dist_opt=on and overlap_grad_reduce=on (Megatron-LM "
@@ -449,7 +483,9 @@ void ApplyFix(const std::string& text, SpaceOptions& options) {
     // Parse the fragment with the SPEC parser so the allowed values are the same.
     ParallelConfig c;
     try {
-      c = ParseSpec(key == "recompute_layers" ? "recompute=full," + item : item);
+      c = ParseSpec(key == "recompute_layers"    ? "recompute=full," + item
+                    : key == "recompute_modules" ? "recompute=selective," + item
+                                                 : item);
     } catch (const InputError& e) {
       throw InputError("--fix", e.what());
     }
@@ -465,6 +501,8 @@ void ApplyFix(const std::string& text, SpaceOptions& options) {
     else if (key == "dist_opt") options.dist_opt = {c.dist_opt};
     else if (key == "recompute") options.recompute = {c.recompute};
     else if (key == "recompute_layers") options.recompute_layers = {c.recompute_layers};
+    else if (key == "recompute_modules")
+      options.recompute_modules = c.recompute_modules;
     else if (key == "overlap_grad_reduce") options.overlap_grad_reduce = {c.overlap_grad_reduce};
     else if (key == "overlap_param_gather") options.overlap_param_gather = {c.overlap_param_gather};
     else if (key == "grad_reduce_dtype") options.grad_reduce_dtype = {c.grad_reduce_dtype};

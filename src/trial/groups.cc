@@ -118,6 +118,7 @@ Shapes Shapes::Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& 
   s.ul_heads = s.heads / c.up;
   s.ul_kv_heads = s.kv_heads >= c.up ? s.kv_heads / c.up : 1;
   s.ul_cols = (s.ul_heads + 2 * s.ul_kv_heads) * s.head_dim;
+  s.rerun = c.selective_modules();
   s.swiglu = m.activation == Activation::kSwiGLU;
   s.ffn = m.ffn_hidden_size / c.tp;
   s.fc1_cols = s.swiglu ? 2 * s.ffn : s.ffn;

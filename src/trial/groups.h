@@ -91,6 +91,14 @@ struct Shapes {
   // the compute dtype, as in Megatron. Routed experts stay too: their token counts vary per step
   // and cuBLASLt's fp8 needs multiples of 16 (Megatron pads them, --moe-router-padding-for-fp8).
   Fp8Formats fp8;
+  // What selective recompute reruns (ParallelConfig::selective_modules; 0 without it).
+  uint8_t rerun;
+  bool Reruns(RecomputeModule m) const { return (rerun & m) != 0; }
+  // Whether a layer's dense MLP part (its MLP, or a MoE layer's shared experts) is rebuilt in
+  // backward: mlp in a dense layer; moe or shared_experts in a MoE layer.
+  bool RerunsMlpPart(bool moe) const {
+    return moe ? Reruns(kRecomputeMoe) || Reruns(kRecomputeSharedExperts) : Reruns(kRecomputeMlp);
+  }
   bool IsMoe(int64_t layer) const { return experts > 0 && layer >= first_dense; }
   // Global index of layer `layer_in_chunk` of this stage's model chunk `model_chunk`.
   int64_t GlobalLayer(int model_chunk, int64_t layer_in_chunk) const {

@@ -109,7 +109,7 @@ Status StageProgram::AttentionForward(const LayerActs& a, Tensor qkv) {
 Status StageProgram::AttentionBackward(const LayerActs& a) {
   Tensor lse = a.lse;
   Tensor o = context_ && s_.up > 1 ? a.o_ul : a.o;
-  const bool recompute = lse.numel == 0;  // selective recompute kept q, k, v but not the statistics
+  const bool recompute = lse.numel == 0;  // core_attn recompute kept q, k, v but not the statistics
   if (recompute) {
     lse = work_.lse;
     o = context_ && s_.up > 1 ? work_.o_ul : work_.o;
@@ -132,20 +132,22 @@ Status StageProgram::AttentionBackward(const LayerActs& a) {
 
 // ---- MLP: dense, or shared experts + routed experts ----
 
+Status StageProgram::DenseMlpForward(const LayerWeights& w, const LayerActs& a, Tensor y2) {
+  const int64_t T = s_.tokens, h = s_.hidden, ffn = s_.MlpFfn(w.moe), fc1 = s_.MlpFc1Cols(w.moe);
+  if (ffn == 0) return dev_.Fill(partial_, 0.0f);
+  const Tensor h1 = a.h1.Slice(0, T * fc1), a1 = a.a1.Slice(0, T * ffn);
+  AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, fc1, h, 0, s_.fp8), y2, w.fc1, h1));
+  AUTOPAR_RETURN_IF_ERROR(s_.swiglu ? dev_.SwiGluForward(T, ffn, h1, a1)
+                                    : dev_.GeluForward(h1, a1));
+  return dev_.Gemm(Linear(T, h, ffn, 0, s_.fp8), a1, w.fc2, partial_);
+}
+
 // norm2's output a.y2 → reduced_ (the block's output rows of this rank).
 Status StageProgram::MlpForward(const LayerWeights& w, const LayerActs& a, MoeActs& moe,
                                 bool count_aux) {
-  const int64_t T = s_.tokens, h = s_.hidden, ffn = s_.MlpFfn(w.moe), fc1 = s_.MlpFc1Cols(w.moe);
+  const int64_t T = s_.tokens, h = s_.hidden;
   AUTOPAR_ASSIGN_OR_RETURN(Tensor y2, GatherRows(a.y2, gathered_));
-  if (ffn > 0) {
-    const Tensor h1 = a.h1.Slice(0, T * fc1), a1 = a.a1.Slice(0, T * ffn);
-    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, fc1, h, 0, s_.fp8), y2, w.fc1, h1));
-    AUTOPAR_RETURN_IF_ERROR(s_.swiglu ? dev_.SwiGluForward(T, ffn, h1, a1)
-                                      : dev_.GeluForward(h1, a1));
-    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, h, ffn, 0, s_.fp8), a1, w.fc2, partial_));
-  } else {
-    AUTOPAR_RETURN_IF_ERROR(dev_.Fill(partial_, 0.0f));
-  }
+  AUTOPAR_RETURN_IF_ERROR(DenseMlpForward(w, a, y2));
   if (w.moe) {
     // Each tp rank routes its slice of the rows and adds the result to those rows of the partial
     // sums, so the tp reduction below completes both parts.
@@ -192,6 +194,17 @@ Status StageProgram::MlpBackward(const LayerWeights& w, const LayerActs& a, MoeA
   return ReduceRows(partial_, reduced_);
 }
 
+Status StageProgram::RerunMlp(const LayerWeights& w, const LayerActs& a, MoeActs& moe) {
+  // Megatron's checkpoint reruns the module's forward whole, collectives and (moe) the token
+  // dispatcher's all-to-alls included; its output is not used, its activations are.
+  if (w.moe ? s_.Reruns(kRecomputeMoe) : s_.Reruns(kRecomputeMlp)) {
+    return MlpForward(w, a, moe, /*count_aux=*/false);
+  }
+  if (!w.moe || !s_.Reruns(kRecomputeSharedExperts)) return OkStatus();
+  AUTOPAR_ASSIGN_OR_RETURN(Tensor y2, GatherRows(a.y2, gathered_));
+  return DenseMlpForward(w, a, y2);
+}
+
 // ---- one transformer layer ----
 
 Status StageProgram::LayerForward(const LayerWeights& w, const LayerActs& a, MoeActs& moe, Tensor x,
@@ -216,6 +229,14 @@ Status StageProgram::LayerForward(const LayerWeights& w, const LayerActs& a, Moe
 Status StageProgram::LayerBackward(const LayerWeights& w, const LayerActs& a, MoeActs& moe,
                                    Tensor dout, Tensor dx) {
   const int64_t T = s_.tokens, h = s_.hidden;
+  // Selective recompute rebuilds what its modules dropped as the backward reaches them: the
+  // pre-MLP norm's output and the MLP block's activations here, the input norm's output before
+  // the attention block's linear layers.
+  const bool norms = s_.Reruns(kRecomputeLayernorm);
+  if (norms) {
+    AUTOPAR_RETURN_IF_ERROR(Norm(w.norm2, w.norm2_bias, a.x1, a.y2, work_rstd_, work_mean_));
+  }
+  AUTOPAR_RETURN_IF_ERROR(RerunMlp(w, a, moe));
   AUTOPAR_RETURN_IF_ERROR(MlpBackward(w, a, moe, dout));
   AUTOPAR_RETURN_IF_ERROR(
       NormBackward(w.norm2, w.d_norm2, w.d_norm2_bias, reduced_, a.x1, a.rstd2, a.mean2, dx1_));
@@ -228,6 +249,9 @@ Status StageProgram::LayerBackward(const LayerWeights& w, const LayerActs& a, Mo
   AUTOPAR_RETURN_IF_ERROR(
       dev_.Gemm(LinearInputGrad(T, h, s_.q_cols, 0, s_.fp8), d_partial, w.proj, do_));
   AUTOPAR_RETURN_IF_ERROR(AttentionBackward(a));
+  if (norms) {
+    AUTOPAR_RETURN_IF_ERROR(Norm(w.norm1, w.norm1_bias, a.x, a.y1, work_rstd_, work_mean_));
+  }
   AUTOPAR_RETURN_IF_ERROR(ColumnParallelBackward(LinearInputGrad(T, s_.qkv_cols, h, 0, s_.fp8),
                                                  LinearWeightGrad(T, s_.qkv_cols, h, s_.fp8), dqkv_,
                                                  w.qkv, w.d_qkv, a.y1));

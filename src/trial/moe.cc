@@ -272,17 +272,21 @@ Status MoeLayer::Forward(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out
   const int64_t Tr = s_.tokens / s_.tp, k = s_.topk, h = s_.hidden, R = a.all_received;
   const int64_t f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
   const int64_t rows = std::max(Tr * k, s_.etp * a.max_received);
+  // Under moe_act recompute the activation output is transient (in `work`) and rebuilt from h1
+  // in backward (BackwardExperts).
+  const int64_t kept_f = s_.Reruns(kRecomputeMoeAct) ? 0 : f;
   a.compute.Reset();
   AUTOPAR_ASSIGN_OR_RETURN(
-      a.compute, dev_.Allocate(R * (h + fc1 + f) + Tr * k * (h + 1), dev_.compute_dtype()));
+      a.compute, dev_.Allocate(R * (h + fc1 + kept_f) + Tr * k * (h + 1), dev_.compute_dtype()));
   const Tensor c = a.compute.tensor();
   a.ex_in = c.Slice(0, R * h);
   a.h1 = c.Slice(R * h, R * fc1);
-  a.a1 = c.Slice(R * (h + fc1), R * f);
-  a.combined = c.Slice(R * (h + fc1 + f), Tr * k * h);
-  a.gates = c.Slice(R * (h + fc1 + f) + Tr * k * h, Tr * k);
-  AUTOPAR_ASSIGN_OR_RETURN(Buffer work, dev_.Allocate(2 * rows * h, dev_.compute_dtype()));
+  a.combined = c.Slice(R * (h + fc1 + kept_f), Tr * k * h);
+  a.gates = c.Slice(R * (h + fc1 + kept_f) + Tr * k * h, Tr * k);
+  AUTOPAR_ASSIGN_OR_RETURN(Buffer work,
+                           dev_.Allocate(2 * rows * h + R * (f - kept_f), dev_.compute_dtype()));
   const Tensor bx = work.tensor().Slice(0, rows * h), by = work.tensor().Slice(rows * h, rows * h);
+  a.a1 = kept_f > 0 ? c.Slice(R * (h + fc1), R * f) : work.tensor().Slice(2 * rows * h, R * f);
 
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, x, h, a.ids[a.dispatch], bx));
   AUTOPAR_ASSIGN_OR_RETURN(const Tensor arrived, Dispatch(a, bx, by));
@@ -292,6 +296,7 @@ Status MoeLayer::Forward(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out
   AUTOPAR_ASSIGN_OR_RETURN(const Tensor back, Combine(a, by, bx));
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, back, h, a.ids[a.slot], a.combined));
   AUTOPAR_RETURN_IF_ERROR(UploadCompute(dev_, a.gates, a.gate));
+  if (kept_f == 0) a.a1 = Tensor{};  // freed with `work`
   // out[t] += Σ_j gate[t, j] · combined[t, j].
   return dev_.Gemm(Batched(Tr, 1, h, k, false, 1.0f), a.gates, a.combined, out);
 }
@@ -300,12 +305,20 @@ Status MoeLayer::BackwardExperts(const LayerWeights& w, MoeActs& a, Tensor dy) {
   const int64_t Tr = s_.tokens / s_.tp, E = s_.experts, k = s_.topk, h = s_.hidden;
   const int64_t R = a.all_received, f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
   const int64_t rows = std::max(Tr * k, s_.etp * a.max_received);
-  AUTOPAR_ASSIGN_OR_RETURN(Buffer work,
-                           dev_.Allocate(2 * rows * h + R * (f + fc1 + h), dev_.compute_dtype()));
+  const int64_t rebuilt_f = s_.Reruns(kRecomputeMoeAct) ? f : 0;
+  AUTOPAR_ASSIGN_OR_RETURN(Buffer work, dev_.Allocate(2 * rows * h + R * (f + fc1 + h + rebuilt_f),
+                                                      dev_.compute_dtype()));
   const Tensor wt = work.tensor();
   const Tensor bx = wt.Slice(0, rows * h), by = wt.Slice(rows * h, rows * h);
   const Tensor da1 = wt.Slice(2 * rows * h, R * f), dh1 = wt.Slice(2 * rows * h + R * f, R * fc1);
   const Tensor d_ex_in = wt.Slice(2 * rows * h + R * (f + fc1), R * h);
+  if (rebuilt_f > 0) {  // moe_act recompute: the activation again, every expert's rows at once
+    a.a1 = wt.Slice(2 * rows * h + R * (f + fc1 + h), R * f);
+    if (R > 0) {
+      AUTOPAR_RETURN_IF_ERROR(s_.swiglu ? dev_.SwiGluForward(R, f, a.h1, a.a1)
+                                        : dev_.GeluForward(a.h1, a.a1));
+    }
+  }
 
   // Gates: dgate[t, j] = dy[t] · combined[t, j]; each (token, slot) row gets gate · dy[t].
   AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Batched(Tr, 1, k, h, true), dy, a.combined, dgate_));
@@ -315,6 +328,7 @@ Status MoeLayer::BackwardExperts(const LayerWeights& w, MoeActs& a, Tensor dy) {
   const Tensor d_ex_out = arrived.data == bx.data ? by : bx;
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, arrived, h, a.ids[a.sort], d_ex_out));
   AUTOPAR_RETURN_IF_ERROR(ExpertsBackward(w, a, d_ex_out, da1, dh1, d_ex_in));
+  if (rebuilt_f > 0) a.a1 = Tensor{};  // freed with `work`
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, d_ex_in, h, a.ids[a.unsort], bx));
   AUTOPAR_ASSIGN_OR_RETURN(const Tensor back, Combine(a, bx, by));
   const Tensor per_slot = back.data == bx.data ? by : bx;

@@ -27,17 +27,21 @@ StatusOr<std::unique_ptr<StageProgram>> StageProgram::Create(Device& device, con
   // The dense MLP part's width of each layer of a slot (MLP, or a MoE layer's shared experts):
   // the slots of the model chunks differ only in which layers are MoE layers, so a slot is carved
   // for the widest chunk's layers. The shared work areas hold the widest of all.
+  // A part that selective recompute rebuilds is kept in the work area instead (rerun_ffn wide).
   std::vector<int64_t> ffn_of(s.layers_per_chunk, 0);
+  int64_t widest_ffn = 0, rerun_ffn = 0;
   for (int chunk = 0; chunk < s.vpp; ++chunk) {
     for (int64_t j = 0; j < s.layers_per_chunk; ++j) {
-      ffn_of[j] = std::max(ffn_of[j], s.MlpFfn(s.IsMoe(s.GlobalLayer(chunk, j))));
+      const bool moe = s.IsMoe(s.GlobalLayer(chunk, j));
+      const bool rebuilt = s.RerunsMlpPart(moe);
+      ffn_of[j] = std::max(ffn_of[j], rebuilt ? 0 : s.MlpFfn(moe));
+      widest_ffn = std::max(widest_ffn, s.MlpFfn(moe));
+      rerun_ffn = std::max(rerun_ffn, rebuilt ? s.MlpFfn(moe) : 0);
     }
   }
-  int64_t widest_ffn = 0;
-  for (const int64_t ffn : ffn_of) widest_ffn = std::max(widest_ffn, ffn);
 
   AUTOPAR_RETURN_IF_ERROR(p->AllocateSlots(slots, ffn_of));
-  AUTOPAR_RETURN_IF_ERROR(p->AllocateWorkArea(widest_ffn));
+  AUTOPAR_RETURN_IF_ERROR(p->AllocateWorkArea(widest_ffn, rerun_ffn));
   AUTOPAR_RETURN_IF_ERROR(p->AllocateWorkspaces(widest_ffn));
   p->slot_of_.assign(data.samples_per_replica / s.mbs, std::vector<int>(s.vpp, -1));
   if (s.cp > 1 || s.up > 1) {
@@ -55,11 +59,12 @@ void StageProgram::CarveLayer(Carver& cc, Carver& cs, bool full, LayerActs& a, i
   const bool ulysses = s.up > 1;
   a.x = cc.Take(Tl * h);
   if (!full) return;
-  a.y1 = cc.Take(Tl * h);
+  const bool norms = !s.Reruns(kRecomputeLayernorm);  // kept, not rebuilt
+  if (norms) a.y1 = cc.Take(Tl * h);
   a.qkv = cc.Take(ulysses ? T * s.up * s.ul_cols : T * s.qkv_cols);
   a.o = cc.Take(T * s.q_cols);
   a.x1 = cc.Take(Tl * h);
-  a.y2 = cc.Take(Tl * h);
+  if (norms) a.y2 = cc.Take(Tl * h);
   a.h1 = cc.Take(T * (s.swiglu ? 2 : 1) * ffn);
   a.a1 = cc.Take(T * ffn);
   a.rstd1 = cs.Take(Tl);
@@ -68,7 +73,7 @@ void StageProgram::CarveLayer(Carver& cc, Carver& cs, bool full, LayerActs& a, i
     a.mean1 = cs.Take(Tl);
     a.mean2 = cs.Take(Tl);
   }
-  if (c_.recompute != Recompute::kSelective) {  // the attention statistics are kept
+  if (!s.Reruns(kRecomputeCoreAttn)) {  // the attention statistics are kept
     a.lse = cs.Take(T * s.heads);
     if (ulysses) a.o_ul = cc.Take(T * s.q_cols);
   }
@@ -101,12 +106,13 @@ Status StageProgram::AllocateSlots(int slots, const std::vector<int64_t>& ffn_of
   return OkStatus();
 }
 
-// The one-layer work area: the activations a fully recomputed layer rebuilds, or the attention
-// output and statistics selective recompute runs again.
-Status StageProgram::AllocateWorkArea(int64_t widest_ffn) {
+// The one-layer work area: the activations a fully recomputed layer rebuilds, or what selective
+// recompute's modules rebuild: the attention output and statistics (core_attn), both norms'
+// outputs and statistics (layernorm), the dense MLP part's fc1 and activation outputs (mlp, moe,
+// shared_experts).
+Status StageProgram::AllocateWorkArea(int64_t widest_ffn, int64_t rerun_ffn) {
   const DType compute = dev_.compute_dtype();
-  const int64_t T = s_.tokens;
-  const bool ulysses = s_.up > 1;
+  const int64_t T = s_.tokens, Tl = s_.local_tokens, h = s_.hidden;
   if (c_.recompute == Recompute::kFull) {
     Carver cc, cs;
     LayerActs tmp;
@@ -115,14 +121,31 @@ Status StageProgram::AllocateWorkArea(int64_t widest_ffn) {
     AUTOPAR_ASSIGN_OR_RETURN(work_stats_, dev_.Allocate(cs.used(), DType::kF32));
     Carver wc(work_compute_.tensor()), ws(work_stats_.tensor());
     CarveLayer(wc, ws, true, work_, widest_ffn);
-  } else if (c_.recompute == Recompute::kSelective) {
-    AUTOPAR_ASSIGN_OR_RETURN(work_compute_,
-                             dev_.Allocate((ulysses ? 2 : 1) * T * s_.q_cols, compute));
-    AUTOPAR_ASSIGN_OR_RETURN(work_stats_, dev_.Allocate(T * s_.heads, DType::kF32));
-    work_.o = work_compute_.tensor().Slice(0, T * s_.q_cols);
-    if (ulysses) work_.o_ul = work_compute_.tensor().Slice(T * s_.q_cols, T * s_.q_cols);
-    work_.lse = work_stats_.tensor();
+    return OkStatus();
   }
+  if (s_.rerun == 0) return OkStatus();
+  auto carve = [&](Carver cc, Carver cs) {
+    if (s_.Reruns(kRecomputeCoreAttn)) {
+      work_.o = cc.Take(T * s_.q_cols);
+      if (s_.up > 1) work_.o_ul = cc.Take(T * s_.q_cols);
+      work_.lse = cs.Take(T * s_.heads);
+    }
+    if (s_.Reruns(kRecomputeLayernorm)) {
+      work_.y1 = cc.Take(Tl * h);
+      work_.y2 = cc.Take(Tl * h);
+      work_rstd_ = cs.Take(Tl);
+      work_mean_ = cs.Take(Tl);
+    }
+    work_.h1 = cc.Take(T * (s_.swiglu ? 2 : 1) * rerun_ffn);
+    work_.a1 = cc.Take(T * rerun_ffn);
+    return std::pair{cc.used(), cs.used()};
+  };
+  const auto [compute_elems, stats_elems] = carve(Carver(), Carver());
+  AUTOPAR_ASSIGN_OR_RETURN(work_compute_,
+                           dev_.Allocate(std::max<int64_t>(compute_elems, 1), compute));
+  AUTOPAR_ASSIGN_OR_RETURN(work_stats_,
+                           dev_.Allocate(std::max<int64_t>(stats_elems, 1), DType::kF32));
+  carve(Carver(work_compute_.tensor()), Carver(work_stats_.tensor()));
   return OkStatus();
 }
 
@@ -170,6 +193,24 @@ Status StageProgram::AllocateWorkspaces(int64_t widest_ffn) {
   targets_ = ci.Take(T);
   positions_ = ci.Take(Tl);
   return dev_.Fill(dloss_, static_cast<float>(1.0 / data_.tokens_per_step));
+}
+
+LayerActs StageProgram::ActsOf(const Slot& slot, size_t j, bool moe) const {
+  LayerActs a = slot.layers[j];
+  if (s_.Reruns(kRecomputeLayernorm)) {
+    a.y1 = work_.y1;
+    a.y2 = work_.y2;
+  }
+  if (s_.RerunsMlpPart(moe)) {
+    const int64_t T = s_.tokens, ffn = s_.MlpFfn(moe);
+    a.h1 = work_.h1.Slice(0, T * s_.MlpFc1Cols(moe));
+    a.a1 = work_.a1.Slice(0, T * ffn);
+  }
+  return a;
+}
+
+MoeActs& StageProgram::MoeActsOf(Slot& slot, size_t j, bool moe) {
+  return moe && s_.Reruns(kRecomputeMoe) ? work_moe_ : slot.moe[j];
 }
 
 bool StageProgram::Recomputed(int layer_in_chunk) const {
@@ -287,10 +328,14 @@ Status StageProgram::Forward(int microbatch, int chunk) {
   for (size_t j = 0; j < weights.layers.size(); ++j) {
     const Tensor next = j + 1 < weights.layers.size() ? slot.layers[j + 1].x : out;
     const bool recomputed = Recomputed(static_cast<int>(j));
-    const LayerActs& acts = recomputed ? work_ : slot.layers[j];
-    MoeActs& moe = recomputed ? work_moe_ : slot.moe[j];
+    const LayerWeights& w = weights.layers[j];
+    const LayerActs acts = recomputed ? work_ : ActsOf(slot, j, w.moe);
+    MoeActs& moe = recomputed ? work_moe_ : MoeActsOf(slot, j, w.moe);
     AUTOPAR_RETURN_IF_ERROR(w_.AwaitParams(g_, w_.LayerUnit(chunk, static_cast<int64_t>(j))));
-    AUTOPAR_RETURN_IF_ERROR(LayerForward(weights.layers[j], acts, moe, x, next, true));
+    AUTOPAR_RETURN_IF_ERROR(LayerForward(w, acts, moe, x, next, true));
+    // Under moe recompute the layer's routed activations are dropped (Megatron's checkpoint keeps
+    // the input alone) and rebuilt before its backward.
+    if (!recomputed && &moe == &work_moe_) work_moe_.compute.Reset();
     x = next;
   }
   if (last) {
@@ -310,8 +355,8 @@ Status StageProgram::Backward(int microbatch, int chunk) {
   Tensor dout = grad_a_, dx = grad_b_;  // grad_a_ received by the exchange unless last
   if (links.next_rank < 0) AUTOPAR_RETURN_IF_ERROR(dev_.Copy(dout, slot.dlast));
   for (size_t j = weights.layers.size(); j-- > 0;) {
-    LayerActs acts = slot.layers[j];
-    MoeActs* moe = &slot.moe[j];
+    LayerActs acts = ActsOf(slot, j, weights.layers[j].moe);
+    MoeActs* moe = &MoeActsOf(slot, j, weights.layers[j].moe);
     if (Recomputed(static_cast<int>(j))) {
       // Full recompute: rebuild this layer's activations from its saved input.
       AUTOPAR_RETURN_IF_ERROR(

@@ -18,13 +18,15 @@
 namespace autopar::trial {
 
 // Activations one layer keeps for its backward pass. Fully recomputed layers keep only `x` in
-// their slot and rebuild the rest in the program's one-layer work area.
+// their slot and rebuild the rest in the program's one-layer work area; under selective recompute
+// the outputs of the modules it reruns (the norms' y1 and y2, the dense MLP part's h1 and a1)
+// live in the work area too, and are rebuilt there before their backward (ActsOf).
 struct LayerActs {
   Tensor x;               // layer input [Tl, h]
   Tensor y1, x1, y2;      // norm1 out, attention residual out, norm2 out [Tl, h]
   Tensor qkv, o, h1, a1;  // [T, qkv], [T, q], [T, fc1], [T, ffn] (MLP or shared experts)
   Tensor rstd1, mean1, rstd2, mean2;  // f32 [Tl]
-  Tensor lse;                         // f32 [T, heads]; empty under selective recompute
+  Tensor lse;                         // f32 [T, heads]; empty when core_attn is recomputed
   // With Ulysses, qkv is the all-to-all's result [T·up, ul_cols] and o_ul the attention output
   // before the all-to-all back [T·up, ul_heads·d] (empty under selective recompute).
   Tensor o_ul;
@@ -66,7 +68,9 @@ class StageProgram {
   // `ffn_of` wide; the one-layer work area of recompute; the backward pass's and the loss's
   // workspaces. `widest_ffn`: the widest of this rank's layers.
   Status AllocateSlots(int slots, const std::vector<int64_t>& ffn_of);
-  Status AllocateWorkArea(int64_t widest_ffn);
+  // `widest_ffn`: the widest dense MLP part of this rank's layers (full recompute rebuilds it);
+  // `rerun_ffn`: the widest that selective recompute rebuilds.
+  Status AllocateWorkArea(int64_t widest_ffn, int64_t rerun_ffn);
   Status AllocateWorkspaces(int64_t widest_ffn);
   // Carves one layer's activations (all of them when `full`, else the input alone) from `cc`
   // (compute dtype) and `cs` (f32); a slot's layers likewise, returning the elements it took of
@@ -76,6 +80,15 @@ class StageProgram {
                                         const std::vector<int64_t>& ffn_of) const;
 
   bool Recomputed(int layer_in_chunk) const;
+  // Layer j of `slot` as its forward and backward passes see it: the slot's activations, with
+  // those selective recompute rebuilds taken from the work area.
+  LayerActs ActsOf(const Slot& slot, size_t j, bool moe) const;
+  // Where a MoE layer keeps its routing and expert activations: the slot's, or (under moe
+  // recompute) the work area's, rebuilt before its backward.
+  MoeActs& MoeActsOf(Slot& slot, size_t j, bool moe);
+  // Selective recompute's reruns before a layer's MLP backward: the MLP block's forward (mlp, or
+  // moe), or a MoE layer's shared experts alone (shared_experts).
+  Status RerunMlp(const LayerWeights& w, const LayerActs& a, MoeActs& moe);
   // `moe` holds a MoE layer's routing and expert activations; count_aux is false on a full
   // recompute's rerun so its load-balancing loss is counted once.
   Status LayerForward(const LayerWeights& w, const LayerActs& a, MoeActs& moe, Tensor x, Tensor out,
@@ -85,6 +98,9 @@ class StageProgram {
   Status AttentionForward(const LayerActs& a, Tensor qkv);
   Status AttentionBackward(const LayerActs& a);
   Status MlpForward(const LayerWeights& w, const LayerActs& a, MoeActs& moe, bool count_aux);
+  // The dense MLP part (the MLP, or a MoE layer's shared experts) of the gathered rows y2 into
+  // partial_ (zeros where the layer has none).
+  Status DenseMlpForward(const LayerWeights& w, const LayerActs& a, Tensor y2);
   Status MlpBackward(const LayerWeights& w, const LayerActs& a, MoeActs& moe, Tensor dout);
   Status Norm(Tensor gamma, Tensor beta, Tensor x, Tensor y, Tensor rstd, Tensor mean);
   Status NormBackward(Tensor gamma, Tensor dgamma, Tensor dbeta, Tensor dy, Tensor x, Tensor rstd,
@@ -124,6 +140,7 @@ class StageProgram {
   Buffer work_compute_, work_stats_, ws_compute_, ws_stats_, ws_ids_;
   LayerActs work_;
   MoeActs work_moe_;
+  Tensor work_rstd_, work_mean_;  // f32 [Tl]: the norm statistics a layernorm rerun writes
   std::unique_ptr<ContextAttention> context_;  // cp > 1 or up > 1
   std::unique_ptr<MoeLayer> moe_;              // MoE models
   Tensor gathered_, partial_, reduced_, dqkv_, do_, dh1_, da1_, dx1_, dtmp_, grad_a_, grad_b_;

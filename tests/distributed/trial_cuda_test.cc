@@ -64,6 +64,8 @@ INSTANTIATE_TEST_SUITE_P(Trial, CudaEquivalence,
                                            "pp=2,dp=2,vpp=2", "tp=2,dp=2,dist_opt=on",
                                            "tp=2,pp=2,sp=on,recompute=full",
                                            "tp=2,pp=2,recompute=selective",
+                                           "tp=2,pp=2,sp=on,recompute=selective,"
+                                           "recompute_modules=layernorm+mlp",
                                            "pp=2,dp=2,pp_first=1"));
 
 }  // namespace

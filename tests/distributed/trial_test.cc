@@ -149,6 +149,23 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-moe", "pp=2,dp=2,ep=2,vpp=2,pp_last=2", 6}),
     CaseName);
 
+// Selective recompute of other modules (Megatron's --recompute-modules): the norms, a dense MLP, a
+// MoE layer whole (its dispatch rerun), the routed experts' activation, the shared experts; with
+// SP, the ring and Ulysses, pipelines and virtual stages.
+INSTANTIATE_TEST_SUITE_P(
+    TrialRecomputeModules, Equivalence,
+    ::testing::Values(
+        Case{"tiny", "tp=2,pp=2,sp=on,recompute=selective,recompute_modules=layernorm+mlp"},
+        Case{"tiny", "cp=2,up=2,recompute=selective,recompute_modules=layernorm"},
+        Case{"tiny", "dp=4,recompute=selective,recompute_modules=core_attn+layernorm+mlp"},
+        Case{"tiny-moe",
+             "tp=2,dp=2,ep=2,sp=on,recompute=selective,recompute_modules=layernorm+moe"},
+        Case{"tiny-moe", "dp=4,ep=2,recompute=selective,recompute_modules=moe_act+shared_experts"},
+        Case{"tiny-moe",
+             "pp=2,dp=2,ep=2,vpp=2,recompute=selective,recompute_modules=layernorm+mlp+moe+moe_"
+             "act"}),
+    CaseName);
+
 // Data-parallel overlap (ParallelConfig's overlap_grad_reduce / overlap_param_gather): the
 // bucketed reductions under the backward pass and the gathers under the next forward reorder
 // when the collectives run, not what they sum, so every knob setting gives the same numbers. A
@@ -358,6 +375,57 @@ INSTANTIATE_TEST_SUITE_P(Trial, MemoryLongSequence,
                                            Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on,etp=1"},
                                            Case{"tiny", "pp=4,pp_first=1,pp_last=3", 6}),
                          CaseName);
+
+// Selective recompute's other modules keep less (--recompute-modules).
+INSTANTIATE_TEST_SUITE_P(
+    TrialRecomputeModules, Memory,
+    ::testing::Values(
+        Case{"tiny", "tp=2,pp=2,sp=on,recompute=selective,recompute_modules=layernorm+mlp"},
+        Case{"tiny-moe",
+             "tp=2,dp=2,ep=2,sp=on,recompute=selective,recompute_modules=layernorm+moe"},
+        Case{"tiny-moe", "dp=4,ep=2,recompute=selective,recompute_modules=moe_act+shared_experts"}),
+    CaseName);
+INSTANTIATE_TEST_SUITE_P(TrialRecomputeModules, MemoryLongSequence,
+                         ::testing::Values(Case{"tiny-moe",
+                                                "tp=2,dp=2,ep=2,sp=on,recompute=selective,"
+                                                "recompute_modules=layernorm+moe"}),
+                         CaseName);
+
+// What selective recompute's modules save (Megatron's --recompute-modules): at a long sequence
+// the trial's peak falls by what the model says it keeps less, for the norms and a MoE layer
+// whole, and for the routed experts' activation and the shared experts. A trial that ignored the
+// modules would save nothing.
+TEST(TrialMemory, RecomputedModulesSaveWhatTheModelSays) {
+  const ModelSpec model = ModelPreset("tiny-moe");
+  TrainSpec train = Train();
+  train.global_batch_size = 4;
+  train.seq_length = 1024;
+  TrialOptions o = NumericOptions();
+  o.fingerprint = false;
+  auto peaks = [&](const std::string& spec) {
+    const ParallelConfig c = Complete(ParseSpec(spec), World().size());
+    const TrialMeasurement got = RunTrial(TestPlatform(), World(), model, train, c, o);
+    EXPECT_EQ(got.outcome, Outcome::kOk) << got.message;
+    const double measured =
+        got.peak_memory_gib.empty()
+            ? 0.0
+            : *std::max_element(got.peak_memory_gib.begin(), got.peak_memory_gib.end());
+    return std::pair{measured, PredictedPeakGib(model, c, train)};
+  };
+  const std::string base = "tp=2,dp=2,ep=2,sp=on,recompute=selective";
+  const auto [kept_measured, kept_predicted] = peaks(base);
+  for (const char* modules : {"layernorm+moe", "moe_act+shared_experts"}) {
+    const auto [measured, predicted] = peaks(base + ",recompute_modules=" + modules);
+    const double saved = kept_measured - measured, saved_predicted = kept_predicted - predicted;
+    EXPECT_GT(saved_predicted, 0.02 * kept_predicted) << modules;
+    EXPECT_NEAR(saved / saved_predicted, 1.0, 0.25)
+        << modules << ": saved " << saved * 1024 << " MiB, predicted " << saved_predicted * 1024;
+    if (World().rank() == 0) {
+      std::printf("recompute_modules=%-22s saved %7.3f MiB  predicted %7.3f MiB\n", modules,
+                  saved * 1024, saved_predicted * 1024);
+    }
+  }
+}
 
 }  // namespace
 }  // namespace autopar::trial

@@ -130,8 +130,15 @@ class Rows(unittest.TestCase):
         self.assertEqual(why(ep="8", etp="1"), "")
         self.assertIn("etp=1,", bench.config_of(row(ep="8", etp="1"), src)[0])
         self.assertNotIn("etp", bench.config_of(row(ep="8", etp="2"), src)[0])
-        self.assertIn("recomputing these modules", why(recompute="selective (layernorm, moe)"))
+        # Megatron's --recompute-modules become SPEC's recompute_modules; core_attn is the default.
+        self.assertEqual(why(recompute="selective (layernorm, moe)"), "")
+        self.assertIn("recompute=selective,recompute_modules=layernorm+moe,",
+                      bench.config_of(row(recompute="selective (moe, layernorm)"), src)[0])
+        self.assertIn("recomputing mla_up_proj is not modelled",
+                      why(recompute="selective (mla_up_proj, layernorm)"))
         self.assertEqual(why(recompute="selective (attention core)"), "")
+        self.assertNotIn("recompute_modules",
+                         bench.config_of(row(recompute="selective (core_attn)"), src)[0])
         moe = bench.SOURCES["MOE_MODELZOO_QWEN3_LC"]
         self.assertIn("etp=1,", bench.config_of(row(ep="8"), moe)[0])
 

@@ -86,6 +86,17 @@ TEST(Cli, MegatronFlagsDescribeTheConfigToPredict) {
       << pasted.out;
 }
 
+// A Megatron flag of several values takes the words up to the next flag on our command line too,
+// as in a pasted script (argparse's nargs).
+TEST(Cli, MegatronListFlagsTakeTheirWordsOnTheCommandLine) {
+  const Result r = RunCli(Cmd(
+      "predict", Llama7bOn(1, {"--tensor-model-parallel-size", "2", "--context-parallel-size", "4",
+                               "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes",
+                               "2", "2", "--sequence-parallel", "--format", "csv"})));
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("\"tp=2,pp=1,dp=1,cp=2,up=2,"), std::string::npos) << r.out;
+}
+
 // The overlap knobs and the reduction dtype leave as Megatron's flags (which default off / fp32)
 // and come back from them unchanged.
 TEST(Cli, MegatronOverlapFlagsRoundTrip) {
@@ -146,6 +157,78 @@ void ExpectBadInput(const std::vector<std::string>& argv, const std::string& mus
   const Result r = RunCli(argv);
   EXPECT_EQ(r.code, kExitBadInput) << r.out;
   EXPECT_NE(r.err.find(must_mention), std::string::npos) << "message: " << r.err;
+}
+
+// Megatron's --recompute-modules: what selective recompute reruns, in the configuration a
+// command line or a script describes, in every selective candidate of a search, and back out in
+// the flags; modules the model lacks, Megatron's refusals and names it does not know are refused
+// naming the flag and the allowed values.
+TEST(Cli, RecomputeModulesAreReadSearchedAndEmitted) {
+  auto mixtral = [](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {
+        "--model", "mixtral-8x7b",        "--gpu", "h100",         "--nnodes",
+        "4",       "--global-batch-size", "256",   "--seq-length", "4096"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  };
+  const std::vector<std::string> flags = {"--tensor-model-parallel-size",
+                                          "2",
+                                          "--pipeline-model-parallel-size",
+                                          "4",
+                                          "--expert-model-parallel-size",
+                                          "4",
+                                          "--sequence-parallel",
+                                          "--use-distributed-optimizer",
+                                          "--recompute-granularity",
+                                          "selective",
+                                          "--recompute-modules",
+                                          "layernorm",
+                                          "moe"};
+  std::vector<std::string> megatron = flags;
+  megatron.insert(megatron.end(), {"--format", "megatron"});
+  const Result out = RunCli(Cmd("predict", mixtral(megatron)));
+  ASSERT_EQ(out.code == kExitOk || out.code == kExitInfeasible, true) << out.err;
+  EXPECT_NE(out.out.find("--recompute-granularity selective --recompute-modules layernorm moe"),
+            std::string::npos)
+      << out.out;
+  std::vector<std::string> csv = flags;
+  csv.insert(csv.end(), {"--format", "csv"});
+  const Result spec = RunCli(Cmd("predict", mixtral(csv)));
+  EXPECT_NE(spec.out.find("recompute=selective,recompute_modules=layernorm+moe,"),
+            std::string::npos)
+      << spec.out;
+  // The same from a pasted script: read, not listed as ignored.
+  std::string pasted;
+  for (const std::string& w : flags) pasted += w + " ";
+  const Result script =
+      RunCli(Cmd("predict", mixtral({"--megatron-args", pasted, "--format", "csv"})));
+  EXPECT_EQ(script.out, spec.out) << script.err;
+  EXPECT_EQ(script.err.find("--recompute-modules"), std::string::npos) << script.err;
+  // A search: every selective candidate reruns the modules; the others have none.
+  const Result plan =
+      RunCli(Cmd("plan", mixtral({"--recompute-modules", "moe_act", "--fix", "tp=2,pp=4,ep=4,sp=on",
+                                  "--top", "50", "--format", "csv"})));
+  ASSERT_EQ(plan.code, kExitOk) << plan.err;
+  EXPECT_NE(plan.out.find("recompute=selective,recompute_modules=moe_act"), std::string::npos);
+  EXPECT_EQ(plan.out.find("recompute=selective,dist_opt"), std::string::npos) << plan.out;
+  EXPECT_EQ(plan.out.find("=none,recompute_modules"), std::string::npos) << plan.out;
+
+  ExpectBadInput(Cmd("plan", mixtral({"--recompute-modules", "attention"})),
+                 "--recompute-modules: allowed: core_attn, layernorm, mlp, moe, moe_act, "
+                 "shared_experts; got 'attention'");
+  ExpectBadInput(Cmd("plan", mixtral({"--recompute-modules", "mla_up_proj"})), "not modelled");
+  ExpectBadInput(Cmd("plan", Llama7bOn(1, {"--recompute-modules", "moe"})),
+                 "--recompute-modules: recompute_modules=moe: moe, moe_act and shared_experts "
+                 "need a MoE model");
+  ExpectBadInput(Cmd("plan", mixtral({"--recompute-modules", "mlp"})), "every layer");
+  ExpectBadInput(Cmd("plan", mixtral({"--recompute-modules", "shared_experts"})),
+                 "no shared experts");
+  ExpectBadInput(
+      Cmd("plan", mixtral({"--fp8-format", "hybrid", "--recompute-modules", "layernorm"})),
+      "delayed scaling");
+  ExpectBadInput(
+      Cmd("predict", Llama7bOn(1, {"--config", "tp=2,recompute=selective,recompute_modules=moe"})),
+      "need a MoE model");
 }
 
 TEST(Cli, BadInputNamesTheFlagAndExitsTwo) {

@@ -64,6 +64,8 @@ constexpr FlagMeaning kEmitted[] = {
     {"--sequence-parallel", "sp=on", "ModelParallelConfig.sequence_parallel"},
     {"--recompute-granularity", "recompute=selective|full",
      "TransformerConfig.recompute_granularity"},
+    {"--recompute-modules", "recompute=selective: recompute_modules (core_attn by default)",
+     "TransformerConfig.recompute_modules"},
     {"--recompute-method", "recompute=full: uniform (every layer) or block (recompute_layers)",
      "TransformerConfig.recompute_method"},
     {"--recompute-num-layers", "recompute=full: 1 per uniform unit, or recompute_layers per stage",
@@ -167,7 +169,12 @@ const Case kCases[] = {
     {"recompute=selective", Precision::kBF16,
      "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
      "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
-     "--recompute-granularity selective --overlap-grad-reduce"},
+     "--recompute-granularity selective --recompute-modules core_attn --overlap-grad-reduce"},
+    {"recompute=selective,recompute_modules=layernorm+moe", Precision::kBF16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--recompute-granularity selective --recompute-modules layernorm moe "
+     "--overlap-grad-reduce"},
     {"recompute=full", Precision::kBF16,
      "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
      "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "

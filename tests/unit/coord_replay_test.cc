@@ -65,6 +65,30 @@ TEST(ReplayTable, ReadsAnEtpColumnAndWritesOneOnlyWhereARowNeedsIt) {
   EXPECT_EQ(plain.ToCsv().find("etp"), std::string::npos);
 }
 
+TEST(ReplayTable, ReadsARecomputeModulesColumnAndWritesOneOnlyWhereARowNeedsIt) {
+  const ReplayTable t =
+      ReplayTable::Parse(std::string("recompute_modules,") + kHeader +
+                             "layernorm+moe,2,1,8,1,1,4,1,1,on,selective,off,1.5,40,ok\n"
+                             ",2,1,8,1,1,4,1,1,on,selective,off,1.6,41,ok\n"
+                             "core_attn,2,1,8,1,1,4,1,2,on,selective,off,1.7,42,ok\n",
+                         "t.csv");
+  ASSERT_EQ(t.rows().size(), 3u);
+  EXPECT_EQ(t.rows()[0].config.selective_modules(), kRecomputeLayernorm | kRecomputeMoe);
+  EXPECT_EQ(t.rows()[1].config.recompute_modules, 0);
+  EXPECT_EQ(t.rows()[2].config.recompute_modules, 0);  // core_attn alone: the canonical 0
+  const ReplayTable again = ReplayTable::Parse(t.ToCsv(), "again.csv");
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(again.rows()[i].config, t.rows()[i].config) << i;
+  EXPECT_NE(t.ToCsv().find(",recompute_modules\n"), std::string::npos) << t.ToCsv();
+  EXPECT_EQ(ReplayTable::Parse(std::string(kHeader) + "2,1,8,1,1,4,1,1,on,selective,off,1,1,ok\n",
+                               "t.csv")
+                .ToCsv()
+                .find("recompute_modules"),
+            std::string::npos);
+  ExpectBad(
+      std::string("recompute_modules,") + kHeader + "moe,2,1,8,1,1,4,1,1,on,none,off,1.5,40,ok\n",
+      "recompute_modules");
+}
+
 TEST(ReplayTable, BadInputNamesLineColumnAndAllowedValues) {
   ExpectBad("tp,pp\n1,1\n", "'dp'");
   ExpectBad(std::string(kHeader) + "1,1,8,1,1,1,1,1,maybe,none,off,1,1,ok\n", "on, off");

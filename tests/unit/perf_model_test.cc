@@ -73,6 +73,22 @@ TEST_F(KorthikantiCase, SelectiveRecomputeDropsTheScoreTerm) {
   EXPECT_NEAR(Activations("tp=8,pp=1,mbs=1,sp=on,recompute=selective"), 97 * Sbh() * 34 / t, 1);
 }
 
+// Selective recompute's other modules (Megatron's --recompute-modules) drop Korthikanti's terms
+// of what they rerun, each rebuilt for one layer in its backward: layernorm the two norm outputs
+// (2 + 2 sbh/t with SP), mlp the fc1 and GeLU outputs (8 + 8).
+TEST_F(KorthikantiCase, RecomputedModulesDropTheirTerms) {
+  const double t = 8;
+  EXPECT_NEAR(Activations("tp=8,pp=1,mbs=1,sp=on,recompute=selective,"
+                          "recompute_modules=core_attn+layernorm"),
+              Sbh() * (96 * (34 - 4) + 34 + 4) / t, 1);
+  EXPECT_NEAR(Activations("tp=8,pp=1,mbs=1,sp=on,recompute=selective,"
+                          "recompute_modules=core_attn+layernorm+mlp"),
+              Sbh() * (96 * (34 - 4 - 16) + 34 + 4 + 16) / t, 1);
+  // Without core_attn the score term stays.
+  EXPECT_NEAR(Activations("tp=8,pp=1,mbs=1,sp=on,recompute=selective,recompute_modules=layernorm"),
+              Sbh() * (96 * (34 - 4 + Score(t) * t) + 34 + Score(t) * t + 4) / t, 1);
+}
+
 TEST_F(KorthikantiCase, FullRecomputeKeepsLayerInputsPlusOneLayer) {
   const double t = 8;
   const double one_layer = Sbh() * (34 / t + Score(t));
@@ -262,6 +278,35 @@ TEST(Time, StepTimeIsTheSumOfFeaturesAndRecomputeCosts) {
   EXPECT_LT(selective.step_time_s, full.step_time_s);
   // Full recompute repeats the forward: GEMM time grows by a third (fwd 1 + bwd 2 → 4 of 3).
   EXPECT_NEAR(full.features[kGemm] / none.features[kGemm], 4.0 / 3, 0.02);
+}
+
+// Selective recompute's modules rerun their forward in backward: a MoE layer (moe) its GEMMs and
+// the token dispatcher's all-to-alls, as full recompute does, but not the attention's; the norms
+// (layernorm) only memory-bound passes.
+TEST(Time, RecomputedModulesRunTheirForwardAgain) {
+  const ClusterSpec cluster = SmallCluster(2, 8);
+  const CostModel cm(ModelPreset("mixtral-8x7b"), SmallTrain(64, 4096), cluster, PerfConstants{});
+  auto time = [&](const std::string& recompute) {
+    return cm.Time(Complete(ParseSpec("tp=2,pp=4,ep=2,sp=on," + recompute), 16));
+  };
+  const TimeBreakdown none = time("recompute=none");
+  const TimeBreakdown core = time("recompute=selective");
+  const TimeBreakdown moe = time("recompute=selective,recompute_modules=core_attn+moe");
+  const TimeBreakdown norms = time("recompute=selective,recompute_modules=core_attn+layernorm");
+  const TimeBreakdown full = time("recompute=full");
+  // The all-to-alls: forward + backward, and the forward once more.
+  EXPECT_NEAR(moe.features[kEpComm] / core.features[kEpComm], 1.5, 1e-9);
+  EXPECT_NEAR(full.features[kEpComm] / none.features[kEpComm], 1.5, 1e-9);
+  EXPECT_GT(moe.features[kGemm], core.features[kGemm]);
+  EXPECT_LT(moe.features[kGemm] - core.features[kGemm],
+            full.features[kGemm] - none.features[kGemm]);
+  EXPECT_EQ(moe.features[kAttention], core.features[kAttention]);
+  EXPECT_GT(norms.features[kMemoryBound], core.features[kMemoryBound]);
+  for (Feature f : {kGemm, kAttention, kEpComm, kTpComm}) {
+    EXPECT_EQ(norms.features[f], core.features[f]) << f;
+  }
+  EXPECT_LT(core.step_time_s, moe.step_time_s);
+  EXPECT_LT(moe.step_time_s, full.step_time_s);
 }
 
 // --tp-comm-overlap (Transformer Engine's userbuffers): with sequence parallelism the forward

@@ -97,6 +97,41 @@ TEST(Spec, BadTextNamesTheFlagAndTheAllowedValues) {
   EXPECT_THROW(ParseSpec("tp=4294967296"), InputError);  // past int32: refused, not truncated
 }
 
+TEST(Spec, RecomputeModulesPrintInMegatronsNamesAndOnlyBesideSelective) {
+  const ParallelConfig c = ParseSpec("dp=4,recompute=selective,recompute_modules=moe+layernorm");
+  EXPECT_EQ(c.selective_modules(), kRecomputeLayernorm | kRecomputeMoe);
+  EXPECT_TRUE(c.Recomputes(kRecomputeMoe));
+  EXPECT_FALSE(c.Recomputes(kRecomputeCoreAttn));  // the attention core is kept
+  EXPECT_EQ(ToSpec(c),
+            "tp=1,pp=1,dp=4,cp=1,up=1,ep=1,vpp=1,mbs=1,sp=off,recompute=selective,"
+            "recompute_modules=layernorm+moe,dist_opt=off");
+  EXPECT_EQ(ParseSpec(ToSpec(c)), c);
+  // Megatron's default, core_attn alone, is the canonical 0 and is not printed.
+  const ParallelConfig core = ParseSpec("recompute=selective,recompute_modules=core_attn");
+  EXPECT_EQ(core, ParseSpec("recompute=selective"));
+  EXPECT_EQ(core.selective_modules(), kRecomputeCoreAttn);
+  EXPECT_EQ(ParseSpec("recompute=full").selective_modules(), 0);
+  for (const char* bad :
+       {"recompute_modules=moe", "recompute=full,recompute_modules=moe",
+        "recompute=selective,recompute_modules=attention", "recompute=selective,recompute_modules=",
+        "recompute=selective,"
+        "recompute_modules=mla_up_proj"}) {
+    try {
+      ParseSpec(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("recompute_modules"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    ParseSpec("recompute=selective,recompute_modules=attention");
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("core_attn, layernorm, mlp, moe, moe_act, shared_experts"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Stages, UnevenSplitPrintsParsesAndFollowsMegatronsLayerOffsets) {
   // DeepSeek-V3's 61 layers over 16 stages: 1 on the first, 4 on each middle one, 0 given last.
   ParallelConfig c = ParseSpec("tp=2,pp=16,pp_first=1,pp_last=0,dp=1");

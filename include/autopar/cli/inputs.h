@@ -57,6 +57,9 @@ class Args {
   struct Item {
     std::string flag;
     std::optional<std::string> value;
+    // The further values of a Megatron-LM flag that takes several (argparse's nargs: its row's
+    // value has more than one word, `UP CP`, `MODULE ...`), up to the next flag.
+    std::vector<std::string> more;
     bool used = false;
   };
   Item* Find(const std::string& flag);

@@ -32,7 +32,7 @@ std::string MegatronFlags(const ParallelConfig& c, const ModelSpec& model, const
 struct BridgeOverride {
   std::string key;
   std::string value;
-  std::vector<int64_t> list;
+  std::vector<std::string> list;  // a list value's items (value unused)
 };
 
 // The Megatron-Bridge overrides that select `c` (docs/cli.md §5): every parallel field explicitly,

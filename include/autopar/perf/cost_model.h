@@ -143,6 +143,12 @@ class CostModel {
     double softmax = 0;
     double qkv_gemm = 0;
     double fc1_gemm = 0;  // 0 in a MoE layer
+    // The forward of what selective recompute's modules rerun (docs/models.md §4.5): the two
+    // norms' passes; the MLP block (a dense MLP, or a MoE layer whole) in GEMMs, elementwise
+    // passes and collectives; its parts the routed experts' activation and the shared experts.
+    double norms = 0;
+    double mlp_gemm = 0, mlp_memory = 0, mlp_tp = 0, mlp_ep = 0;
+    double moe_act = 0, shared_gemm = 0, shared_memory = 0;
   };
   struct BackwardComm {
     double cp = 0;
@@ -153,8 +159,11 @@ class CostModel {
   ComputeParts LayerCompute(const ParallelConfig& c, const LayerShape& x, bool moe, bool windowed,
                             std::array<double, kNumFeatures>& f) const;
   BackwardComm LayerCommunication(const ParallelConfig& c, const LayerShape& x, bool moe,
-                                  const ComputeParts& parts,
-                                  std::array<double, kNumFeatures>& f) const;
+                                  ComputeParts& parts, std::array<double, kNumFeatures>& f) const;
+  // What selective recompute's modules rerun in a layer's backward `b`, from its forward `f`.
+  void AddSelectiveRerun(const ParallelConfig& c, bool moe, const ComputeParts& parts,
+                         const std::array<double, kNumFeatures>& f,
+                         std::array<double, kNumFeatures>& b) const;
   // The stages of c (the slowest, and the one with the longest gradient reduction), the
   // reduction's time for given parameters per rank, and the DP and optimizer features.
   StageSummary SummarizeStages(const ParallelConfig& c, const StageTimeParts& parts) const;

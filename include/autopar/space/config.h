@@ -4,7 +4,9 @@
 // The text form is
 // `tp=8,pp=4,dp=2,cp=1,up=1,ep=1,vpp=1,mbs=1,sp=on,recompute=selective,dist_opt=on`, with
 // `pp_first=F` and `pp_last=L` after `pp` where the pipeline's stages are uneven (StageLayers),
-// `etp=N` after `ep` where the experts' tensor parallel size differs from tp, followed by
+// `etp=N` after `ep` where the experts' tensor parallel size differs from tp,
+// `recompute_modules=layernorm+moe` after `recompute` where selective recompute reruns other
+// modules than core_attn alone, followed by
 // `overlap_grad_reduce=off`, `overlap_param_gather=off` or `grad_reduce_dtype=bf16` only where they
 // differ from their defaults (so the text of every earlier configuration keeps its meaning). Print
 // → parse is the identity; omitted keys take defaults, and an omitted `dp` is derived from the
@@ -19,6 +21,25 @@ namespace autopar {
 
 enum class Recompute : uint8_t { kNone, kSelective, kFull };
 const char* ToString(Recompute r);
+
+// What selective recompute reruns in the backward pass: Megatron-core's --recompute-modules
+// (TransformerConfig.recompute_modules, NVIDIA/Megatron-LM d98e8a6), bits of
+// ParallelConfig::recompute_modules. Megatron's default is core_attn alone.
+enum RecomputeModule : uint8_t {
+  kRecomputeCoreAttn = 1 << 0,       // core_attn: the attention core (scores, softmax, ·V)
+  kRecomputeLayernorm = 1 << 1,      // layernorm: input_layernorm's and pre_mlp_layernorm's outputs
+  kRecomputeMlp = 1 << 2,            // mlp: a dense layer's MLP (not a MoE layer's)
+  kRecomputeMoe = 1 << 3,            // moe: a MoE layer whole (router, dispatch, experts, combine,
+                                     //   shared experts)
+  kRecomputeMoeAct = 1 << 4,         // moe_act: the routed experts' activation function
+  kRecomputeSharedExperts = 1 << 5,  // shared_experts: a MoE layer's shared experts
+};
+inline constexpr uint8_t kRecomputeModulesAll = (1 << 6) - 1;
+// Megatron's names joined by '+' in the order above ("layernorm+moe"); "" for none.
+std::string RecomputeModulesText(uint8_t modules);
+// The bit of one of Megatron's names; throws InputError(flag) naming the allowed ones (and
+// saying which of Megatron's other modules the model does not run) otherwise.
+uint8_t ParseRecomputeModule(const std::string& flag, const std::string& name);
 
 // The dtype data-parallel gradients are accumulated and reduced in. Megatron-LM (bf16 training)
 // reduces in fp32 unless `--grad-reduce-in-bf16` (megatron/training/arguments.py: without it,
@@ -64,6 +85,17 @@ struct ParallelConfig {
   // fewest of the two that describe the split.
   int32_t pp_first = 0;
   int32_t pp_last = 0;
+  // With selective recompute, the modules it reruns (RecomputeModule bits). 0 = Megatron's
+  // default, core_attn alone; the canonical form (ParseSpec, the search space) keeps 0 there and
+  // wherever recompute is not selective. Read it through selective_modules().
+  uint8_t recompute_modules = 0;
+
+  // The modules selective recompute reruns; 0 when recompute is none or full.
+  uint8_t selective_modules() const {
+    if (recompute != Recompute::kSelective) return 0;
+    return recompute_modules != 0 ? recompute_modules : uint8_t{kRecomputeCoreAttn};
+  }
+  bool Recomputes(RecomputeModule m) const { return (selective_modules() & m) != 0; }
 
   int32_t expert_tp() const { return etp > 0 ? etp : tp; }
   // The ranks holding the same experts (Megatron's expert data parallel size, world / (etp·ep·pp)).

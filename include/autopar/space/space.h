@@ -37,6 +37,9 @@ struct SpaceOptions {
   bool sweep_recompute_layers = false;
   // Explore context / Ulysses parallelism when the list is empty and seq_length is at least this.
   int64_t long_sequence_threshold = 16384;
+  // What selective recompute reruns in every candidate that has it (Megatron's
+  // --recompute-modules; ParallelConfig::recompute_modules's canonical form, 0 = core_attn).
+  uint8_t recompute_modules = 0;
 };
 
 // Applies `--fix key=value[,key=value...]` to options (same keys as SPEC). Throws InputError("--fix").
@@ -190,6 +193,7 @@ void SearchSpace::ForEachKnob(ParallelConfig c, const KnobValues& knobs,
     c.sp = sp;
     for (Recompute r : knobs.recompute) {
       c.recompute = r;
+      c.recompute_modules = r == Recompute::kSelective ? options_.recompute_modules : 0;
       for (int32_t layers : r == Recompute::kFull ? full_layer_counts : kEveryLayer) {
         c.recompute_layers = layers;
         for (bool dist_opt : knobs.dist_opt) {
