@@ -123,6 +123,7 @@ class Source:
     dist_opt: str = ""             # "on"/"off" written into SPEC (2020-2022: the tool's default)
     etp: int = 0                   # expert tensor parallel size of the recipe (0: tp)
     gpus_from_config: bool = False  # the cluster is tp·pp·dp·cp GPUs: the GPU column is wrong
+    counted_split: bool = False    # --account-for-embedding/loss-in-pipeline-split (with vpp)
     not_modelled: str = ""         # a source-wide reason no row of it can be expressed
 
 
@@ -193,10 +194,8 @@ SOURCES = {
     "MOE_MODELZOO_QWEN3_LC": Source(
         "2024", "tflops", STACK_2024 + ["--bf16"], LLAMA_ARCH + ["--kv-channels", "128"],
         lambda r: megatron_flops(r, swiglu=True, causal=True, kv_channels=128), mbs=1,
-        sp_when_tp=True, dist_opt="on", etp=1,
-        not_modelled="DeepEP (flex) token dispatcher: the model times the all-to-all one; "
-                     "virtual stages with the embedding and the loss counted in the split (model "
-                     "chunks one layer short) are not modelled"),
+        sp_when_tp=True, dist_opt="on", etp=1, counted_split=True,
+        not_modelled="DeepEP (flex) token dispatcher: the model times the all-to-all one"),
 }
 
 # Gradient all-reduce: the 2020 README runs used PyTorch DDP (--DDP-impl torch, the default then),
@@ -304,7 +303,10 @@ def config_of(row, src):
         spec += f"cp={cp},ep={ep},"
     if ep > 1 and etp and etp != tp:
         spec += f"etp={etp},"
-    spec += f"vpp={vpp},mbs={mbs},sp={sp_of(row, src, tp)},recompute={recompute}"
+    spec += f"vpp={vpp},"
+    if src.counted_split and vpp > 1:
+        spec += "split_embedding=on,split_loss=on,"
+    spec += f"mbs={mbs},sp={sp_of(row, src, tp)},recompute={recompute}"
     if modules:
         spec += f",recompute_modules={modules}"
     if src.dist_opt:

@@ -130,7 +130,7 @@ void ApplyLayout(const std::string& text, const ModelSpec& model, ParallelConfig
 // Megatron-LM's even split with the embedding and the loss counted as a layer each
 // (get_num_layers_to_build): (num_layers + e + l) / pp per rank, the first rank building one
 // transformer layer fewer for the embedding, the last one fewer for the loss. With virtual stages
-// only the first (last) model chunk is short.
+// only the first (last) model chunk is short: split_embedding / split_loss.
 void ApplyAccountFor(const MegatronStageFlags& f, int64_t num_layers, ParallelConfig& c) {
   const char* flag = f.account_for_embedding ? kEmbeddingFlag : kLossFlag;
   const int64_t e = f.account_for_embedding, l = f.account_for_loss;
@@ -148,11 +148,12 @@ void ApplyAccountFor(const MegatronStageFlags& f, int64_t num_layers, ParallelCo
   }
   const int64_t per_rank = counted / c.pp;
   if (c.vpp > 1) {
-    throw InputError(flag, "with virtual stages it leaves the " +
-                               std::string(e ? "first" : "last") +
-                               " model chunk one transformer layer short of the stage's others: "
-                               "not modelled (only whole stages differ in size); give "
-                               "--decoder-first/last-pipeline-num-layers instead");
+    c.split_embedding = e != 0;
+    c.split_loss = l != 0;
+    if (const std::string reason = StageSplitError(c, num_layers); !reason.empty()) {
+      throw InputError(flag, "Megatron-LM refuses this split: " + reason);
+    }
+    return;
   }
   if (per_rank - e == 0 || per_rank - l == 0) {
     throw InputError(flag, "it leaves the " + std::string(per_rank - e == 0 ? "first" : "last") +

@@ -221,10 +221,14 @@ std::string MegatronFlags(const ParallelConfig& c, const ModelSpec& model, const
   std::ostringstream f;
   f << "--tensor-model-parallel-size " << c.tp << " --pipeline-model-parallel-size " << c.pp;
   // Megatron-LM's uneven split: the first and last stages' transformer layers where they differ
-  // from the middle ones' (TransformerConfig.num_layers_in_first/last_pipeline_stage). Not the
-  // --account-for-*-in-pipeline-split switches: they change what an even split means.
+  // from the middle ones' (TransformerConfig.num_layers_in_first/last_pipeline_stage); the
+  // --account-for-*-in-pipeline-split switches only where the configuration counts the embedding
+  // or the loss in its split of virtual stages (elsewhere they would change what an even split
+  // means).
   if (c.pp_first != 0) f << " --decoder-first-pipeline-num-layers " << c.pp_first;
   if (c.pp_last != 0) f << " --decoder-last-pipeline-num-layers " << c.pp_last;
+  if (c.split_embedding) f << " --account-for-embedding-in-pipeline-split";
+  if (c.split_loss) f << " --account-for-loss-in-pipeline-split";
   // Virtual stages as a count per rank, which Megatron-LM takes with even and uneven stages alike
   // (--num-layers-per-virtual-pipeline-stage it refuses with uneven ones; arguments.py).
   if (c.vpp > 1) f << " --num-virtual-stages-per-pipeline-rank " << c.vpp;
@@ -299,8 +303,8 @@ std::vector<BridgeOverride> BridgeOverrides(const ParallelConfig& c, const Model
   stage_layers("model.num_layers_in_first_pipeline_stage", c.pp_first);
   stage_layers("model.num_layers_in_last_pipeline_stage", c.pp_last);
   add("model.pipeline_model_parallel_layout", "null");
-  boolean("model.account_for_embedding_in_pipeline_split", false);
-  boolean("model.account_for_loss_in_pipeline_split", false);
+  boolean("model.account_for_embedding_in_pipeline_split", c.split_embedding);
+  boolean("model.account_for_loss_in_pipeline_split", c.split_loss);
   // Context parallelism as in MegatronFlags: size cp·up, the comm type says ring, Ulysses or both.
   number("model.context_parallel_size", int64_t{c.cp} * c.up);
   if (c.cp * c.up > 1) {

@@ -13,6 +13,8 @@ pb::ParallelConfig ToProto(const ParallelConfig& c) {
   p.set_etp(c.etp);
   p.set_pp_first(c.pp_first);
   p.set_pp_last(c.pp_last);
+  p.set_split_embedding(c.split_embedding);
+  p.set_split_loss(c.split_loss);
   p.set_vpp(c.vpp);
   p.set_mbs(c.mbs);
   p.set_sp(c.sp);
@@ -40,6 +42,8 @@ ParallelConfig FromProto(const pb::ParallelConfig& p) {
   c.etp = p.etp() == c.tp ? 0 : p.etp();  // the canonical form
   c.pp_first = p.pp_first();
   c.pp_last = p.pp_last();
+  c.split_embedding = p.split_embedding();
+  c.split_loss = p.split_loss();
   c.vpp = p.vpp();
   c.mbs = p.mbs();
   c.sp = p.sp();

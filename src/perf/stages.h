@@ -132,15 +132,14 @@ struct StageLayout {
   int64_t layers() const { return all.dense_total() + all.moe_total(); }
 };
 // `before` is the layers per chunk of the stages before `stage` (Σ StageLayers / vpp), so that
-// chunk k starts at k·num_layers/vpp + before (ChunkFirstLayer, without its loop).
+// chunk k starts at k·num_layers/vpp + before (ChunkFirstLayer, without its loop). With the
+// embedding and the loss counted in the split (split_embedding, split_loss) the first and the
+// last chunk are a layer short: ChunkLayers and ChunkFirstLayer place each chunk.
 inline StageLayout LayoutOf(const ModelSpec& m, const ParallelConfig& c, int64_t stage,
                             int64_t before) {
   StageLayout out;
   out.per_chunk = StageLayers(c, m.num_layers, stage) / c.vpp;
-  const int64_t rerun = c.recompute != Recompute::kFull ? 0
-                        : c.recompute_layers == 0
-                            ? out.per_chunk
-                            : std::min<int64_t>(c.recompute_layers, out.per_chunk);
+  const bool counted = c.split_embedding || c.split_loss;
   auto add = [](LayerMix& to, const LayerMix& x) {
     to.dense += x.dense;
     to.moe += x.moe;
@@ -148,8 +147,13 @@ inline StageLayout LayoutOf(const ModelSpec& m, const ParallelConfig& c, int64_t
     to.moe_windowed += x.moe_windowed;
   };
   for (int64_t k = 0; k < c.vpp; ++k) {
-    const int64_t first = k * (m.num_layers / c.vpp) + before;
-    add(out.all, MixOf(m, first, out.per_chunk));
+    const int64_t layers = counted ? ChunkLayers(c, m.num_layers, stage, k) : out.per_chunk;
+    const int64_t first =
+        counted ? ChunkFirstLayer(c, m.num_layers, stage, k) : k * (m.num_layers / c.vpp) + before;
+    const int64_t rerun = c.recompute != Recompute::kFull ? 0
+                          : c.recompute_layers == 0       ? layers
+                                                    : std::min<int64_t>(c.recompute_layers, layers);
+    add(out.all, MixOf(m, first, layers));
     add(out.recomputed, MixOf(m, first, rerun));
   }
   return out;

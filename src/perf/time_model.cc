@@ -49,33 +49,34 @@ class ReverseBucketCount {
 int64_t FirstStageBuckets(const ModelSpec& m, const ParallelConfig& c, double bucket_size) {
   const double t = c.tp, et = c.expert_tp(), h = m.hidden_size, d = m.head_dim();
   const double fc1_factor = m.activation == Activation::kSwiGLU ? 2 : 1;
-  const int64_t per_chunk = StageLayers(c, m.num_layers, 0) / c.vpp;
   ReverseBucketCount dense(bucket_size), experts(bucket_size);
   auto norm = [&] { dense.Add(h, m.norm == NormKind::kLayerNorm ? 2 : 1); };  // weight (+ bias)
   if (c.pp == 1) {
     if (m.untie_embeddings) dense.Add(static_cast<double>(m.vocab_size) / t * h);
     norm();
   }
-  // The stage's chunks hold layers [k·L/vpp, k·L/vpp + per_chunk); walked last to first.
-  for (int64_t i = c.vpp * per_chunk; i-- > 0;) {
-    const int64_t layer = i / per_chunk * (m.num_layers / c.vpp) + i % per_chunk;
-    const bool moe = m.is_moe() && layer >= m.moe_first_dense_layers;
-    if (moe) {
-      for (int64_t e = 0; e < m.num_experts / c.ep; ++e) {
-        experts.Add(static_cast<double>(m.moe_ffn_hidden_size) * h / et);
-        experts.Add(fc1_factor * m.moe_ffn_hidden_size * h / et);
+  // The stage's chunks (ChunkFirstLayer, ChunkLayers), walked last layer to first.
+  for (int64_t k = c.vpp; k-- > 0;) {
+    for (int64_t j = ChunkLayers(c, m.num_layers, 0, k); j-- > 0;) {
+      const int64_t layer = ChunkFirstLayer(c, m.num_layers, 0, k) + j;
+      const bool moe = m.is_moe() && layer >= m.moe_first_dense_layers;
+      if (moe) {
+        for (int64_t e = 0; e < m.num_experts / c.ep; ++e) {
+          experts.Add(static_cast<double>(m.moe_ffn_hidden_size) * h / et);
+          experts.Add(fc1_factor * m.moe_ffn_hidden_size * h / et);
+        }
       }
+      const double ffn = moe ? m.moe_shared_expert_intermediate_size : m.ffn_hidden_size;
+      if (ffn > 0) {
+        dense.Add(ffn * h / t);
+        dense.Add(fc1_factor * ffn * h / t);
+      }
+      if (moe) dense.Add(static_cast<double>(m.num_experts) * h);  // the router
+      norm();
+      dense.Add(h * d * m.num_attention_heads / t);
+      dense.Add(h * d * (m.num_attention_heads + 2.0 * m.num_query_groups) / t);
+      norm();
     }
-    const double ffn = moe ? m.moe_shared_expert_intermediate_size : m.ffn_hidden_size;
-    if (ffn > 0) {
-      dense.Add(ffn * h / t);
-      dense.Add(fc1_factor * ffn * h / t);
-    }
-    if (moe) dense.Add(static_cast<double>(m.num_experts) * h);  // the router
-    norm();
-    dense.Add(h * d * m.num_attention_heads / t);
-    dense.Add(h * d * (m.num_attention_heads + 2.0 * m.num_query_groups) / t);
-    norm();
   }
   dense.Add(static_cast<double>(m.vocab_size) / t * h +
             (m.position_embedding == PositionEmbedding::kLearned

@@ -11,8 +11,8 @@ namespace {
 
 constexpr const char* kFlag = "--config";
 constexpr const char* kKeys =
-    "tp, pp, pp_first, pp_last, dp, cp, up, ep, etp, vpp, mbs, sp, recompute, recompute_modules, "
-    "recompute_layers, dist_opt, "
+    "tp, pp, pp_first, pp_last, dp, cp, up, ep, etp, vpp, split_embedding, split_loss, mbs, sp, "
+    "recompute, recompute_modules, recompute_layers, dist_opt, "
     "overlap_grad_reduce, overlap_param_gather, grad_reduce_dtype";
 
 int32_t ParsePositive(const std::string& key, const std::string& value, bool allow_zero) {
@@ -98,7 +98,10 @@ std::string ToSpec(const ParallelConfig& c) {
   if (c.pp_last != 0) out << ",pp_last=" << c.pp_last;
   out << ",dp=" << c.dp << ",cp=" << c.cp << ",up=" << c.up << ",ep=" << c.ep;
   if (c.expert_tp() != c.tp) out << ",etp=" << c.etp;
-  out << ",vpp=" << c.vpp << ",mbs=" << c.mbs << ",sp=" << (c.sp ? "on" : "off")
+  out << ",vpp=" << c.vpp;
+  if (c.split_embedding) out << ",split_embedding=on";
+  if (c.split_loss) out << ",split_loss=on";
+  out << ",mbs=" << c.mbs << ",sp=" << (c.sp ? "on" : "off")
       << ",recompute=" << ToString(c.recompute);
   if (c.recompute_modules != 0)
     out << ",recompute_modules=" << RecomputeModulesText(c.recompute_modules);
@@ -145,6 +148,10 @@ ParallelConfig ParseSpec(const std::string& text) {
       c.recompute_modules = ParseModules(value);
     else if (key == "sp") c.sp = ParseOnOff(key, value);
     else if (key == "dist_opt") c.dist_opt = ParseOnOff(key, value);
+    else if (key == "split_embedding")
+      c.split_embedding = ParseOnOff(key, value);
+    else if (key == "split_loss")
+      c.split_loss = ParseOnOff(key, value);
     else if (key == "overlap_grad_reduce") c.overlap_grad_reduce = ParseOnOff(key, value);
     else if (key == "overlap_param_gather") {
       c.overlap_param_gather = ParseOnOff(key, value);
@@ -171,14 +178,40 @@ ParallelConfig ParseSpec(const std::string& text) {
   if (c.recompute_modules == kRecomputeCoreAttn) c.recompute_modules = 0;  // Megatron's default
   if (c.etp == c.tp) c.etp = 0;  // the canonical form: 0 is "as tp"
   if (UnevenStages(c) && c.pp == 1) {
-    throw InputError(kFlag, "pp_first and pp_last need pp > 1");
+    throw InputError(kFlag, "pp_first, pp_last, split_embedding and split_loss need pp > 1");
+  }
+  if ((c.split_embedding || c.split_loss) && (c.pp_first != 0 || c.pp_last != 0)) {
+    throw InputError(kFlag,
+                     "split_embedding and split_loss not with pp_first or pp_last (Megatron-LM "
+                     "takes uneven stages one way)");
   }
   if (!param_gather_given) c.overlap_param_gather = OverlapParamGatherAllowed(c);
   return c;
 }
 
+// The split with the embedding and the loss counted (SplitError's other half).
+std::string CountedSplitError(const ParallelConfig& c, int64_t num_layers) {
+  if (c.pp < 2) return "split_embedding and split_loss need pp > 1";
+  if (c.pp_first != 0 || c.pp_last != 0) {
+    return "split_embedding and split_loss not with pp_first or pp_last";
+  }
+  const int64_t counted = num_layers + c.split_embedding + c.split_loss;
+  const int64_t chunks = int64_t{c.pp} * c.vpp;
+  if (counted % chunks != 0) {
+    return "the " + std::to_string(counted) +
+           " layers counting the embedding and the loss do not split evenly over pp·vpp = " +
+           std::to_string(chunks) + " model chunks";
+  }
+  if (counted / chunks < 2) {
+    return "a model chunk of " + std::to_string(counted / chunks) +
+           " layer leaves the first or the last without a transformer layer";
+  }
+  return {};
+}
+
 std::string StageSplitError(const ParallelConfig& c, int64_t num_layers) {
   const std::string vpp = std::to_string(c.vpp);
+  if (c.split_embedding || c.split_loss) return CountedSplitError(c, num_layers);
   if (!UnevenStages(c)) {
     if (num_layers % c.pp != 0) {
       return "pp=" + std::to_string(c.pp) +
@@ -214,13 +247,30 @@ std::string StageSplitError(const ParallelConfig& c, int64_t num_layers) {
 }
 
 int64_t StageLayers(const ParallelConfig& c, int64_t num_layers, int64_t stage) {
+  if (c.split_embedding || c.split_loss) {
+    return (num_layers + c.split_embedding + c.split_loss) / c.pp -
+           (stage == 0 ? c.split_embedding : 0) - (stage == c.pp - 1 ? c.split_loss : 0);
+  }
   if (stage == 0 && c.pp_first != 0) return c.pp_first;
   if (stage == c.pp - 1 && c.pp_last != 0) return c.pp_last;
   const int64_t middle_stages = c.pp - (c.pp_first != 0) - (c.pp_last != 0);
   return (num_layers - c.pp_first - c.pp_last) / middle_stages;
 }
 
+int64_t ChunkLayers(const ParallelConfig& c, int64_t num_layers, int64_t stage, int64_t chunk) {
+  if (!c.split_embedding && !c.split_loss) return StageLayers(c, num_layers, stage) / c.vpp;
+  const int64_t even = (num_layers + c.split_embedding + c.split_loss) / (int64_t{c.pp} * c.vpp);
+  return even - (stage == 0 && chunk == 0 ? c.split_embedding : 0) -
+         (stage == c.pp - 1 && chunk == c.vpp - 1 ? c.split_loss : 0);
+}
+
 int64_t ChunkFirstLayer(const ParallelConfig& c, int64_t num_layers, int64_t stage, int64_t chunk) {
+  if (c.split_embedding || c.split_loss) {
+    // Chunk-major: the chunks before are chunk·pp + stage, the very first one a layer short.
+    const int64_t before = chunk * c.pp + stage;
+    const int64_t even = (num_layers + c.split_embedding + c.split_loss) / (int64_t{c.pp} * c.vpp);
+    return before * even - (before > 0 ? c.split_embedding : 0);
+  }
   // Chunk k of every stage holds 1/vpp of the stage's layers, so chunk k starts after the
   // num_layers/vpp layers of the earlier chunks and the earlier stages' chunk k.
   int64_t before = 0;
@@ -230,6 +280,15 @@ int64_t ChunkFirstLayer(const ParallelConfig& c, int64_t num_layers, int64_t sta
 
 ParallelConfig CanonicalStages(ParallelConfig c, int64_t num_layers) {
   if (c.pp < 2) return c;
+  if (c.split_embedding || c.split_loss) {
+    if (c.vpp > 1) return c;
+    // Without virtual stages the counted split is whole stages: pp_first/pp_last below.
+    const int64_t first = StageLayers(c, num_layers, 0),
+                  last = StageLayers(c, num_layers, c.pp - 1);
+    c.split_embedding = c.split_loss = false;
+    c.pp_first = static_cast<int32_t>(first);
+    c.pp_last = static_cast<int32_t>(last);
+  }
   const int64_t first = StageLayers(c, num_layers, 0), last = StageLayers(c, num_layers, c.pp - 1);
   if (c.pp == 2) {  // one given count fixes the other: the first stage's, unless they are even
     c.pp_first = first == last ? 0 : static_cast<int32_t>(first);

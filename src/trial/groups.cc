@@ -130,9 +130,11 @@ Shapes Shapes::Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& 
   s.learned_positions = !s.rope;
   s.max_positions = std::max<int64_t>(m.max_position_embeddings, t.seq_length);
   s.tied = !m.untie_embeddings;
-  s.layers_per_chunk = StageLayers(c, m.num_layers, at.pp) / c.vpp;
+  s.layers_per_chunk = 0;
   for (int model_chunk = 0; model_chunk < c.vpp; ++model_chunk) {
     s.chunk_first_layer.push_back(ChunkFirstLayer(c, m.num_layers, at.pp, model_chunk));
+    s.chunk_layers.push_back(ChunkLayers(c, m.num_layers, at.pp, model_chunk));
+    s.layers_per_chunk = std::max(s.layers_per_chunk, s.chunk_layers.back());
   }
   if (t.precision == Precision::kFP8) {
     s.fp8.fwd = device::Fp8Operand::kE4M3;

@@ -72,9 +72,11 @@ struct Shapes {
   int64_t tp, pp, vpp, mbs, seq, seq_local, tokens, local_tokens, hidden;
   int64_t heads, kv_heads, head_dim, q_cols, kv_cols, qkv_cols;
   int64_t ffn, fc1_cols, vocab, vocab_shard, vocab_start, max_positions;
-  // This stage's transformer layers per model chunk (StageLayers / vpp: the chunks of one stage
-  // hold as many, the stages may differ, docs/trial.md §16) and the global index of each chunk's
-  // first layer (ChunkFirstLayer, Megatron-core's chunk-major order).
+  // This stage's transformer layers in each model chunk (ChunkLayers: the chunks of one stage hold
+  // as many, the stages may differ, docs/trial.md §16, except the first and the last chunk where
+  // the embedding or the loss counts in the split), the most of them (what a slot holds), and the
+  // global index of each chunk's first layer (ChunkFirstLayer, Megatron-core's chunk-major order).
+  std::vector<int64_t> chunk_layers;
   int64_t layers_per_chunk;
   std::vector<int64_t> chunk_first_layer;
   bool sp, swiglu, rmsnorm, rope, learned_positions, tied;

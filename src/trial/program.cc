@@ -31,7 +31,7 @@ StatusOr<std::unique_ptr<StageProgram>> StageProgram::Create(Device& device, con
   std::vector<int64_t> ffn_of(s.layers_per_chunk, 0);
   int64_t widest_ffn = 0, rerun_ffn = 0;
   for (int chunk = 0; chunk < s.vpp; ++chunk) {
-    for (int64_t j = 0; j < s.layers_per_chunk; ++j) {
+    for (int64_t j = 0; j < s.chunk_layers[chunk]; ++j) {
       const bool moe = s.IsMoe(s.GlobalLayer(chunk, j));
       const bool rebuilt = s.RerunsMlpPart(moe);
       ffn_of[j] = std::max(ffn_of[j], rebuilt ? 0 : s.MlpFfn(moe));

@@ -171,7 +171,7 @@ void ModelShard::Layout::AddEmbedding() {
 void ModelShard::Layout::AddLayers() {
   layers_.resize(s_.vpp);
   for (int chunk = 0; chunk < s_.vpp; ++chunk) {
-    for (int64_t j = 0; j < s_.layers_per_chunk; ++j) {
+    for (int64_t j = 0; j < s_.chunk_layers[chunk]; ++j) {
       unit_ = shard_.LayerUnit(chunk, j);
       layers_[chunk].push_back(AddLayer(s_.GlobalLayer(chunk, j)));
     }

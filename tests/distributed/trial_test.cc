@@ -376,6 +376,24 @@ INSTANTIATE_TEST_SUITE_P(Trial, MemoryLongSequence,
                                            Case{"tiny", "pp=4,pp_first=1,pp_last=3", 6}),
                          CaseName);
 
+// The embedding and the loss counted in the split of virtual stages (Megatron's
+// --account-for-embedding/loss-in-pipeline-split): the first chunk of the first stage and the
+// last chunk of the last stage hold a layer fewer; with MoE layers and block recompute.
+INSTANTIATE_TEST_SUITE_P(
+    TrialCountedSplit, Equivalence,
+    ::testing::Values(
+        Case{"tiny", "pp=2,dp=2,vpp=2,split_embedding=on,split_loss=on", 6},
+        Case{"tiny", "pp=2,dp=2,vpp=2,split_embedding=on", 7},
+        Case{"tiny-moe", "pp=2,dp=2,ep=2,vpp=2,split_loss=on", 7},
+        Case{"tiny",
+             "pp=2,dp=2,vpp=2,split_embedding=on,split_loss=on,recompute=full,recompute_layers=1",
+             10}),
+    CaseName);
+INSTANTIATE_TEST_SUITE_P(TrialCountedSplit, Memory,
+                         ::testing::Values(Case{
+                             "tiny", "pp=2,dp=2,vpp=2,split_embedding=on,split_loss=on", 10}),
+                         CaseName);
+
 // Selective recompute's other modules keep less (--recompute-modules).
 INSTANTIATE_TEST_SUITE_P(
     TrialRecomputeModules, Memory,

@@ -38,6 +38,12 @@ constexpr FlagMeaning kEmitted[] = {
      "the stages not given share the rest evenly"},
     {"--decoder-last-pipeline-num-layers", "pp_last (uneven stages)",
      "TransformerConfig.num_layers_in_last_pipeline_stage: the last stage's transformer layers"},
+    {"--account-for-embedding-in-pipeline-split", "split_embedding=on (virtual stages)",
+     "TransformerConfig.account_for_embedding_in_pipeline_split: the embedding counts as a layer "
+     "of the even split, the first model chunk holds one transformer layer fewer"},
+    {"--account-for-loss-in-pipeline-split", "split_loss=on (virtual stages)",
+     "TransformerConfig.account_for_loss_in_pipeline_split: the loss counts as a layer of the "
+     "even split, the last model chunk holds one transformer layer fewer"},
     {"--num-virtual-stages-per-pipeline-rank", "vpp > 1",
      "virtual_pipeline_model_parallel_size: model chunks per pipeline rank (interleaved 1F1B), "
      "with even or uneven stages (--num-layers-per-virtual-pipeline-stage is refused with uneven "
@@ -133,6 +139,14 @@ const Case kCases[] = {
      "--recompute-granularity full --recompute-method block --recompute-num-layers 16 "
      "--overlap-grad-reduce",
      "llama3-8b"},
+    // Llama-2-13B's 40 layers with the embedding and the loss counted: 42 over 2 × 3 model chunks
+    // of 7, the first and the last of 6.
+    {"tp=4,pp=2,vpp=3,sp=on,split_embedding=on,split_loss=on", Precision::kBF16,
+     "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 "
+     "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
+     "--num-virtual-stages-per-pipeline-rank 3 --micro-batch-size 1 --global-batch-size 64 "
+     "--sequence-parallel --overlap-grad-reduce",
+     "llama2-13b"},
     {"tp=2,pp=4,pp_last=5", Precision::kBF16,
      "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 "
      "--decoder-last-pipeline-num-layers 5 --micro-batch-size 1 --global-batch-size 64 "

@@ -160,14 +160,35 @@ TEST(MegatronStages, EmbeddingAndLossCountedAsLayersGiveTheFirstAndLastStages) {
   // 34 layers do not split over 4 stages, as Megatron-LM asserts.
   EXPECT_TRUE(
       Has(Refusal(f, model, Pp(4), "--account-for-embedding-in-pipeline-split"), "34 in all"));
-  // With virtual stages only the first chunk is short: not modelled. (31 layers and the
-  // embedding: 8 per stage, 4 per virtual stage.)
+  // With virtual stages only the first chunk is short (31 layers and the embedding: 8 per stage,
+  // 4 per virtual stage; the first chunk holds 3): split_embedding, placed chunk-major.
   ModelSpec odd = model;
   odd.num_layers = 31;
   f = {};
   f.account_for_embedding = true;
-  EXPECT_TRUE(
-      Has(Refusal(f, odd, Pp(4, 2), "--account-for-embedding-in-pipeline-split"), "not modelled"));
+  c = Pp(4, 2);
+  EXPECT_EQ(ApplyMegatronStages(f, odd, c), "--account-for-embedding-in-pipeline-split");
+  EXPECT_EQ(ToSpec(c), ToSpec(ParseSpec("pp=4,vpp=2,split_embedding=on")));
+  EXPECT_EQ(StageLayers(c, 31, 0), 7);
+  EXPECT_EQ(StageLayers(c, 31, 1), 8);
+  EXPECT_EQ(ChunkLayers(c, 31, 0, 0), 3);
+  EXPECT_EQ(ChunkLayers(c, 31, 0, 1), 4);
+  EXPECT_EQ(ChunkFirstLayer(c, 31, 1, 0), 3);   // after the short first chunk
+  EXPECT_EQ(ChunkFirstLayer(c, 31, 0, 1), 15);  // 3 + 4 + 4 + 4
+  EXPECT_EQ(ChunkFirstLayer(c, 31, 3, 1), 27);  // the last chunk: layers 27-30
+  // Qwen3-235B's recipe: 94 layers with both counted over pp 8 × vpp 4 (3 per virtual stage).
+  ModelSpec qwen = model;
+  qwen.num_layers = 94;
+  f.account_for_loss = true;
+  c = Pp(8, 4);
+  ApplyMegatronStages(f, qwen, c);
+  EXPECT_EQ(ToSpec(c), ToSpec(ParseSpec("pp=8,vpp=4,split_embedding=on,split_loss=on")));
+  EXPECT_EQ(ChunkLayers(c, 94, 7, 3), 2);
+  EXPECT_EQ(ChunkFirstLayer(c, 94, 7, 3), 92);
+  // Chunks of one counted layer would leave the first without a transformer layer.
+  EXPECT_TRUE(Has(Refusal(f, qwen, Pp(8, 12), "--account-for-embedding-in-pipeline-split"),
+                  "without a transformer layer"));
+  f.account_for_loss = false;
   c = Pp(4);
   ApplyMegatronStages(f, odd, c);
   EXPECT_EQ(ToSpec(c), ToSpec(ParseSpec("pp=4,pp_first=7")));

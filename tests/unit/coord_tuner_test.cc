@@ -89,7 +89,9 @@ TEST(Tuner, ReplayedStateProposesTheSameNext) {
 TEST(Convert, ParallelConfigRoundTripsThroughItsMessage) {
   for (const char* spec : {"tp=4,pp=2,dp=2,ep=8,etp=1,vpp=2,mbs=2,sp=on,recompute=selective",
                            "tp=2,dp=8,ep=4,sp=on,dist_opt=on,grad_reduce_dtype=bf16",
-                           "tp=1,dp=16,ep=2,etp=2,recompute=full,recompute_layers=1"}) {
+                           "tp=1,dp=16,ep=2,etp=2,recompute=full,recompute_layers=1",
+                           "tp=2,pp=8,vpp=4,split_embedding=on,split_loss=on,sp=on,"
+                           "recompute=selective,recompute_modules=layernorm+moe"}) {
     const ParallelConfig c = ParseSpec(spec);
     EXPECT_EQ(FromProto(ToProto(c)), c) << spec;
   }

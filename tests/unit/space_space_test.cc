@@ -152,6 +152,27 @@ TEST(Stages, UnevenSplitPrintsParsesAndFollowsMegatronsLayerOffsets) {
   EXPECT_EQ(ChunkFirstLayer(c, 16, 4, 1), 15);  // layer 15, the last
 }
 
+// Megatron's --account-for-embedding/loss-in-pipeline-split with virtual stages: the embedding
+// and the loss count as layers of the even split of pp·vpp model chunks.
+TEST(Stages, CountedSplitOfVirtualStagesPrintsAndRefusesWhatMegatronRefuses) {
+  const ParallelConfig c = ParseSpec("pp=8,vpp=4,split_embedding=on,split_loss=on,dp=1");
+  EXPECT_EQ(ToSpec(c),
+            "tp=1,pp=8,dp=1,cp=1,up=1,ep=1,vpp=4,split_embedding=on,split_loss=on,mbs=1,sp=off,"
+            "recompute=none,dist_opt=off");
+  EXPECT_EQ(ParseSpec(ToSpec(c)), c);
+  EXPECT_TRUE(UnevenStages(c));
+  EXPECT_EQ(StageSplitError(c, 94), "");
+  EXPECT_EQ(StageLayers(c, 94, 0), 11);
+  EXPECT_EQ(StageLayers(c, 94, 3), 12);
+  EXPECT_NE(StageSplitError(c, 95).find("do not split evenly"), std::string::npos);
+  EXPECT_THROW(ParseSpec("pp=2,pp_first=3,split_embedding=on"), InputError);
+  EXPECT_THROW(ParseSpec("split_loss=on"), InputError);  // one stage: nothing to split
+  // Without virtual stages the canonical form is pp_first/pp_last.
+  EXPECT_EQ(CanonicalStages(ParseSpec("pp=4,split_embedding=on"), 31),
+            ParseSpec("pp=4,pp_first=7"));
+  EXPECT_EQ(CanonicalStages(c, 94), c);
+}
+
 TEST(Stages, SplitsMegatronRefusesAreNamedAndTheCanonicalFormIsTheFewestGiven) {
   EXPECT_NE(StageSplitError(ParseSpec("pp=4,pp_first=3"), 16).find("do not split"),
             std::string::npos);  // 13 layers over 3 stages

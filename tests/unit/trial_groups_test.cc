@@ -204,6 +204,16 @@ TEST(StageShapes, UnevenStagesHoldTheirOwnLayers) {
   EXPECT_EQ(last.layers_per_chunk, 2);
   EXPECT_EQ(last.chunk_first_layer, (Firsts{1, 4}));
   EXPECT_EQ(last.GlobalLayer(1, 1), 5);
+  // The embedding and the loss counted in the split (Qwen3-235B's recipe: 94 layers over pp 8 ×
+  // vpp 4): the first chunk of the first stage and the last of the last hold 2 layers, the
+  // others 3.
+  const Shapes head = StageShapes("pp=8,dp=1,vpp=4,split_embedding=on,split_loss=on", 94, 0);
+  const Shapes tail = StageShapes("pp=8,dp=1,vpp=4,split_embedding=on,split_loss=on", 94, 7);
+  EXPECT_EQ(head.chunk_layers, (Firsts{2, 3, 3, 3}));
+  EXPECT_EQ(head.chunk_first_layer, (Firsts{0, 23, 47, 71}));
+  EXPECT_EQ(tail.chunk_layers, (Firsts{3, 3, 3, 2}));
+  EXPECT_EQ(tail.chunk_first_layer, (Firsts{20, 44, 68, 92}));
+  EXPECT_EQ(head.layers_per_chunk, 3);
   // The even split is what it was: layers / (pp·vpp) per chunk.
   const Shapes even = StageShapes("pp=2,dp=1,vpp=2", 8, 1);
   EXPECT_EQ(even.layers_per_chunk, 2);
@@ -218,7 +228,12 @@ TEST(StageShapes, VirtualStagesInPipelineOrderCoverEveryLayerOnce) {
                                                    {"pp=2,dp=1,vpp=2,pp_last=2", 6},
                                                    {"pp=3,dp=1,vpp=2,pp_first=2,pp_last=4", 12},
                                                    {"pp=4,dp=1,vpp=3", 24},
-                                                   {"pp=16,dp=1,pp_first=1", 61}};
+                                                   {"pp=16,dp=1,pp_first=1", 61},
+                                                   {"pp=2,dp=1,vpp=2,split_embedding=on", 7},
+                                                   {"pp=4,dp=1,vpp=2,split_loss=on", 15},
+                                                   {"pp=8,dp=1,vpp=4,split_embedding=on,"
+                                                    "split_loss=on",
+                                                    94}};
   for (const auto& [spec, layers] : cases) {
     const ParallelConfig c = ParseSpec(spec);
     int64_t next = 0;
@@ -226,7 +241,7 @@ TEST(StageShapes, VirtualStagesInPipelineOrderCoverEveryLayerOnce) {
       for (int stage = 0; stage < c.pp; ++stage) {
         const Shapes s = StageShapes(spec, layers, stage);
         ASSERT_EQ(s.chunk_first_layer.size(), static_cast<size_t>(c.vpp)) << spec;
-        for (int64_t j = 0; j < s.layers_per_chunk; ++j) {
+        for (int64_t j = 0; j < s.chunk_layers[chunk]; ++j) {
           EXPECT_EQ(s.GlobalLayer(chunk, j), next++) << spec << " stage " << stage;
         }
       }

@@ -4,6 +4,8 @@
 // The text form is
 // `tp=8,pp=4,dp=2,cp=1,up=1,ep=1,vpp=1,mbs=1,sp=on,recompute=selective,dist_opt=on`, with
 // `pp_first=F` and `pp_last=L` after `pp` where the pipeline's stages are uneven (StageLayers),
+// `split_embedding=on` and `split_loss=on` after `vpp` where the embedding and the loss count in
+// the split of virtual stages,
 // `etp=N` after `ep` where the experts' tensor parallel size differs from tp,
 // `recompute_modules=layernorm+moe` after `recompute` where selective recompute reruns other
 // modules than core_attn alone, followed by
@@ -85,6 +87,14 @@ struct ParallelConfig {
   // fewest of the two that describe the split.
   int32_t pp_first = 0;
   int32_t pp_last = 0;
+  // Megatron's --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split
+  // with virtual stages (vpp > 1): the embedding (the loss) counts as one layer of the even split
+  // over the pp·vpp model chunks, so the first chunk of the first stage (the last chunk of the
+  // last stage) holds one transformer layer fewer than the others (ChunkLayers). Without virtual
+  // stages the same split is pp_first/pp_last, the canonical form (CanonicalStages). Not with
+  // pp_first/pp_last.
+  bool split_embedding = false;
+  bool split_loss = false;
   // With selective recompute, the modules it reruns (RecomputeModule bits). 0 = Megatron's
   // default, core_attn alone; the canonical form (ParseSpec, the search space) keeps 0 there and
   // wherever recompute is not selective. Read it through selective_modules().
@@ -158,7 +168,13 @@ int64_t ChunkFirstLayer(const ParallelConfig& c, int64_t num_layers, int64_t sta
 // last's). The split must be valid.
 ParallelConfig CanonicalStages(ParallelConfig c, int64_t num_layers);
 // Whether the stages hold different numbers of layers.
-inline bool UnevenStages(const ParallelConfig& c) { return c.pp_first != 0 || c.pp_last != 0; }
+inline bool UnevenStages(const ParallelConfig& c) {
+  return c.pp_first != 0 || c.pp_last != 0 || c.split_embedding || c.split_loss;
+}
+// Transformer layers of model chunk `chunk` on pipeline stage `stage`: StageLayers / vpp, but
+// one fewer in the first chunk of the first stage (split_embedding) and in the last chunk of the
+// last stage (split_loss). The split must be valid.
+int64_t ChunkLayers(const ParallelConfig& c, int64_t num_layers, int64_t stage, int64_t chunk);
 
 // Canonical text. Every key is printed; `recompute_layers` only when it is non-zero, the overlap
 // and dtype keys only when they differ from their defaults.
