@@ -105,6 +105,45 @@ TEST(CliScriptImport, Llama3Fp8ExampleExpandsItsVariablesAndArrays) {
   EXPECT_TRUE(Has(deeper.out, "global batch 128 x 4096 tokens (fp8)")) << deeper.out;
 }
 
+// The Megatron-core MoE model zoo's Qwen3-235B-A22B long-context command (its benchmarking
+// YAML's flags, the readme's --recompute-modules): virtual stages with the embedding and the loss
+// counted in the split, selective recompute of the norms and the MoE layers. Both read; the
+// configuration predicts as itself and leaves as the same flags.
+TEST(CliScriptImport, Qwen3MoeRecipeReadsItsSplitAndRecomputeModules) {
+  const std::string recipe =
+      "--num-layers 94 --hidden-size 4096 --ffn-hidden-size 12288 --num-attention-heads 64 "
+      "--kv-channels 128 --group-query-attention --num-query-groups 4 --swiglu "
+      "--normalization RMSNorm --position-embedding-type rope "
+      "--untie-embeddings-and-output-weights "
+      "--disable-bias-linear --vocab-size 151936 --seq-length 4096 --max-position-embeddings 4096 "
+      "--num-experts 128 --moe-router-topk 8 --moe-ffn-hidden-size 1536 "
+      "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 8 "
+      "--num-layers-per-virtual-pipeline-stage 3 --expert-model-parallel-size 8 "
+      "--expert-tensor-parallel-size 1 --account-for-embedding-in-pipeline-split "
+      "--account-for-loss-in-pipeline-split --sequence-parallel --use-distributed-optimizer "
+      "--micro-batch-size 1 --global-batch-size 256 --recompute-granularity selective "
+      "--recompute-modules layernorm moe --bf16 --attention-dropout 0.0 --hidden-dropout 0.0";
+  const Result csv = RunCli(
+      {"predict", "--megatron-args", recipe, "--gpu", "h100", "--nnodes", "32", "--format", "csv"});
+  ASSERT_TRUE(csv.code == kExitOk || csv.code == kExitInfeasible) << csv.err;
+  EXPECT_TRUE(Has(csv.out,
+                  "tp=4,pp=8,dp=8,cp=1,up=1,ep=8,etp=1,vpp=4,split_embedding=on,"
+                  "split_loss=on,mbs=1,sp=on,recompute=selective,"
+                  "recompute_modules=layernorm+moe,dist_opt=on"))
+      << csv.out;
+  EXPECT_FALSE(Has(csv.err, "--recompute-modules")) << csv.err;  // not among the ignored
+  // 96 counted layers over 32 model chunks of 3: the first and the last stage 11 layers.
+  EXPECT_TRUE(Has(csv.err, "uneven pipeline stages of 11|12|12|12|12|12|12|11 layers")) << csv.err;
+  const Result flags = RunCli({"predict", "--megatron-args", recipe, "--gpu", "h100", "--nnodes",
+                               "32", "--format", "megatron"});
+  EXPECT_TRUE(Has(flags.out,
+                  "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
+                  "--num-virtual-stages-per-pipeline-rank 4"))
+      << flags.out;
+  EXPECT_TRUE(Has(flags.out, "--recompute-granularity selective --recompute-modules layernorm moe"))
+      << flags.out;
+}
+
 TEST(CliScriptImport, PlanSaysWhereTheScriptsConfigurationRanks) {
   const std::string script =
       "GPUS=8\ntorchrun --nproc_per_node $GPUS --nnodes 1 pretrain_gpt.py --num-layers 32 "
