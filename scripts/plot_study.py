@@ -121,7 +121,9 @@ def main(study, report, out):
     path = os.path.join(report, "breakdown.csv")
     rows = list(csv.DictReader(open(path))) if os.path.exists(path) else []
     if rows:
-        parts = [k for k in rows[0].keys() if k not in ("rank", "config", "measured_step_time_s")]
+        parts = [k for k in rows[0].keys()
+                 if k not in ("rank", "config", "measured_step_time_s", "measurements",
+                              "recommended")]
         parts = [p for p in parts if any(num(r[p]) for r in rows)]
         fig, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 2))
         left = [0.0] * len(rows)

@@ -238,17 +238,37 @@ struct StudyView {
   }
 };
 
+// The top configurations, one row each, by their mean measured step time (a configuration
+// measured again is one row, not one per measurement), with how often each was measured and
+// which the study recommends; then the analytic model's features of each.
 std::string BreakdownCsv(const StudyView& v, int64_t top) {
+  struct Measured {
+    std::string spec;
+    double sum = 0;
+    int n = 0;
+    double mean() const { return sum / n; }
+  };
+  std::vector<Measured> configs;
+  for (const coord::JournaledTrial* t : v.ok) {  // ok is by step time: first seen, fastest
+    auto it = std::find_if(configs.begin(), configs.end(),
+                           [&](const Measured& m) { return m.spec == t->spec; });
+    if (it == configs.end()) it = configs.insert(configs.end(), {t->spec});
+    it->sum += t->result.step_time_s();
+    ++it->n;
+  }
+  std::stable_sort(configs.begin(), configs.end(),
+                   [](const Measured& a, const Measured& b) { return a.mean() < b.mean(); });
   const CostModel model(v.specs.model, v.specs.train, v.specs.cluster, v.specs.constants);
   std::ostringstream breakdown;
   breakdown.precision(9);
-  breakdown << "rank,config,measured_step_time_s";
+  breakdown << "rank,config,measured_step_time_s,measurements,recommended";
   for (int k = 0; k < kNumFeatures; ++k) breakdown << ',' << FeatureName(k);
   breakdown << '\n';
-  for (size_t i = 0; i < v.ok.size() && static_cast<int64_t>(i) < top; ++i) {
-    const ParallelConfig c = Complete(ParseSpec(v.ok[i]->spec), v.specs.cluster.world_size());
-    const TimeBreakdown t = model.Time(c);
-    breakdown << i + 1 << ",\"" << v.ok[i]->spec << "\"," << v.ok[i]->result.step_time_s();
+  for (size_t i = 0; i < configs.size() && static_cast<int64_t>(i) < top; ++i) {
+    const Measured& m = configs[i];
+    const TimeBreakdown t = model.Time(Complete(ParseSpec(m.spec), v.specs.cluster.world_size()));
+    breakdown << i + 1 << ",\"" << m.spec << "\"," << m.mean() << ',' << m.n << ','
+              << (m.spec == v.best_spec ? "true" : "false");
     for (double x : t.features) breakdown << ',' << x;
     breakdown << '\n';
   }

@@ -13,6 +13,7 @@
    report printed the lucky measurement's configuration).
 """
 import argparse
+import csv
 import json
 import os
 import shutil
@@ -150,6 +151,18 @@ def main():
         summary = json.load(open(os.path.join(a.work, study, "report", "summary.json")))["best"]
         check(summary["config"] == result and summary["recorded"],
               f"summary.json's best {summary} is not result.json's {result}")
+        # breakdown.csv: one row per configuration, by mean measured time, the recommendation
+        # marked; a configuration measured again is one row with its count.
+        rows = list(csv.DictReader(open(os.path.join(a.work, study, "report", "breakdown.csv"))))
+        configs = [row["config"] for row in rows]
+        means = [float(row["measured_step_time_s"]) for row in rows]
+        check(len(set(configs)) == len(configs), f"{study}: breakdown.csv repeats a configuration")
+        check(means == sorted(means), f"{study}: breakdown.csv is not by mean measured time")
+        marked = [row["config"] for row in rows if row["recommended"] == "true"]
+        check(marked in ([result], []) and (marked or result not in configs),
+              f"{study}: breakdown.csv marks {marked}, the recommendation is {result}")
+        repeats = sum(int(row["measurements"]) > 1 for row in rows)
+        print(f"{study}: breakdown.csv {len(rows)} rows, {repeats} measured more than once")
 
     print(f"{len(FAILURES)} failed")
     sys.exit(1 if FAILURES else 0)
