@@ -70,6 +70,30 @@ void CheckLayoutLayers(const std::string& layers, const ModelSpec& model) {
   }
 }
 
+// Whether `stages` (pp·vpp of them, vpp > 1) are Megatron's even split with the embedding or the
+// loss counted as a layer: every model chunk the same number of transformer layers but the very
+// first (last), one fewer beside the embedding (loss). Sets vpp, split_embedding and split_loss.
+bool CountedSplit(const std::vector<std::string>& stages, int64_t pp, ParallelConfig& c) {
+  const int64_t n = static_cast<int64_t>(stages.size());
+  if (n / pp < 2 || n < 3) return false;
+  std::vector<int64_t> t(stages.size());
+  for (size_t v = 0; v < stages.size(); ++v)
+    t[v] = std::count(stages[v].begin(), stages[v].end(), 't');
+  const int64_t even = t[1];
+  for (int64_t v = 1; v + 1 < n; ++v) {
+    if (t[static_cast<size_t>(v)] != even) return false;
+  }
+  const bool first_short = t.front() == even - 1, last_short = t.back() == even - 1;
+  if ((!first_short && t.front() != even) || (!last_short && t.back() != even) ||
+      !(first_short || last_short)) {
+    return false;
+  }
+  c.vpp = static_cast<int32_t>(n / pp);
+  c.split_embedding = first_short;
+  c.split_loss = last_short;
+  return true;
+}
+
 // pp_first, pp_last and vpp from a layout (c.pp given), where the layout is such a split.
 void ApplyLayout(const std::string& text, const ModelSpec& model, ParallelConfig& c) {
   const std::vector<std::string> stages = ParseMegatronLayout(text);
@@ -95,6 +119,7 @@ void ApplyLayout(const std::string& text, const ModelSpec& model, ParallelConfig
   if (std::count(stages.back().begin(), stages.back().end(), 'm') != model.mtp_num_layers) {
     throw InputError(kLayoutFlag, "MTP layers off the last stage (standalone MTP)" + modelled);
   }
+  if (CountedSplit(stages, pp, c)) return;
   std::vector<int64_t> layers(static_cast<size_t>(pp), 0);  // transformer layers per rank
   for (int64_t rank = 0; rank < pp; ++rank) {
     const auto in_chunk = [&](int64_t v) {

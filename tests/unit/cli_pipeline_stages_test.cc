@@ -221,6 +221,19 @@ TEST(MegatronStages, ALayoutOfFirstLastAndEvenStagesIsRead) {
   c = Pp(16);
   ApplyMegatronStages(f, deepseek, c);
   EXPECT_EQ(ToSpec(c), ToSpec(ParseSpec("pp=16,pp_first=3,pp_last=2")));
+  // The embedding and the loss counted in the split, as a layout: Qwen3-235B's 94 layers over pp
+  // 8 × vpp 4, chunks of 3 but the first and the last of 2 (--account-for-* with virtual stages).
+  ModelSpec qwen = model;
+  qwen.num_layers = 94;
+  f.layout = "Ett|(ttt|)*30,ttL";
+  c = Pp(8);
+  EXPECT_EQ(ApplyMegatronStages(f, qwen, c), "--pipeline-model-parallel-layout");
+  EXPECT_EQ(ToSpec(c), ToSpec(ParseSpec("pp=8,vpp=4,split_embedding=on,split_loss=on")));
+  qwen.num_layers = 95;  // only the first chunk short: the embedding counted alone
+  f.layout = "Ett|(ttt|)*30,tttL";
+  c = Pp(8);
+  ApplyMegatronStages(f, qwen, c);
+  EXPECT_EQ(ToSpec(c), ToSpec(ParseSpec("pp=8,vpp=4,split_embedding=on")));
 }
 
 TEST(MegatronStages, LayoutsTheModelDoesNotDescribeAreRefused) {
