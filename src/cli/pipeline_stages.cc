@@ -77,8 +77,9 @@ bool CountedSplit(const std::vector<std::string>& stages, int64_t pp, ParallelCo
   const int64_t n = static_cast<int64_t>(stages.size());
   if (n / pp < 2 || n < 3) return false;
   std::vector<int64_t> t(stages.size());
-  for (size_t v = 0; v < stages.size(); ++v)
+  for (size_t v = 0; v < stages.size(); ++v) {
     t[v] = std::count(stages[v].begin(), stages[v].end(), 't');
+  }
   const int64_t even = t[1];
   for (int64_t v = 1; v + 1 < n; ++v) {
     if (t[static_cast<size_t>(v)] != even) return false;

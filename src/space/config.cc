@@ -189,7 +189,7 @@ ParallelConfig ParseSpec(const std::string& text) {
   return c;
 }
 
-// The split with the embedding and the loss counted (SplitError's other half).
+// StageSplitError of a split with the embedding or the loss counted (split_embedding, split_loss).
 std::string CountedSplitError(const ParallelConfig& c, int64_t num_layers) {
   if (c.pp < 2) return "split_embedding and split_loss need pp > 1";
   if (c.pp_first != 0 || c.pp_last != 0) {

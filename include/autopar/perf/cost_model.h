@@ -143,7 +143,7 @@ class CostModel {
     double softmax = 0;
     double qkv_gemm = 0;
     double fc1_gemm = 0;  // 0 in a MoE layer
-    // The forward of what selective recompute's modules rerun (docs/models.md §4.5): the two
+    // The forward of what selective recompute's modules rerun (docs/models.md §4.3): the two
     // norms' passes; the MLP block (a dense MLP, or a MoE layer whole) in GEMMs, elementwise
     // passes and collectives; its parts the routed experts' activation and the shared experts.
     double norms = 0;
