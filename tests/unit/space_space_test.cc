@@ -111,11 +111,10 @@ TEST(Spec, RecomputeModulesPrintInMegatronsNamesAndOnlyBesideSelective) {
   EXPECT_EQ(core, ParseSpec("recompute=selective"));
   EXPECT_EQ(core.selective_modules(), kRecomputeCoreAttn);
   EXPECT_EQ(ParseSpec("recompute=full").selective_modules(), 0);
-  for (const char* bad :
-       {"recompute_modules=moe", "recompute=full,recompute_modules=moe",
-        "recompute=selective,recompute_modules=attention", "recompute=selective,recompute_modules=",
-        "recompute=selective,"
-        "recompute_modules=mla_up_proj"}) {
+  const std::string selective = "recompute=selective,recompute_modules=";
+  for (const std::string& bad :
+       {std::string("recompute_modules=moe"), std::string("recompute=full,recompute_modules=moe"),
+        selective + "attention", selective, selective + "mla_up_proj"}) {
     try {
       ParseSpec(bad);
       ADD_FAILURE() << bad << " was accepted";
