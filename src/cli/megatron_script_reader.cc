@@ -88,13 +88,6 @@ struct MegatronReading {
   std::optional<uint8_t> recompute_modules;  // canonical: 0 is core_attn alone
 };
 
-// --recompute-modules NAME...: Megatron's module names (TransformerConfig.recompute_modules).
-uint8_t ReadModules(const std::string& flag, const std::vector<std::string>& names) {
-  uint8_t modules = 0;
-  for (const std::string& name : names) modules |= ParseRecomputeModule(flag, name);
-  return modules == kRecomputeCoreAttn ? 0 : modules;
-}
-
 // The configuration read from the flags, completed with what the rest of them say: Megatron's
 // defaults, its own corrections (with a note), the pipeline's stages (ApplyMegatronStages).
 // Returns the flag that made the stages uneven ("" when even).
@@ -228,7 +221,10 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
       else if (v == "selective") cfg().recompute = Recompute::kSelective;
       else throw InputError(flag, "allowed: full, selective; got '" + v + "'");
     } else if (flag == "--recompute-method") r.recompute_method = next();
-    else if (flag == "--recompute-modules") r.recompute_modules = ReadModules(flag, next_list());
+    else if (flag == "--recompute-modules") {
+      const uint8_t modules = ParseRecomputeModules(flag, next_list());
+      r.recompute_modules = modules == kRecomputeCoreAttn ? 0 : modules;  // Megatron's default
+    }
     else if (flag == "--recompute-num-layers") cfg().recompute_layers = next_int(kLayers);
     else if (flag == "--attention-dropout") r.attention_dropout = ToDouble(flag, next());
     else if (flag == "--hidden-dropout") r.hidden_dropout = ToDouble(flag, next());

@@ -196,14 +196,6 @@ void WriteYaml(std::ostream& out, const Inputs& in, const std::vector<Ranked>& r
   }
 }
 
-// Megatron's names of what c's selective recompute reruns.
-std::vector<std::string> RecomputeModuleNames(const ParallelConfig& c) {
-  std::vector<std::string> names;
-  std::istringstream in(RecomputeModulesText(c.selective_modules()));
-  for (std::string name; std::getline(in, name, '+');) names.push_back(name);
-  return names;
-}
-
 std::string BridgeValue(const BridgeOverride& o, bool yaml) {
   if (!o.list.empty()) {
     std::string text = "[";
@@ -256,7 +248,7 @@ std::string MegatronFlags(const ParallelConfig& c, const ModelSpec& model, const
   // stay in a command these flags are pasted into.
   if (c.recompute == Recompute::kSelective) {
     f << " --recompute-granularity selective --recompute-modules";
-    for (const std::string& name : RecomputeModuleNames(c)) f << ' ' << name;
+    for (const std::string& name : RecomputeModuleNames(c.selective_modules())) f << ' ' << name;
   }
   if (c.recompute == Recompute::kFull) {
     f << " --recompute-granularity full";
@@ -330,7 +322,7 @@ std::vector<BridgeOverride> BridgeOverrides(const ParallelConfig& c, const Model
     add("model.recompute_granularity", "selective");
     add("model.recompute_method", "null");
     add("model.recompute_num_layers", "null");
-    o.push_back({"model.recompute_modules", "", RecomputeModuleNames(c)});
+    o.push_back({"model.recompute_modules", "", RecomputeModuleNames(c.selective_modules())});
   } else {
     add("model.recompute_granularity", "full");
     add("model.recompute_method", c.recompute_layers == 0 ? "uniform" : "block");

@@ -186,6 +186,14 @@ ReportFlags ReadReportFlags(Args& args) {
   return f;
 }
 
+// A configuration's ok measurements.
+struct Measured {
+  std::string spec;
+  double sum = 0;
+  int n = 0;
+  double mean() const { return sum / n; }
+};
+
 // What report reads from a study: its description, its specs and its journal, and the trials
 // sorted for the summary.
 struct StudyView {
@@ -193,6 +201,7 @@ struct StudyView {
   coord::StudySpecs specs;
   coord::JournalSummary journal;
   std::vector<const coord::JournaledTrial*> ok;  // by measured step time
+  std::vector<Measured> measured;  // one per configuration, by mean measured step time (then spec)
   int64_t failed = 0, in_flight = 0;
   std::string state;
   // What the study recommends (docs/search.md §7a): the journal's last recorded recommendation;
@@ -214,22 +223,24 @@ struct StudyView {
     std::sort(ok.begin(), ok.end(), [](auto* a, auto* b) {
       return a->result.step_time_s() < b->result.step_time_s();
     });
+    std::map<std::string, Measured> by_spec;
+    for (const coord::JournaledTrial* t : ok) {
+      Measured& m = by_spec[t->spec];
+      m.spec = t->spec;
+      m.sum += t->result.step_time_s();
+      ++m.n;
+    }
+    for (auto& [spec, m] : by_spec) measured.push_back(std::move(m));
+    std::stable_sort(measured.begin(), measured.end(),
+                     [](const Measured& a, const Measured& b) { return a.mean() < b.mean(); });
     if (best_recorded()) {
       best_spec = journal.best_spec;
       best_step_time_s = journal.best_step_time_s;
     } else {
-      std::map<std::string, std::pair<double, int>> sums;  // spec -> (sum, count)
-      for (const coord::JournaledTrial* t : ok) {
-        auto& [sum, n] = sums[t->spec];
-        sum += t->result.step_time_s();
-        ++n;
-      }
       best_step_time_s = INFINITY;
-      for (const auto& [spec, sum_n] : sums) {
-        if (const double mean = sum_n.first / sum_n.second; mean < best_step_time_s) {
-          best_spec = spec;
-          best_step_time_s = mean;
-        }
+      if (!measured.empty()) {
+        best_spec = measured.front().spec;
+        best_step_time_s = measured.front().mean();
       }
     }
     state = !journal.stop_reason.empty() ? "finished: " + journal.stop_reason
@@ -242,22 +253,7 @@ struct StudyView {
 // measured again is one row, not one per measurement), with how often each was measured and
 // which the study recommends; then the analytic model's features of each.
 std::string BreakdownCsv(const StudyView& v, int64_t top) {
-  struct Measured {
-    std::string spec;
-    double sum = 0;
-    int n = 0;
-    double mean() const { return sum / n; }
-  };
-  std::vector<Measured> configs;
-  for (const coord::JournaledTrial* t : v.ok) {  // ok is by step time: first seen, fastest
-    auto it = std::find_if(configs.begin(), configs.end(),
-                           [&](const Measured& m) { return m.spec == t->spec; });
-    if (it == configs.end()) it = configs.insert(configs.end(), {t->spec});
-    it->sum += t->result.step_time_s();
-    ++it->n;
-  }
-  std::stable_sort(configs.begin(), configs.end(),
-                   [](const Measured& a, const Measured& b) { return a.mean() < b.mean(); });
+  const std::vector<Measured>& configs = v.measured;
   const CostModel model(v.specs.model, v.specs.train, v.specs.cluster, v.specs.constants);
   std::ostringstream breakdown;
   breakdown.precision(9);

@@ -57,8 +57,9 @@ int64_t FirstStageBuckets(const ModelSpec& m, const ParallelConfig& c, double bu
   }
   // The stage's chunks (ChunkFirstLayer, ChunkLayers), walked last layer to first.
   for (int64_t k = c.vpp; k-- > 0;) {
+    const int64_t first = ChunkFirstLayer(c, m.num_layers, 0, k);
     for (int64_t j = ChunkLayers(c, m.num_layers, 0, k); j-- > 0;) {
-      const int64_t layer = ChunkFirstLayer(c, m.num_layers, 0, k) + j;
+      const int64_t layer = first + j;
       const bool moe = m.is_moe() && layer >= m.moe_first_dense_layers;
       if (moe) {
         for (int64_t e = 0; e < m.num_experts / c.ep; ++e) {

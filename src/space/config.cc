@@ -1,8 +1,10 @@
 #include "autopar/space/config.h"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <sstream>
+#include <vector>
 
 #include "autopar/common/errors.h"
 
@@ -35,12 +37,11 @@ bool ParseOnOff(const std::string& key, const std::string& value) {
 
 // `recompute_modules=layernorm+moe`: one or more of Megatron's module names joined by '+'.
 uint8_t ParseModules(const std::string& value) {
-  uint8_t modules = 0;
+  std::vector<std::string> names;
   std::istringstream in(value);
-  std::string name;
-  while (std::getline(in, name, '+')) {
-    modules |= ParseRecomputeModule(std::string(kFlag) + " key 'recompute_modules'", name);
-  }
+  for (std::string name; std::getline(in, name, '+');) names.push_back(name);
+  const uint8_t modules =
+      ParseRecomputeModules(std::string(kFlag) + " key 'recompute_modules'", names);
   if (modules == 0) {
     throw InputError(
         kFlag, "key 'recompute_modules' needs module names joined by '+', got '" + value + "'");
@@ -67,26 +68,37 @@ constexpr std::array<const char*, 6> kModuleNames = {"core_attn", "layernorm", "
 
 }  // namespace
 
+std::vector<std::string> RecomputeModuleNames(uint8_t modules) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < kModuleNames.size(); ++i) {
+    if ((modules >> i & 1) != 0) names.emplace_back(kModuleNames[i]);
+  }
+  return names;
+}
+
 std::string RecomputeModulesText(uint8_t modules) {
   std::string out;
-  for (size_t i = 0; i < kModuleNames.size(); ++i) {
-    if ((modules >> i & 1) == 0) continue;
-    if (!out.empty()) out += '+';
-    out += kModuleNames[i];
+  for (const std::string& name : RecomputeModuleNames(modules)) {
+    out += (out.empty() ? "" : "+") + name;
   }
   return out;
 }
 
-uint8_t ParseRecomputeModule(const std::string& flag, const std::string& name) {
-  for (size_t i = 0; i < kModuleNames.size(); ++i) {
-    if (name == kModuleNames[i]) return static_cast<uint8_t>(1 << i);
-  }
+uint8_t ParseRecomputeModules(const std::string& flag, const std::vector<std::string>& names) {
   const std::string allowed = "allowed: core_attn, layernorm, mlp, moe, moe_act, shared_experts";
-  if (name == "mla_up_proj" || name == "mhc" || name.rfind("gd", 0) == 0) {
-    throw InputError(flag, "Megatron-LM's '" + name +
-                               "' recompute is not modelled (nor run by a trial); " + allowed);
+  uint8_t modules = 0;
+  for (const std::string& name : names) {
+    const auto* it = std::find(kModuleNames.begin(), kModuleNames.end(), name);
+    if (it != kModuleNames.end()) {
+      modules |= static_cast<uint8_t>(1 << (it - kModuleNames.begin()));
+    } else if (name == "mla_up_proj" || name == "mhc" || name.rfind("gd", 0) == 0) {
+      throw InputError(flag, "Megatron-LM's '" + name +
+                                 "' recompute is not modelled (nor run by a trial); " + allowed);
+    } else {
+      throw InputError(flag, allowed + "; got '" + name + "'");
+    }
   }
-  throw InputError(flag, allowed + "; got '" + name + "'");
+  return modules;
 }
 
 const char* ToString(GradReduceDtype d) { return d == GradReduceDtype::kBF16 ? "bf16" : "fp32"; }

@@ -335,7 +335,7 @@ Status StageProgram::Forward(int microbatch, int chunk) {
     AUTOPAR_RETURN_IF_ERROR(LayerForward(w, acts, moe, x, next, true));
     // Under moe recompute the layer's routed activations are dropped (Megatron's checkpoint keeps
     // the input alone) and rebuilt before its backward.
-    if (!recomputed && &moe == &work_moe_) work_moe_.compute.Reset();
+    if (!recomputed && w.moe && s_.Reruns(kRecomputeMoe)) work_moe_.compute.Reset();
     x = next;
   }
   if (last) {

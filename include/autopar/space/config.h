@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 namespace autopar {
 
@@ -37,11 +38,12 @@ enum RecomputeModule : uint8_t {
   kRecomputeSharedExperts = 1 << 5,  // shared_experts: a MoE layer's shared experts
 };
 inline constexpr uint8_t kRecomputeModulesAll = (1 << 6) - 1;
-// Megatron's names joined by '+' in the order above ("layernorm+moe"); "" for none.
+// Megatron's names of `modules`, in the order above; joined by '+' ("layernorm+moe", "" for none).
+std::vector<std::string> RecomputeModuleNames(uint8_t modules);
 std::string RecomputeModulesText(uint8_t modules);
-// The bit of one of Megatron's names; throws InputError(flag) naming the allowed ones (and
-// saying which of Megatron's other modules the model does not run) otherwise.
-uint8_t ParseRecomputeModule(const std::string& flag, const std::string& name);
+// The bits of Megatron's names (0 for none); throws InputError(flag) naming the allowed ones (and
+// saying which of Megatron's other modules the model does not run) for any other name.
+uint8_t ParseRecomputeModules(const std::string& flag, const std::vector<std::string>& names);
 
 // The dtype data-parallel gradients are accumulated and reduced in. Megatron-LM (bf16 training)
 // reduces in fp32 unless `--grad-reduce-in-bf16` (megatron/training/arguments.py: without it,
