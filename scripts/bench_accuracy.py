@@ -124,6 +124,7 @@ class Source:
     etp: int = 0                   # expert tensor parallel size of the recipe (0: tp)
     gpus_from_config: bool = False  # the cluster is tp·pp·dp·cp GPUs: the GPU column is wrong
     counted_split: bool = False    # --account-for-embedding/loss-in-pipeline-split (with vpp)
+    flex_dispatcher: bool = False  # --moe-token-dispatcher-type flex (DeepEP) where ep > 1
     not_modelled: str = ""         # a source-wide reason no row of it can be expressed
 
 
@@ -190,12 +191,14 @@ SOURCES = {
     # distributed optimizer, dropout 0, --account-for-embedding-in-pipeline-split and
     # --account-for-loss-in-pipeline-split (94 layers + 2 over pp 8 × vpp 4: the first and the last
     # model chunk one layer short of the others' 3); the DeepEP (flex) dispatcher; selective
-    # recompute of layernorm and moe (best_practice/qwen3/readme.md's command).
+    # recompute of layernorm and moe (best_practice/qwen3/readme.md's command). The table's
+    # "forced balance" and "dropless" rows are one configuration: the first routes evenly (the
+    # model's assumption), the second as the trained router does (its imbalance not stated), so
+    # the model predicts both alike.
     "MOE_MODELZOO_QWEN3_LC": Source(
         "2024", "tflops", STACK_2024 + ["--bf16"], LLAMA_ARCH + ["--kv-channels", "128"],
         lambda r: megatron_flops(r, swiglu=True, causal=True, kv_channels=128), mbs=1,
-        sp_when_tp=True, dist_opt="on", etp=1, counted_split=True,
-        not_modelled="DeepEP (flex) token dispatcher: the model times the all-to-all one"),
+        sp_when_tp=True, dist_opt="on", etp=1, counted_split=True, flex_dispatcher=True),
 }
 
 # Gradient all-reduce: the 2020 README runs used PyTorch DDP (--DDP-impl torch, the default then),
@@ -303,6 +306,8 @@ def config_of(row, src):
         spec += f"cp={cp},ep={ep},"
     if ep > 1 and etp and etp != tp:
         spec += f"etp={etp},"
+    if ep > 1 and src.flex_dispatcher:
+        spec += "dispatcher=flex,"
     spec += f"vpp={vpp},"
     if src.counted_split and vpp > 1:
         spec += "split_embedding=on,split_loss=on,"

@@ -393,6 +393,9 @@ void ReadMegatronParallel(std::vector<std::string> script_rest, std::vector<std:
           read.recompute_modules ? read.recompute_modules : script_read.recompute_modules) {
     in.space.recompute_modules = *modules;
   }
+  if (const auto flex = read.flex_dispatcher ? read.flex_dispatcher : script_read.flex_dispatcher) {
+    in.space.flex_dispatcher = *flex;
+  }
 }
 
 }  // namespace

@@ -86,6 +86,7 @@ struct MegatronReading {
   // TransformerConfig's dropout defaults (megatron/core/transformer/transformer_config.py).
   std::optional<double> attention_dropout, hidden_dropout;
   std::optional<uint8_t> recompute_modules;  // canonical: 0 is core_attn alone
+  std::optional<bool> flex_dispatcher;       // --moe-token-dispatcher-type flex
 };
 
 // The configuration read from the flags, completed with what the rest of them say: Megatron's
@@ -115,6 +116,11 @@ std::string FinishMegatronConfig(const MegatronReading& r, const ModelSpec& mode
     config.etp = 0;
   }
   if (config.etp == config.tp) config.etp = 0;
+  // Megatron's dispatchers move a MoE model's tokens; a dense model has none.
+  if (r.flex_dispatcher.value_or(false) && !model.is_moe()) {
+    notes.push_back("--moe-token-dispatcher-type flex: ignored, " + model.name + " has no experts");
+  }
+  config.flex_dispatcher = r.flex_dispatcher.value_or(false) && model.is_moe();
   // Megatron reads the modules only with selective granularity.
   if (config.recompute == Recompute::kSelective) {
     config.recompute_modules = r.recompute_modules.value_or(0);
@@ -128,6 +134,35 @@ std::string FinishMegatronConfig(const MegatronReading& r, const ModelSpec& mode
     config.recompute_layers = 0;  // every layer
   }
   return uneven_flag;
+}
+
+// Megatron's token dispatcher flags: --moe-token-dispatcher-type (alltoall and flex modelled,
+// allgather noted and costed as alltoall), --moe-enable-deepep (the old spelling of flex, no
+// value) and --moe-flex-dispatcher-backend (every backend sends a token once per rank holding its
+// experts: one cost). `next` gives a flag's value.
+bool IsDispatcherFlag(const std::string& flag) {
+  return flag == "--moe-token-dispatcher-type" || flag == "--moe-enable-deepep" ||
+         flag == "--moe-flex-dispatcher-backend";
+}
+template <class Next>
+void ReadDispatcher(const std::string& flag, Next& next, MegatronReading& r,
+                    std::vector<std::string>& notes) {
+  if (flag == "--moe-enable-deepep") {
+    r.flex_dispatcher = true;
+    return;
+  }
+  const std::string v = next();
+  if (flag == "--moe-flex-dispatcher-backend") {
+    if (v != "deepep" && v != "hybridep" && v != "ncclep") {
+      throw InputError(flag, "allowed: deepep, hybridep, ncclep; got '" + v + "'");
+    }
+  } else if (v == "allgather") {
+    notes.push_back(flag + " allgather is not modelled: costed as alltoall");
+  } else if (v == "alltoall" || v == "flex") {
+    r.flex_dispatcher = v == "flex";
+  } else {
+    throw InputError(flag, "allowed: alltoall, flex, allgather; got '" + v + "'");
+  }
 }
 
 // --attention-backend: flash, fused (cuDNN) and auto keep no s² scores (AttnBackend); unfused
@@ -193,10 +228,8 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
       cfg().vpp = next_int(kLayers);
       r.stages.virtual_stages_flag = flag;
     } else if (flag == "--expert-tensor-parallel-size") cfg().etp = next_int(kGpus);
-    else if (flag == "--moe-token-dispatcher-type") {
-      const std::string v = next();  // the model's experts exchange tokens by all-to-all
-      if (v != "alltoall") notes.push_back(flag + " " + v + " is not modelled: costed as alltoall");
-    } else if (flag == "--num-layers-per-virtual-pipeline-stage") {
+    else if (IsDispatcherFlag(flag)) ReadDispatcher(flag, next, r, notes);
+    else if (flag == "--num-layers-per-virtual-pipeline-stage") {
       r.stages.layers_per_virtual_stage = next_int(kLayers);
     } else if (flag == "--decoder-first-pipeline-num-layers") {
       r.stages.first_layers = ToInt(flag, next(), 1, kLayers);
@@ -246,6 +279,7 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
   ApplyDropout(r, script, stack);
   read.uneven_flag.clear();
   read.recompute_modules = r.recompute_modules;
+  read.flex_dispatcher = r.flex_dispatcher;
   if (config) read.uneven_flag = FinishMegatronConfig(r, model, precision, *config, notes);
   return config;
 }

@@ -24,6 +24,9 @@ struct MegatronFlagsRead {
   // --recompute-modules (canonical RecomputeModule bits, 0 for core_attn alone): what selective
   // recompute reruns, in the configuration and in every selective candidate of a search.
   std::optional<uint8_t> recompute_modules;
+  // --moe-token-dispatcher-type (true: flex), in the configuration and in every candidate of a
+  // search that can dispatch by it.
+  std::optional<bool> flex_dispatcher;
 };
 
 // Megatron-LM's parallelism and software-stack flags, taken out of `args` (argv items).

@@ -19,6 +19,11 @@ std::string Fixed(double v, int digits) {
   return s.str();
 }
 
+// Megatron's --moe-token-dispatcher-type of the dispatch the model timed.
+const char* DispatcherName(const ParallelConfig& c) {
+  return c.flex_dispatcher ? "flex" : "alltoall";
+}
+
 void WriteMemoryJson(JsonWriter& j, const MemoryBreakdown& m) {
   j.Key("memory_gib").BeginObject();
   j.Field("weights", m.weights / kGiB).Field("gradients", m.gradients / kGiB);
@@ -234,11 +239,9 @@ std::string MegatronFlags(const ParallelConfig& c, const ModelSpec& model, const
   if (c.up > 1 && c.cp > 1) {
     f << " --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes " << c.up << ' ' << c.cp;
   }
-  if (c.ep > 1) {
-    // The cost model dispatches tokens to experts by all-to-all; Megatron's default dispatcher
-    // all-gathers them.
-    f << " --expert-model-parallel-size " << c.ep << " --moe-token-dispatcher-type alltoall";
-  }
+  if (c.ep > 1) f << " --expert-model-parallel-size " << c.ep;
+  // The dispatcher the cost model timed (Megatron's default all-gathers the tokens).
+  if (c.ep > 1 || c.flex_dispatcher) f << " --moe-token-dispatcher-type " << DispatcherName(c);
   // Always for a MoE model, even at Megatron's default (tp): a recipe's own value (often 1)
   // would otherwise stay in a command these flags are pasted into.
   if (model.is_moe()) f << " --expert-tensor-parallel-size " << c.expert_tp();
@@ -311,7 +314,7 @@ std::vector<BridgeOverride> BridgeOverrides(const ParallelConfig& c, const Model
     number("model.expert_model_parallel_size", c.ep);
     // Always, as in MegatronFlags: recipes often set their own.
     number("model.expert_tensor_parallel_size", c.expert_tp());
-    if (c.ep > 1) add("model.moe_token_dispatcher_type", "alltoall");
+    if (c.ep > 1 || c.flex_dispatcher) add("model.moe_token_dispatcher_type", DispatcherName(c));
   }
   boolean("model.sequence_parallel", c.sp);
   if (c.recompute == Recompute::kNone) {

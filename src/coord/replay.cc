@@ -67,6 +67,12 @@ class RowReader {
     if (text == "full") return Recompute::kFull;
     Fail("recompute", "allowed: none, selective, full; got '" + text + "'");
   }
+  // Empty → the all-to-all dispatcher; SPEC's dispatcher values.
+  bool FlexDispatcher(const std::string& text) const {
+    if (text.empty() || text == "alltoall") return false;
+    if (text == "flex") return true;
+    Fail("dispatcher", "allowed: alltoall, flex (empty: alltoall); got '" + text + "'");
+  }
   // Empty → selective recompute's default (core_attn alone); otherwise SPEC's recompute_modules,
   // which only selective recompute takes.
   uint8_t RecomputeModules(Recompute recompute, const std::string& text) const {
@@ -184,6 +190,7 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
     if (column.count("recompute_modules")) {
       c.recompute_modules = r.RecomputeModules(c.recompute, cell("recompute_modules"));
     }
+    if (column.count("dispatcher")) c.flex_dispatcher = r.FlexDispatcher(cell("dispatcher"));
 
     const auto status = search::ParseOutcome(cell("status"));
     if (!status) {
@@ -242,13 +249,15 @@ std::string ReplayTable::ToCsv() const {
   // The noise column only where it says something, so a noise-free table reads as it always did.
   // So are the etp column, only where some row's experts do not follow tp, the pp_first and
   // pp_last columns, only where some row's pipeline stages are uneven, and the recompute_modules
-  // column, only where some row's selective recompute reruns more than core_attn.
-  bool noisy = false, etp = false, uneven = false, modules = false;
+  // column, only where some row's selective recompute reruns more than core_attn, and the
+  // dispatcher column, only where some row dispatches by flex.
+  bool noisy = false, etp = false, uneven = false, modules = false, flex = false;
   for (const ReplayRow& r : rows_) {
     noisy = noisy || r.noise_sd > 0;
     etp = etp || r.config.etp != 0;
     uneven = uneven || UnevenStages(r.config);
     modules = modules || r.config.recompute_modules != 0;
+    flex = flex || r.config.flex_dispatcher;
   }
   std::string out =
       "tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,step_time_s,"
@@ -256,6 +265,7 @@ std::string ReplayTable::ToCsv() const {
   out += etp ? ",etp" : "";
   out += uneven ? ",pp_first,pp_last" : "";
   out += modules ? ",recompute_modules" : "";
+  out += flex ? ",dispatcher" : "";
   out += noisy ? ",noise_sd\n" : "\n";
   char line[256];
   auto number = [](double v) {
@@ -282,6 +292,10 @@ std::string ReplayTable::ToCsv() const {
     if (modules) {
       out.back() = ',';
       out += RecomputeModulesText(c.recompute_modules) + "\n";
+    }
+    if (flex) {
+      out.back() = ',';
+      out += std::string(c.flex_dispatcher ? "flex" : "alltoall") + "\n";
     }
     if (noisy) {
       out.back() = ',';

@@ -126,6 +126,7 @@ pb::SpaceDesc Describe(const SpaceOptions& s, const search::CandidateSet& candid
   d.set_sweep_recompute_layers(s.sweep_recompute_layers);
   d.set_long_sequence_threshold(s.long_sequence_threshold);
   d.set_recompute_modules(s.recompute_modules);
+  d.set_flex_dispatcher(s.flex_dispatcher);
   d.set_candidates(candidates.size());
   d.set_candidates_fingerprint(candidates.fingerprint());
   return d;

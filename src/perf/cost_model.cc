@@ -186,10 +186,12 @@ LayerBytes CostModel::LayerBytesOf(const ParallelConfig& c) const {
   // rows to top-k experts; the expert-parallel all-to-all and the etp all-gather (experts are
   // etp-sharded) bring every rank tokens·k·etp/tp rows, kept as the experts' input with their
   // etp-sharded fc1 and activation outputs (tokens·k·etp/tp rows of width ffn/etp); each token's
-  // k expert outputs ([tokens·k/tp, h]) are kept for the gates' gradient.
+  // k expert outputs ([tokens·k/tp, h]) are kept for the gates' gradient, except by the flex
+  // dispatcher, which applies the gates beside the experts to the activation they keep.
   const double k = m.moe_router_topk;
+  const double outputs = c.flex_dispatcher ? 0.0 : 1 / t;
   const double routed =
-      elem * tokens * k * h * (gathered + 1 / t) + gated * tokens * k * m.moe_ffn_hidden_size / t;
+      elem * tokens * k * h * (gathered + outputs) + gated * tokens * k * m.moe_ffn_hidden_size / t;
   // One layer without its routed experts (what the backward pass's buffers are sized for).
   auto layer_ws = [&](bool moe) {
     const double ffn = moe ? m.moe_shared_expert_intermediate_size : m.ffn_hidden_size;
@@ -223,9 +225,11 @@ LayerBytes CostModel::LayerBytesOf(const ParallelConfig& c) const {
   };
   // Transient buffers of a MoE layer's backward: dispatch and combine ping-pong buffers
   // ([tokens·k·etp/tp, h] each), the experts' input gradient and their fc1 / activation
-  // gradients; and the router's input gradient [tokens / tp, h].
-  const double moe_transient = elem * tokens * (k * 3 * h * gathered + h / t) +
-                               gated * tokens * k * m.moe_ffn_hidden_size / t;
+  // gradients (with flex a third buffer for the row sums, and the gated activation); and the
+  // router's input gradient [tokens / tp, h].
+  const double moe_transient =
+      elem * tokens * (k * (c.flex_dispatcher ? 4 : 3) * h * gathered + h / t) +
+      (gated + (c.flex_dispatcher ? elem : 0.0)) * tokens * k * m.moe_ffn_hidden_size / t;
   LayerBytes out;
   out.tokens = tokens;
   out.dense_ws = layer_ws(false);

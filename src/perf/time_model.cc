@@ -122,6 +122,22 @@ TpOverlap UserbufferExposure(double gathers, double reduce_scatters, double gemm
   return o;
 }
 
+// The copies of a token its dispatcher sends: one per chosen expert (k, the all-to-all
+// dispatcher), or with Megatron's flex one, one per ep rank holding any of them, expected over a
+// router that spreads tokens evenly (its experts a draw of k of the E without repetition, E/ep
+// on each rank): ep·(1 − P(none on a given rank)); 1 at ep = 1, top-8 of 128 over ep 8: 5.26.
+double TokenCopies(const ModelSpec& m, const ParallelConfig& c) {
+  const int64_t experts = m.num_experts, k = m.moe_router_topk;
+  if (!c.flex_dispatcher) return static_cast<double>(k);
+  const double per_rank = static_cast<double>(experts) / c.ep;
+  double missed = 1;
+  for (int64_t i = 0; i < k; ++i) {
+    missed *= std::max(
+        0.0, (static_cast<double>(experts - i) - per_rank) / static_cast<double>(experts - i));
+  }
+  return c.ep * (1 - missed);
+}
+
 }  // namespace
 
 LayerShape CostModel::ShapeOf(const ParallelConfig& c) const {
@@ -318,19 +334,20 @@ CostModel::BackwardComm CostModel::LayerCommunication(const ParallelConfig& c, c
     f[kMemoryBound] +=
         (2.0 * c.cp - 2) * 3 * element_bytes_ * tokens * x.tp_heads * x.v_dim / 2 / hbm;
   }
-  // Expert parallel (the trial's dropless dispatcher, Megatron's all-to-all one): each tp rank
-  // routes its 1/tp of the rows; dispatch is an all-to-all over ep of their k copies, then
-  // (experts being etp-sharded) an etp all-gather of what arrived; combine is an etp
-  // reduce-scatter and the all-to-all back. The per-expert counts travel first (a small
-  // all-to-all and a host round trip).
+  // Expert parallel (the trial's dropless dispatchers, Megatron's all-to-all and flex ones): each
+  // tp rank routes its 1/tp of the rows; dispatch is an all-to-all over ep of their copies
+  // (TokenCopies), then (experts being etp-sharded) an etp all-gather of what arrived; combine is
+  // an etp reduce-scatter and the all-to-all back (flex: one gate-weighted sum per rank). The
+  // per-rank counts travel first (a small all-to-all and a host round trip).
   if (moe) {
     const double routed = element_bytes_ * tokens * m.moe_router_topk * h;
-    f[kEpComm] = 2 * AllToAllTime(routed / t, c.ep, x.ex.ep) +
-                 2 * AllGatherTime(routed * x.gathered, c.expert_tp(), x.ex.etp) +
+    const double sent = element_bytes_ * tokens * TokenCopies(m, c) * h;
+    f[kEpComm] = 2 * AllToAllTime(sent / t, c.ep, x.ex.ep) +
+                 2 * AllGatherTime(sent * x.gathered, c.expert_tp(), x.ex.etp) +
                  (c.ep > 1 ? AllToAllTime(0, c.ep, x.ex.ep) : 0);
     parts.mlp_ep = f[kEpComm];
-    // Row gathers of dispatch, sort, unsort and combine.
-    const double gathers = 2 * (2 * routed / t + 2 * routed * x.gathered) / hbm;
+    // Row gathers of dispatch and combine (the rows sent), of sort and unsort (the experts' rows).
+    const double gathers = 2 * (2 * sent / t + 2 * routed * x.gathered) / hbm;
     f[kMemoryBound] += gathers;
     parts.mlp_memory += gathers;
   }

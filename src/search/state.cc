@@ -61,7 +61,7 @@ bool SearchState::IsCheckTrial(int64_t trial) const {
 bool NeedsAtLeastAsMuchMemory(const ParallelConfig& a, const ParallelConfig& b) {
   // The layout decides how weights and activations are split: only compare within one layout.
   if (a.tp != b.tp || a.pp != b.pp || a.dp != b.dp || a.cp != b.cp || a.up != b.up ||
-      a.ep != b.ep || a.etp != b.etp || a.vpp != b.vpp) {
+      a.ep != b.ep || a.etp != b.etp || a.vpp != b.vpp || a.flex_dispatcher != b.flex_dispatcher) {
     return false;
   }
   if (a.mbs < b.mbs) return false;

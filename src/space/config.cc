@@ -13,7 +13,8 @@ namespace {
 
 constexpr const char* kFlag = "--config";
 constexpr const char* kKeys =
-    "tp, pp, pp_first, pp_last, dp, cp, up, ep, etp, vpp, split_embedding, split_loss, mbs, sp, "
+    "tp, pp, pp_first, pp_last, dp, cp, up, ep, etp, dispatcher, vpp, split_embedding, split_loss, "
+    "mbs, sp, "
     "recompute, recompute_modules, recompute_layers, dist_opt, "
     "overlap_grad_reduce, overlap_param_gather, grad_reduce_dtype";
 
@@ -33,6 +34,14 @@ bool ParseOnOff(const std::string& key, const std::string& value) {
   if (value == "on" || value == "true" || value == "1") return true;
   if (value == "off" || value == "false" || value == "0") return false;
   throw InputError(kFlag, "key '" + key + "' takes on|off, got '" + value + "'");
+}
+
+// `dispatcher=alltoall|flex`: Megatron's --moe-token-dispatcher-type, of the two modelled.
+bool ParseDispatcher(const std::string& value) {
+  if (value == "alltoall" || value == "flex") return value == "flex";
+  throw InputError(kFlag,
+                   "key 'dispatcher' takes alltoall|flex, got '" + value + "'" +
+                       (value == "allgather" ? " (the allgather dispatcher is not modelled)" : ""));
 }
 
 // `recompute_modules=layernorm+moe`: one or more of Megatron's module names joined by '+'.
@@ -110,6 +119,7 @@ std::string ToSpec(const ParallelConfig& c) {
   if (c.pp_last != 0) out << ",pp_last=" << c.pp_last;
   out << ",dp=" << c.dp << ",cp=" << c.cp << ",up=" << c.up << ",ep=" << c.ep;
   if (c.expert_tp() != c.tp) out << ",etp=" << c.etp;
+  if (c.flex_dispatcher) out << ",dispatcher=flex";
   out << ",vpp=" << c.vpp;
   if (c.split_embedding) out << ",split_embedding=on";
   if (c.split_loss) out << ",split_loss=on";
@@ -154,6 +164,8 @@ ParallelConfig ParseSpec(const std::string& text) {
     else if (key == "ep") c.ep = ParsePositive(key, value, false);
     else if (key == "etp") c.etp = ParsePositive(key, value, false);
     else if (key == "vpp") c.vpp = ParsePositive(key, value, false);
+    else if (key == "dispatcher")
+      c.flex_dispatcher = ParseDispatcher(value);
     else if (key == "mbs") c.mbs = ParsePositive(key, value, false);
     else if (key == "recompute_layers") c.recompute_layers = ParsePositive(key, value, true);
     else if (key == "recompute_modules")

@@ -155,11 +155,22 @@ std::string RecomputeModulesReason(const ModelSpec& m, const TrainSpec& t, uint8
   return {};
 }
 
+// The job's dispatcher: flex moves a MoE model's tokens.
+std::string DispatcherReason(const ModelSpec& m, bool flex) {
+  if (!flex || m.is_moe()) return {};
+  return "flex dispatches a mixture-of-experts model's tokens, and " + m.name +
+         " has no experts (allowed: alltoall)";
+}
+
 std::string ExpertReason(const ModelSpec& m, const ParallelConfig& c) {
   if (!m.is_moe()) {
     if (c.ep != 1) return "ep > 1 needs a mixture-of-experts model";
     if (c.expert_tp() != c.tp) return "etp ≠ tp needs a mixture-of-experts model";
+    if (c.flex_dispatcher) return "dispatcher=flex needs a mixture-of-experts model";
     return {};
+  }
+  if (c.flex_dispatcher && int64_t{c.expert_tp()} * c.ep == 1) {
+    return "dispatcher=flex needs etp·ep > 1 (Megatron-LM's flex dispatcher asserts TPxEP > 1)";
   }
   if (m.num_experts % c.ep != 0) {
     return "ep=" + Str(c.ep) + " does not divide num_experts=" + Str(m.num_experts);
@@ -251,6 +262,7 @@ void SearchSpace::ValidateOptions() const {
       !r.empty()) {
     throw InputError("--recompute-modules", r);
   }
+  fail_if("--moe-token-dispatcher-type", DispatcherReason(model_, options_.flex_dispatcher));
   for (int32_t n : options_.recompute_layers) {
     if (n < 0 || n > model_.num_layers) {
       throw InputError("--recompute-num-layers",
@@ -503,6 +515,8 @@ void ApplyFix(const std::string& text, SpaceOptions& options) {
     else if (key == "recompute_layers") options.recompute_layers = {c.recompute_layers};
     else if (key == "recompute_modules")
       options.recompute_modules = c.recompute_modules;
+    else if (key == "dispatcher")
+      options.flex_dispatcher = c.flex_dispatcher;
     else if (key == "overlap_grad_reduce") options.overlap_grad_reduce = {c.overlap_grad_reduce};
     else if (key == "overlap_param_gather") options.overlap_param_gather = {c.overlap_param_gather};
     else if (key == "grad_reduce_dtype") options.grad_reduce_dtype = {c.grad_reduce_dtype};

@@ -149,6 +149,7 @@ Shapes Shapes::Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& 
     s.expert_ffn = m.moe_ffn_hidden_size / s.etp;
     s.shared_ffn = m.moe_shared_expert_intermediate_size / c.tp;
     s.first_dense = m.moe_first_dense_layers;
+    s.flex = c.flex_dispatcher;
   }
   return s;
 }

@@ -88,6 +88,9 @@ struct Shapes {
   // parallel size and its shard of one expert's width, the tp shard of the shared experts'
   // width, and the leading dense layers.
   int64_t experts, local_experts, topk, etp, expert_ffn, shared_ffn, first_dense;
+  // Megatron's flex dispatcher (ParallelConfig::flex_dispatcher): a row per (token, ep rank
+  // holding its experts) rather than per (token, expert); moe.h.
+  bool flex;
   // The transformer layers' linear GEMMs (qkv, proj, fc1, fc2, a MoE layer's shared experts) in
   // fp8 with --fp8-format, as TransformerEngine's layers; the output layer and the router stay in
   // the compute dtype, as in Megatron. Routed experts stay too: their token counts vary per step

@@ -58,10 +58,25 @@ double MoeLayer::TakeAuxLoss() {
   return sum;
 }
 
-std::vector<int64_t> MoeLayer::Elements(const std::vector<int64_t>& rows) const {
+std::vector<int64_t> MoeLayer::Elements(const std::vector<int64_t>& rows, int64_t width) {
   std::vector<int64_t> out(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * s_.hidden;
+  for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * width;
   return out;
+}
+
+StatusOr<std::vector<int32_t>> MoeLayer::ShareCounts(const std::vector<int32_t>& count) {
+  const int64_t n = static_cast<int64_t>(count.size());
+  std::vector<int32_t> recv(count);
+  if (s_.experts / s_.local_experts > 1) {
+    AUTOPAR_RETURN_IF_ERROR(dev_.Upload(send_counts_.Slice(0, n), count));
+    AUTOPAR_RETURN_IF_ERROR(g_.ep.AllToAll(send_counts_.Slice(0, n), recv_counts_.Slice(0, n)));
+    AUTOPAR_ASSIGN_OR_RETURN(recv, dev_.Download<int32_t>(recv_counts_.Slice(0, n)));
+  }
+  if (s_.etp == 1) return recv;
+  AUTOPAR_RETURN_IF_ERROR(dev_.Upload(recv_counts_.Slice(0, n), recv));
+  AUTOPAR_RETURN_IF_ERROR(
+      etp_.AllGather(recv_counts_.Slice(0, n), all_counts_.Slice(0, s_.etp * n)));
+  return dev_.Download<int32_t>(all_counts_.Slice(0, s_.etp * n));
 }
 
 // Router logits, top-k gates and the samples' load statistics.
@@ -138,25 +153,15 @@ Status MoeLayer::Exchange(MoeActs& a) {
   a.send_rows.assign(ep, 0);
   for (int64_t e = 0; e < E; ++e) a.send_rows[e / El] += count[e];
 
-  // recv[q][s][e]: rows etp rank q receives from ep rank s for its local expert e.
-  std::vector<int32_t> recv(count);
-  if (ep > 1) {
-    AUTOPAR_RETURN_IF_ERROR(dev_.Upload(send_counts_, count));
-    AUTOPAR_RETURN_IF_ERROR(g_.ep.AllToAll(send_counts_, recv_counts_));
-    AUTOPAR_ASSIGN_OR_RETURN(recv, dev_.Download<int32_t>(recv_counts_));
-  }
-  std::vector<int32_t> all(recv);
-  if (etp > 1) {
-    AUTOPAR_RETURN_IF_ERROR(dev_.Upload(recv_counts_, recv));
-    AUTOPAR_RETURN_IF_ERROR(etp_.AllGather(recv_counts_, all_counts_));
-    AUTOPAR_ASSIGN_OR_RETURN(all, dev_.Download<int32_t>(all_counts_));
-  }
+  // all[q][s][e]: rows etp rank q receives from ep rank s for its local expert e.
+  AUTOPAR_ASSIGN_OR_RETURN(const std::vector<int32_t> all, ShareCounts(count));
   auto cnt = [&](int64_t q, int64_t src, int64_t e) {
     return int64_t{all[(q * ep + src) * El + e]};
   };
+  const int64_t own = etp > 1 ? etp_.rank() : 0;
   a.recv_rows.assign(ep, 0);
   for (int64_t src = 0; src < ep; ++src) {
-    for (int64_t e = 0; e < El; ++e) a.recv_rows[src] += recv[src * El + e];
+    for (int64_t e = 0; e < El; ++e) a.recv_rows[src] += cnt(own, src, e);
   }
   std::vector<int64_t> received(etp, 0);
   for (int64_t q = 0; q < etp; ++q) {
@@ -194,38 +199,127 @@ Status MoeLayer::Exchange(MoeActs& a) {
   return a.ids.Upload(dev_);
 }
 
-StatusOr<Tensor> MoeLayer::Dispatch(MoeActs& a, Tensor send, Tensor other) {
+// Flex dispatch: a row per (token, ep rank holding any of its experts), by rank then token, with
+// the gates of that rank's experts beside it; the per-rank counts over the ep and etp groups;
+// the received rows' gates; and the index lists of the gathers and row sums.
+Status MoeLayer::ExchangeFlex(MoeActs& a) {
+  const int64_t Tr = s_.tokens / s_.tp, k = s_.topk, El = s_.local_experts;
+  const int64_t ep = s_.experts / El, etp = s_.etp;
+  constexpr int32_t kReached = -2;
+  std::vector<int32_t> row_of(Tr * ep, -1);  // [token, rank]: the row sent there, if any
+  for (int64_t t = 0; t < Tr; ++t) {
+    for (int64_t j = 0; j < k; ++j) row_of[t * ep + a.choice[t * k + j] / El] = kReached;
+  }
+  std::vector<int32_t> dispatch, count(ep, 0);
+  for (int64_t r = 0; r < ep; ++r) {
+    for (int64_t t = 0; t < Tr; ++t) {
+      if (row_of[t * ep + r] != kReached) continue;
+      row_of[t * ep + r] = static_cast<int32_t>(dispatch.size());
+      dispatch.push_back(static_cast<int32_t>(t));
+      ++count[r];
+    }
+  }
+  const int64_t sent = static_cast<int64_t>(dispatch.size());
+  std::vector<float> gates(sent * El, -1.0f);  // −1: the rank's expert was not chosen
+  a.slot_row.assign(Tr * k, 0);
+  for (int64_t t = 0; t < Tr; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = a.choice[t * k + j], row = row_of[t * ep + e / El];
+      gates[row * El + e % El] = a.gate[t * k + j];
+      a.slot_row[t * k + j] = row;
+    }
+  }
+  std::vector<std::vector<int32_t>> token_rows(Tr);
+  for (int64_t t = 0; t < Tr; ++t) {
+    for (int64_t r = 0; r < ep; ++r) {
+      if (row_of[t * ep + r] >= 0) token_rows[t].push_back(row_of[t * ep + r]);
+    }
+  }
+  a.send_rows.assign(count.begin(), count.end());
+  // all[q][s]: rows etp rank q receives from ep rank s.
+  AUTOPAR_ASSIGN_OR_RETURN(const std::vector<int32_t> all, ShareCounts(count));
+  const int64_t own = etp > 1 ? etp_.rank() : 0;
+  a.recv_rows.assign(ep, 0);
+  for (int64_t src = 0; src < ep; ++src) a.recv_rows[src] = all[own * ep + src];
+  a.max_received = 0;
+  for (int64_t q = 0; q < etp; ++q) {
+    a.max_received = std::max<int64_t>(
+        a.max_received, std::accumulate(all.begin() + q * ep, all.begin() + (q + 1) * ep, 0));
+  }
+  const int64_t arrivals = etp * a.max_received;
+  // The gates travel as the rows do: El floats a row.
+  const int64_t cells = std::max(sent, arrivals) * El;
+  AUTOPAR_ASSIGN_OR_RETURN(Buffer gate_buffer,
+                           dev_.Allocate(2 * std::max<int64_t>(cells, 1), DType::kF32));
+  const Tensor send = gate_buffer.tensor().Slice(0, cells);
+  AUTOPAR_RETURN_IF_ERROR(dev_.Upload(send.Slice(0, sent * El), gates));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor arrived,
+                           Dispatch(a, send, gate_buffer.tensor().Slice(cells, cells), El));
+  std::vector<float> received;
+  if (arrivals > 0) {
+    AUTOPAR_ASSIGN_OR_RETURN(received, dev_.Download<float>(arrived.Slice(0, arrivals * El)));
+  }
+  // Expert rows: by local expert, then in arrival order ([etp rank q, padded][ep rank s]).
+  std::vector<int32_t> sort;
+  std::vector<std::vector<int32_t>> arrival_rows(arrivals);
+  a.row_gate.clear();
+  a.gate_cell.clear();
+  a.expert_rows.assign(El, 0);
+  for (int64_t e = 0; e < El; ++e) {
+    for (int64_t q = 0; q < etp; ++q) {
+      const int64_t end =
+          q * a.max_received + std::accumulate(all.begin() + q * ep, all.begin() + (q + 1) * ep, 0);
+      for (int64_t row = q * a.max_received; row < end; ++row) {
+        if (received[row * El + e] < 0) continue;
+        arrival_rows[row].push_back(static_cast<int32_t>(sort.size()));
+        sort.push_back(static_cast<int32_t>(row));
+        a.row_gate.push_back(received[row * El + e]);
+        a.gate_cell.push_back(static_cast<int32_t>(row * El + e));
+        ++a.expert_rows[e];
+      }
+    }
+  }
+  a.all_received = static_cast<int64_t>(sort.size());
+  a.ids = IdLists();
+  a.dispatch = a.ids.Add(std::move(dispatch));
+  a.sort = a.ids.Add(std::move(sort));
+  a.by_arrival = RowSum(arrival_rows, a.ids);
+  a.by_token = RowSum(token_rows, a.ids);
+  return a.ids.Upload(dev_);
+}
+
+StatusOr<Tensor> MoeLayer::Dispatch(MoeActs& a, Tensor send, Tensor other, int64_t width) {
   Tensor cur = send;
   if (s_.experts / s_.local_experts > 1) {
     AUTOPAR_RETURN_IF_ERROR(
-        g_.ep.AllToAllV(cur, Elements(a.send_rows), other, Elements(a.recv_rows)));
+        g_.ep.AllToAllV(cur, Elements(a.send_rows, width), other, Elements(a.recv_rows, width)));
     std::swap(cur, other);
   }
   if (s_.etp > 1) {
-    const int64_t block = a.max_received * s_.hidden;
+    const int64_t block = a.max_received * width;
     AUTOPAR_RETURN_IF_ERROR(etp_.AllGather(cur.Slice(0, block), other.Slice(0, s_.etp * block)));
     std::swap(cur, other);
   }
   return cur;
 }
 
-StatusOr<Tensor> MoeLayer::Combine(MoeActs& a, Tensor unsorted, Tensor other) {
+StatusOr<Tensor> MoeLayer::Combine(MoeActs& a, Tensor unsorted, Tensor other, int64_t width) {
   Tensor cur = unsorted;
   if (s_.etp > 1) {
-    const int64_t block = a.max_received * s_.hidden;
+    const int64_t block = a.max_received * width;
     AUTOPAR_RETURN_IF_ERROR(
         etp_.ReduceScatter(cur.Slice(0, s_.etp * block), other.Slice(0, block)));
     std::swap(cur, other);
   }
   if (s_.experts / s_.local_experts > 1) {
     AUTOPAR_RETURN_IF_ERROR(
-        g_.ep.AllToAllV(cur, Elements(a.recv_rows), other, Elements(a.send_rows)));
+        g_.ep.AllToAllV(cur, Elements(a.recv_rows, width), other, Elements(a.send_rows, width)));
     std::swap(cur, other);
   }
   return cur;
 }
 
-Status MoeLayer::ExpertsForward(const LayerWeights& w, MoeActs& a, Tensor out) {
+Status MoeLayer::ExpertsForward(const LayerWeights& w, MoeActs& a, Tensor out, Tensor a1w) {
   const int64_t h = s_.hidden, f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
   int64_t row = 0;
   for (int64_t e = 0; e < s_.local_experts; ++e) {
@@ -236,15 +330,21 @@ Status MoeLayer::ExpertsForward(const LayerWeights& w, MoeActs& a, Tensor out) {
     AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(n, fc1, h), x, w.experts[e].fc1, h1));
     AUTOPAR_RETURN_IF_ERROR(s_.swiglu ? dev_.SwiGluForward(n, f, h1, a1)
                                       : dev_.GeluForward(h1, a1));
+    Tensor fc2_in = a1;
+    if (a1w.numel > 0) {  // flex: each row's activation times its gate
+      fc2_in = a1w.Slice(row * f, n * f);
+      AUTOPAR_RETURN_IF_ERROR(
+          dev_.Gemm(Batched(n, 1, f, 1, false), a.row_gates.Slice(row, n), a1, fc2_in));
+    }
     AUTOPAR_RETURN_IF_ERROR(
-        dev_.Gemm(Linear(n, h, f), a1, w.experts[e].fc2, out.Slice(row * h, n * h)));
+        dev_.Gemm(Linear(n, h, f), fc2_in, w.experts[e].fc2, out.Slice(row * h, n * h)));
     row += n;
   }
   return OkStatus();
 }
 
 Status MoeLayer::ExpertsBackward(const LayerWeights& w, MoeActs& a, Tensor dy, Tensor da1,
-                                 Tensor dh1, Tensor dx) {
+                                 Tensor dh1, Tensor dx, Tensor a1w, Tensor dgate) {
   const int64_t h = s_.hidden, f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
   int64_t row = 0;
   for (int64_t e = 0; e < s_.local_experts; ++e) {
@@ -254,10 +354,22 @@ Status MoeLayer::ExpertsBackward(const LayerWeights& w, MoeActs& a, Tensor dy, T
     const Tensor dy_e = dy.Slice(row * h, n * h), x = a.ex_in.Slice(row * h, n * h);
     const Tensor h1 = a.h1.Slice(row * fc1, n * fc1), a1 = a.a1.Slice(row * f, n * f);
     const Tensor da1_e = da1.Slice(row * f, n * f), dh1_e = dh1.Slice(row * fc1, n * fc1);
-    AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearWeightGrad(n, h, f), dy_e, a1, ew.d_fc2));
+    const Tensor gates = a1w.numel > 0 ? a.row_gates.Slice(row, n) : Tensor{};
+    const Tensor a1w_e = a1w.numel > 0 ? a1w.Slice(row * f, n * f) : Tensor{};
+    if (a1w.numel > 0) {  // flex: fc2 read the gated activation
+      AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Batched(n, 1, f, 1, false), gates, a1, a1w_e));
+    }
+    AUTOPAR_RETURN_IF_ERROR(
+        dev_.Gemm(LinearWeightGrad(n, h, f), dy_e, a1w.numel > 0 ? a1w_e : a1, ew.d_fc2));
     AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearInputGrad(n, h, f), dy_e, ew.fc2, da1_e));
-    AUTOPAR_RETURN_IF_ERROR(s_.swiglu ? dev_.SwiGluBackward(n, f, da1_e, h1, dh1_e)
-                                      : dev_.GeluBackward(da1_e, h1, dh1_e));
+    Tensor d_act = da1_e;
+    if (a1w.numel > 0) {  // the gate's gradient: dgate = da1w · a1; the activation's: gate · da1w
+      AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Batched(n, 1, 1, f, true), da1_e, a1, dgate.Slice(row, n)));
+      AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Batched(n, 1, f, 1, false), gates, da1_e, a1w_e));
+      d_act = a1w_e;
+    }
+    AUTOPAR_RETURN_IF_ERROR(s_.swiglu ? dev_.SwiGluBackward(n, f, d_act, h1, dh1_e)
+                                      : dev_.GeluBackward(d_act, h1, dh1_e));
     AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearWeightGrad(n, fc1, h), dh1_e, x, ew.d_fc1));
     AUTOPAR_RETURN_IF_ERROR(
         dev_.Gemm(LinearInputGrad(n, fc1, h), dh1_e, ew.fc1, dx.Slice(row * h, n * h)));
@@ -268,6 +380,7 @@ Status MoeLayer::ExpertsBackward(const LayerWeights& w, MoeActs& a, Tensor dy, T
 
 Status MoeLayer::Forward(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out, bool count_aux) {
   AUTOPAR_RETURN_IF_ERROR(Route(w, a, x, count_aux));
+  if (s_.flex) return ForwardFlex(w, a, x, out);
   AUTOPAR_RETURN_IF_ERROR(Exchange(a));
   const int64_t Tr = s_.tokens / s_.tp, k = s_.topk, h = s_.hidden, R = a.all_received;
   const int64_t f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
@@ -289,11 +402,11 @@ Status MoeLayer::Forward(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out
   a.a1 = kept_f > 0 ? c.Slice(R * (h + fc1), R * f) : work.tensor().Slice(2 * rows * h, R * f);
 
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, x, h, a.ids[a.dispatch], bx));
-  AUTOPAR_ASSIGN_OR_RETURN(const Tensor arrived, Dispatch(a, bx, by));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor arrived, Dispatch(a, bx, by, h));
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, arrived, h, a.ids[a.sort], a.ex_in));
   AUTOPAR_RETURN_IF_ERROR(ExpertsForward(w, a, bx));
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, bx, h, a.ids[a.unsort], by));
-  AUTOPAR_ASSIGN_OR_RETURN(const Tensor back, Combine(a, by, bx));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor back, Combine(a, by, bx, h));
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, back, h, a.ids[a.slot], a.combined));
   AUTOPAR_RETURN_IF_ERROR(UploadCompute(dev_, a.gates, a.gate));
   if (kept_f == 0) a.a1 = Tensor{};  // freed with `work`
@@ -302,7 +415,12 @@ Status MoeLayer::Forward(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out
 }
 
 Status MoeLayer::BackwardExperts(const LayerWeights& w, MoeActs& a, Tensor dy) {
-  const int64_t Tr = s_.tokens / s_.tp, E = s_.experts, k = s_.topk, h = s_.hidden;
+  if (s_.flex) {
+    AUTOPAR_ASSIGN_OR_RETURN(const std::vector<float> dgate, BackwardFlex(w, a, dy));
+    RouterGradient(a, dgate);
+    return OkStatus();
+  }
+  const int64_t Tr = s_.tokens / s_.tp, k = s_.topk, h = s_.hidden;
   const int64_t R = a.all_received, f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
   const int64_t rows = std::max(Tr * k, s_.etp * a.max_received);
   const int64_t rebuilt_f = s_.Reruns(kRecomputeMoeAct) ? f : 0;
@@ -324,21 +442,27 @@ Status MoeLayer::BackwardExperts(const LayerWeights& w, MoeActs& a, Tensor dy) {
   AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Batched(Tr, 1, k, h, true), dy, a.combined, dgate_));
   AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Batched(Tr, k, h, 1, false), a.gates, dy, bx));
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, bx, h, a.ids[a.send_slot], by));
-  AUTOPAR_ASSIGN_OR_RETURN(const Tensor arrived, Dispatch(a, by, bx));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor arrived, Dispatch(a, by, bx, h));
   const Tensor d_ex_out = arrived.data == bx.data ? by : bx;
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, arrived, h, a.ids[a.sort], d_ex_out));
   AUTOPAR_RETURN_IF_ERROR(ExpertsBackward(w, a, d_ex_out, da1, dh1, d_ex_in));
   if (rebuilt_f > 0) a.a1 = Tensor{};  // freed with `work`
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, d_ex_in, h, a.ids[a.unsort], bx));
-  AUTOPAR_ASSIGN_OR_RETURN(const Tensor back, Combine(a, bx, by));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor back, Combine(a, bx, by, h));
   const Tensor per_slot = back.data == bx.data ? by : bx;
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, back, h, a.ids[a.slot], per_slot));
   // The k slots of a token sum into its input gradient.
   AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Batched(Tr, 1, h, k, false), ones_, per_slot, dx_));
 
-  // Router logits: through the top-k softmax of the gates and the load-balancing loss's full
-  // softmax (whose f_e are counts, constants of the gradient).
   AUTOPAR_ASSIGN_OR_RETURN(const std::vector<float> dgate, dev_.Download<float>(dgate_));
+  RouterGradient(a, dgate);
+  return OkStatus();
+}
+
+// Router logits: through the top-k softmax of the gates and the load-balancing loss's full
+// softmax (whose f_e are counts, constants of the gradient).
+void MoeLayer::RouterGradient(MoeActs& a, const std::vector<float>& dgate) const {
+  const int64_t Tr = s_.tokens / s_.tp, E = s_.experts, k = s_.topk;
   const double aux_scale = kAuxLossCoeff * static_cast<double>(E) /
                            (k * static_cast<double>(s_.seq)) / samples_per_step_;
   const int64_t row0 = g_.at.tp * Tr;
@@ -356,7 +480,107 @@ Status MoeLayer::BackwardExperts(const LayerWeights& w, MoeActs& a, Tensor dy) {
       dl[a.choice[t * k + j]] += static_cast<float>(a.gate[t * k + j] * (dgate[t * k + j] - gated));
     }
   }
-  return OkStatus();
+}
+
+Status MoeLayer::ForwardFlex(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out) {
+  AUTOPAR_RETURN_IF_ERROR(ExchangeFlex(a));
+  const int64_t Tr = s_.tokens / s_.tp, h = s_.hidden, R = a.all_received;
+  const int64_t f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
+  const int64_t sent = a.ids[a.dispatch].numel, arrivals = s_.etp * a.max_received;
+  const int64_t rows = std::max({sent, arrivals, R, Tr});
+  const int64_t kept_f = s_.Reruns(kRecomputeMoeAct) ? 0 : f;  // as in Forward
+  a.compute.Reset();
+  AUTOPAR_ASSIGN_OR_RETURN(
+      a.compute,
+      dev_.Allocate(std::max<int64_t>(R * (h + fc1 + kept_f + 1), 1), dev_.compute_dtype()));
+  const Tensor c = a.compute.tensor();
+  a.ex_in = c.Slice(0, R * h);
+  a.h1 = c.Slice(R * h, R * fc1);
+  a.row_gates = c.Slice(R * (h + fc1 + kept_f), R);
+  if (R > 0) AUTOPAR_RETURN_IF_ERROR(UploadCompute(dev_, a.row_gates, a.row_gate));
+  AUTOPAR_ASSIGN_OR_RETURN(
+      Buffer work, dev_.Allocate(3 * rows * h + R * (2 * f - kept_f), dev_.compute_dtype()));
+  const Tensor wt = work.tensor();
+  const Tensor bx = wt.Slice(0, rows * h), by = wt.Slice(rows * h, rows * h);
+  const Tensor bz = wt.Slice(2 * rows * h, rows * h), a1w = wt.Slice(3 * rows * h, R * f);
+  a.a1 = kept_f > 0 ? c.Slice(R * (h + fc1), R * f) : wt.Slice(3 * rows * h + R * f, R * f);
+
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, x, h, a.ids[a.dispatch], bx));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor arrived, Dispatch(a, bx, by, h));
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, arrived, h, a.ids[a.sort], a.ex_in));
+  AUTOPAR_RETURN_IF_ERROR(ExpertsForward(w, a, bx, a1w));  // expert rows [R, h] in bx
+  if (kept_f == 0) a.a1 = Tensor{};                        // freed with `work`
+  // Each received row's expert outputs summed (in place of bx), then home, then each token's.
+  AUTOPAR_RETURN_IF_ERROR(a.by_arrival.Apply(dev_, a.ids, bx, h, by, bz, bx));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor back, Combine(a, bx, by, h));
+  const Tensor free = back.data == bx.data ? by : bx;
+  AUTOPAR_RETURN_IF_ERROR(a.by_token.Apply(dev_, a.ids, back, h, free, bz, back));
+  return dev_.Add(out, back.Slice(0, Tr * h), out);
+}
+
+StatusOr<std::vector<float>> MoeLayer::BackwardFlex(const LayerWeights& w, MoeActs& a, Tensor dy) {
+  const int64_t Tr = s_.tokens / s_.tp, k = s_.topk, h = s_.hidden, R = a.all_received;
+  const int64_t El = s_.local_experts, f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
+  const int64_t sent = a.ids[a.dispatch].numel, arrivals = s_.etp * a.max_received;
+  const int64_t rows = std::max({sent, arrivals, R, Tr});
+  const int64_t rebuilt_f = s_.Reruns(kRecomputeMoeAct) ? f : 0;
+  AUTOPAR_ASSIGN_OR_RETURN(
+      Buffer work,
+      dev_.Allocate(3 * rows * h + R * (2 * f + fc1 + h + rebuilt_f), dev_.compute_dtype()));
+  const Tensor wt = work.tensor();
+  const Tensor bx = wt.Slice(0, rows * h), by = wt.Slice(rows * h, rows * h);
+  const Tensor bz = wt.Slice(2 * rows * h, rows * h);
+  int64_t at = 3 * rows * h;
+  auto take = [&](int64_t n) {
+    const Tensor t = wt.Slice(at, n);
+    at += n;
+    return t;
+  };
+  const Tensor da1 = take(R * f), a1w = take(R * f), dh1 = take(R * fc1), d_ex_in = take(R * h);
+  if (rebuilt_f > 0) {  // moe_act recompute, as in BackwardExperts
+    a.a1 = take(R * f);
+    if (R > 0) {
+      AUTOPAR_RETURN_IF_ERROR(s_.swiglu ? dev_.SwiGluForward(R, f, a.h1, a.a1)
+                                        : dev_.GeluForward(a.h1, a.a1));
+    }
+  }
+  const int64_t cells = std::max(sent, arrivals) * El;
+  AUTOPAR_ASSIGN_OR_RETURN(Buffer f32,
+                           dev_.Allocate(std::max<int64_t>(R + 2 * cells, 1), DType::kF32));
+  const Tensor dg = f32.tensor().Slice(0, R);
+
+  // The token's gradient to every rank holding its experts, sorted by expert there.
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, dy, h, a.ids[a.dispatch], bx));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor arrived, Dispatch(a, bx, by, h));
+  const Tensor d_ex_out = arrived.data == bx.data ? by : bx;
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, arrived, h, a.ids[a.sort], d_ex_out));
+  AUTOPAR_RETURN_IF_ERROR(ExpertsBackward(w, a, d_ex_out, da1, dh1, d_ex_in, a1w, dg));
+  if (rebuilt_f > 0) a.a1 = Tensor{};  // freed with `work`
+  // The input gradients summed as the outputs were: per received row, home, per token.
+  AUTOPAR_RETURN_IF_ERROR(a.by_arrival.Apply(dev_, a.ids, d_ex_in, h, bx, by, bz));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor back, Combine(a, bz, bx, h));
+  const Tensor free = back.data == bx.data ? bz : bx;
+  AUTOPAR_RETURN_IF_ERROR(a.by_token.Apply(dev_, a.ids, back, h, free, by, dx_));
+
+  // The gates' gradient in the received rows' gate matrix, home the same way (summed over etp).
+  std::vector<float> matrix(arrivals * El, 0.0f);
+  if (R > 0) {
+    AUTOPAR_ASSIGN_OR_RETURN(const std::vector<float> per_row, dev_.Download<float>(dg));
+    for (int64_t r = 0; r < R; ++r) matrix[a.gate_cell[r]] = per_row[r];
+  }
+  const Tensor cells_a = f32.tensor().Slice(R, cells),
+               cells_b = f32.tensor().Slice(R + cells, cells);
+  if (arrivals > 0) AUTOPAR_RETURN_IF_ERROR(dev_.Upload(cells_a.Slice(0, arrivals * El), matrix));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor home, Combine(a, cells_a, cells_b, El));
+  std::vector<float> sent_cells;
+  if (sent > 0) {
+    AUTOPAR_ASSIGN_OR_RETURN(sent_cells, dev_.Download<float>(home.Slice(0, sent * El)));
+  }
+  std::vector<float> dgate(Tr * k);
+  for (int64_t i = 0; i < Tr * k; ++i) {
+    dgate[i] = sent_cells[a.slot_row[i] * El + a.choice[i] % El];
+  }
+  return dgate;
 }
 
 Status MoeLayer::BackwardRouter(const LayerWeights& w, MoeActs& a, Tensor x, Tensor dx) {

@@ -13,6 +13,15 @@
 // Combine is the mirror image: unsort, reduce-scatter over etp (the partial sums of the
 // row-parallel fc2), all-to-all-v back, and the gate-weighted sum of each token's k outputs.
 //
+// With Megatron's flex dispatcher (Shapes::flex; DeepEP and its kin) a token travels once to each
+// ep rank holding any of its experts, with the gates of that rank's experts beside it (El floats,
+// −1 for an expert not chosen): the rank sorts the rows it received by local expert, scales each
+// expert row's activation by its gate before fc2 (as Megatron's experts apply the routing
+// probabilities), sums each received row's expert outputs and sends that one row back, where the
+// token's rows from its ranks are summed. The gates' gradient is found beside the experts and
+// travels home the way the outputs do. With etp > 1 the rows and their gates are all-gathered
+// over etp and the sums reduce-scattered, as below.
+//
 // Token counts vary per expert, so the exchange is variable-size (Collectives::AllToAllV), and
 // everything whose size depends on the routing is allocated per micro-batch: results are exact
 // (no capacity, no dropped tokens) and independent of the layout. The etp all-gather and
@@ -41,6 +50,14 @@ struct MoeActs {
   std::vector<int64_t> expert_rows;            // rows of each local expert (over the etp group)
   int64_t max_received = 0, all_received = 0;  // over the etp group
   std::vector<float> dlogits;                  // [Tr·E], from BackwardExperts for BackwardRouter
+  // Flex dispatch: the row sent for each (token, slot) [Tr·k]; each expert row's gate and its
+  // cell (received row · El + local expert) in the received gate matrix [R]; the sums of each
+  // received row's expert rows and of each token's returned rows; the expert rows' gates on the
+  // device [R] (in `compute`).
+  std::vector<int32_t> slot_row, gate_cell;
+  std::vector<float> row_gate;
+  RowSum by_arrival, by_token;
+  Tensor row_gates;
 };
 
 class MoeLayer {
@@ -68,17 +85,30 @@ class MoeLayer {
   MoeLayer(Device& d, const Shapes& s, ProcessGroups& g, double samples)
       : dev_(d), s_(s), g_(g), etp_(s.etp == s.tp ? g.tp : g.etp), samples_per_step_(samples) {}
   Status Route(const LayerWeights& w, MoeActs& a, Tensor x, bool count_aux);
+  // Row counts, `count.size() / ep` for each ep rank, through the ep all-to-all and the etp
+  // all-gather: what each etp rank of the group received from each ep rank, [etp][ep][n].
+  StatusOr<std::vector<int32_t>> ShareCounts(const std::vector<int32_t>& count);
   Status Exchange(MoeActs& a);
-  // Per-peer row counts as element counts of [rows, hidden].
-  std::vector<int64_t> Elements(const std::vector<int64_t>& rows) const;
-  // Rows in dispatch order through the ep all-to-all and the etp all-gather (Dispatch), or
-  // unsorted expert outputs through the etp reduce-scatter and the all-to-all back (Combine).
-  // The two buffers alternate as source and destination; the result is in the returned one.
-  StatusOr<Tensor> Dispatch(MoeActs& a, Tensor send, Tensor other);
-  StatusOr<Tensor> Combine(MoeActs& a, Tensor unsorted, Tensor other);
-  Status ExpertsForward(const LayerWeights& w, MoeActs& a, Tensor out);
+  Status ExchangeFlex(MoeActs& a);
+  // Per-peer row counts as element counts of [rows, width].
+  static std::vector<int64_t> Elements(const std::vector<int64_t>& rows, int64_t width);
+  // Rows of `width` in dispatch order through the ep all-to-all and the etp all-gather
+  // (Dispatch), or unsorted expert outputs through the etp reduce-scatter and the all-to-all back
+  // (Combine). The two buffers alternate as source and destination; the result is in the
+  // returned one.
+  StatusOr<Tensor> Dispatch(MoeActs& a, Tensor send, Tensor other, int64_t width);
+  StatusOr<Tensor> Combine(MoeActs& a, Tensor unsorted, Tensor other, int64_t width);
+  Status ForwardFlex(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out);
+  // The flex backward to dx_, returning the gates' gradient [Tr·k].
+  StatusOr<std::vector<float>> BackwardFlex(const LayerWeights& w, MoeActs& a, Tensor dy);
+  // The router logits' gradient (a.dlogits) from the gates' gradient.
+  void RouterGradient(MoeActs& a, const std::vector<float>& dgate) const;
+  // The experts' GEMMs and activations. With flex dispatch (`a1w` given, [R, f]) each row's
+  // activation is scaled by its gate before fc2, and the backward writes the gates' gradient
+  // (`dgate`, f32 [R]).
+  Status ExpertsForward(const LayerWeights& w, MoeActs& a, Tensor out, Tensor a1w = {});
   Status ExpertsBackward(const LayerWeights& w, MoeActs& a, Tensor dy, Tensor da1, Tensor dh1,
-                         Tensor dx);
+                         Tensor dx, Tensor a1w = {}, Tensor dgate = {});
 
   Device& dev_;
   const Shapes s_;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <utility>
 
 #include "autopar/device/platform.h"
 #include "autopar/spec/parse.h"
@@ -36,20 +38,28 @@ std::unique_ptr<device::Platform> Gpu() { return nullptr; }
 TrainSpec Bf16Train() { return testing::SmallTrain(Precision::kBF16); }
 using testing::NumericOptions;
 
+// A case is SPEC, or MODEL:SPEC for another model than tiny.
 class CudaEquivalence : public ::testing::TestWithParam<const char*> {};
+
+std::pair<std::string, std::string> ModelAndSpec(const std::string& param) {
+  const size_t colon = param.find(':');
+  if (colon == std::string::npos) return {"tiny", param};
+  return {param.substr(0, colon), param.substr(colon + 1)};
+}
 
 TEST_P(CudaEquivalence, LossAndUpdatedWeightsMatchOneGpu) {
   if (!HaveGpu()) GTEST_SKIP() << "needs one CUDA device per rank";
   std::unique_ptr<device::Platform> gpu = Gpu();
   ASSERT_NE(gpu, nullptr);
-  const ModelSpec model = ModelPreset("tiny");
+  const auto [model_name, spec] = ModelAndSpec(GetParam());
+  const ModelSpec model = ModelPreset(model_name);
   auto self = World().Split(World().rank(), 0);
   ASSERT_TRUE(self.ok());
   ParallelConfig one;
   one.dp = 1;
   const TrialMeasurement ref = RunTrial(*gpu, *self, model, Bf16Train(), one, NumericOptions());
   ASSERT_EQ(ref.outcome, Outcome::kOk) << ref.message;
-  const ParallelConfig c = Complete(ParseSpec(GetParam()), World().size());
+  const ParallelConfig c = Complete(ParseSpec(spec), World().size());
   const TrialMeasurement got = RunTrial(*gpu, World(), model, Bf16Train(), c, NumericOptions());
   ASSERT_EQ(got.outcome, Outcome::kOk) << got.message;
   // bf16 activations and reductions in another order: a few parts in a thousand.
@@ -66,7 +76,12 @@ INSTANTIATE_TEST_SUITE_P(Trial, CudaEquivalence,
                                            "tp=2,pp=2,recompute=selective",
                                            "tp=2,pp=2,sp=on,recompute=selective,"
                                            "recompute_modules=layernorm+mlp",
-                                           "pp=2,dp=2,pp_first=1"));
+                                           "pp=2,dp=2,pp_first=1",
+                                           // Dropless MoE: all-to-all and flex dispatch, with
+                                           // etp < tp and etp > 1 (rows all-gathered).
+                                           "tiny-moe:tp=2,dp=2,ep=2,sp=on",
+                                           "tiny-moe:tp=2,dp=2,ep=4,sp=on,etp=1,dispatcher=flex",
+                                           "tiny-moe:dp=4,ep=2,etp=2,dispatcher=flex"));
 
 }  // namespace
 }  // namespace autopar::trial

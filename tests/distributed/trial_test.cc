@@ -1,16 +1,18 @@
 // The proof that a trial is real: one step of a small model gives the same loss and the same
 // updated weights on one rank and under every distributed layout (fp32, CPU platform).
+#include "autopar/trial/trial.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "autopar/perf/cost_model.h"
 #include "autopar/spec/parse.h"
-#include "autopar/trial/trial.h"
 #include "kernels/init.h"
 #include "mpi_env.h"
-#include "trial_setup.h"
 #include "src/trial/moe.h"
+#include "trial_setup.h"
 
 namespace autopar::trial {
 namespace {
@@ -164,6 +166,28 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"tiny-moe",
              "pp=2,dp=2,ep=2,vpp=2,recompute=selective,recompute_modules=layernorm+mlp+moe+moe_"
              "act"}),
+    CaseName);
+
+// Megatron's flex dispatcher (DeepEP and its kin): a token's row travels once to each rank holding
+// its experts and the gates are applied beside them; ep over dp, over tp and dp with etp = 1,
+// etp > 1 (rows and gates all-gathered, sums reduce-scattered), etp alone, the MoE layer rerun
+// (its dispatch again), moe_act, full recompute, pipelines with virtual stages.
+INSTANTIATE_TEST_SUITE_P(
+    TrialFlexDispatcher, Equivalence,
+    ::testing::Values(
+        Case{"tiny-moe", "dp=4,ep=2,dispatcher=flex"},
+        Case{"tiny-moe", "dp=4,ep=4,dispatcher=flex"},
+        Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on,dispatcher=flex"},
+        Case{"tiny-moe", "tp=2,dp=2,ep=4,sp=on,etp=1,dispatcher=flex"},
+        Case{"tiny-moe", "dp=4,ep=2,etp=2,dispatcher=flex"},
+        Case{"tiny-moe", "dp=4,etp=2,dispatcher=flex,dist_opt=on"},
+        Case{"tiny-moe", "cp=2,dp=2,ep=4,dispatcher=flex"},
+        Case{"tiny-moe",
+             "tp=2,dp=2,ep=2,sp=on,dispatcher=flex,recompute=selective,recompute_modules=layernorm+"
+             "moe"},
+        Case{"tiny-moe",
+             "pp=2,dp=2,ep=2,vpp=2,dispatcher=flex,recompute=selective,recompute_modules=moe_act"},
+        Case{"tiny-moe", "dp=4,ep=2,mbs=2,dispatcher=flex,recompute=full"}),
     CaseName);
 
 // Data-parallel overlap (ParallelConfig's overlap_grad_reduce / overlap_param_gather): the
@@ -409,31 +433,34 @@ INSTANTIATE_TEST_SUITE_P(TrialRecomputeModules, MemoryLongSequence,
                                                 "recompute_modules=layernorm+moe"}),
                          CaseName);
 
-// What selective recompute's modules save (Megatron's --recompute-modules): at a long sequence
-// the trial's peak falls by what the model says it keeps less, for the norms and a MoE layer
-// whole, and for the routed experts' activation and the shared experts. A trial that ignored the
-// modules would save nothing.
-TEST(TrialMemory, RecomputedModulesSaveWhatTheModelSays) {
+// tiny-moe at 1,024 tokens (a long sequence for it): the trial's measured peak over the ranks and
+// the model's, in GiB.
+std::pair<double, double> MoePeaks(const std::string& spec) {
   const ModelSpec model = ModelPreset("tiny-moe");
   TrainSpec train = Train();
   train.global_batch_size = 4;
   train.seq_length = 1024;
   TrialOptions o = NumericOptions();
   o.fingerprint = false;
-  auto peaks = [&](const std::string& spec) {
-    const ParallelConfig c = Complete(ParseSpec(spec), World().size());
-    const TrialMeasurement got = RunTrial(TestPlatform(), World(), model, train, c, o);
-    EXPECT_EQ(got.outcome, Outcome::kOk) << got.message;
-    const double measured =
-        got.peak_memory_gib.empty()
-            ? 0.0
-            : *std::max_element(got.peak_memory_gib.begin(), got.peak_memory_gib.end());
-    return std::pair{measured, PredictedPeakGib(model, c, train)};
-  };
+  const ParallelConfig c = Complete(ParseSpec(spec), World().size());
+  const TrialMeasurement got = RunTrial(TestPlatform(), World(), model, train, c, o);
+  EXPECT_EQ(got.outcome, Outcome::kOk) << got.message;
+  const double measured =
+      got.peak_memory_gib.empty()
+          ? 0.0
+          : *std::max_element(got.peak_memory_gib.begin(), got.peak_memory_gib.end());
+  return {measured, PredictedPeakGib(model, c, train)};
+}
+
+// What selective recompute's modules save (Megatron's --recompute-modules): at a long sequence
+// the trial's peak falls by what the model says it keeps less, for the norms and a MoE layer
+// whole, and for the routed experts' activation and the shared experts. A trial that ignored the
+// modules would save nothing.
+TEST(TrialMemory, RecomputedModulesSaveWhatTheModelSays) {
   const std::string base = "tp=2,dp=2,ep=2,sp=on,recompute=selective";
-  const auto [kept_measured, kept_predicted] = peaks(base);
+  const auto [kept_measured, kept_predicted] = MoePeaks(base);
   for (const char* modules : {"layernorm+moe", "moe_act+shared_experts"}) {
-    const auto [measured, predicted] = peaks(base + ",recompute_modules=" + modules);
+    const auto [measured, predicted] = MoePeaks(base + ",recompute_modules=" + modules);
     const double saved = kept_measured - measured, saved_predicted = kept_predicted - predicted;
     EXPECT_GT(saved_predicted, 0.02 * kept_predicted) << modules;
     EXPECT_NEAR(saved / saved_predicted, 1.0, 0.25)
@@ -442,6 +469,29 @@ TEST(TrialMemory, RecomputedModulesSaveWhatTheModelSays) {
       std::printf("recompute_modules=%-22s saved %7.3f MiB  predicted %7.3f MiB\n", modules,
                   saved * 1024, saved_predicted * 1024);
     }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TrialFlexDispatcher, Memory,
+                         ::testing::Values(Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on,dispatcher=flex"},
+                                           Case{"tiny-moe", "dp=4,ep=2,etp=2,dispatcher=flex"}),
+                         CaseName);
+
+// The flex dispatcher keeps no copy of each token's k expert outputs at home (the gates are
+// applied beside the experts): at a long sequence the trial's peak falls by what the model says.
+// A trial that dispatched by all-to-all under the flex name would save nothing.
+TEST(TrialMemory, FlexDispatcherKeepsWhatTheModelSays) {
+  const std::string base = "dp=4,ep=2";
+  const auto [all_measured, all_predicted] = MoePeaks(base);
+  const auto [flex_measured, flex_predicted] = MoePeaks(base + ",dispatcher=flex");
+  const double saved = all_measured - flex_measured,
+               saved_predicted = all_predicted - flex_predicted;
+  EXPECT_GT(saved_predicted, 0.01 * all_predicted);
+  EXPECT_NEAR(saved / saved_predicted, 1.0, 0.25)
+      << "saved " << saved * 1024 << " MiB, predicted " << saved_predicted * 1024;
+  if (World().rank() == 0) {
+    std::printf("dispatcher=flex saved %7.3f MiB  predicted %7.3f MiB\n", saved * 1024,
+                saved_predicted * 1024);
   }
 }
 
@@ -454,8 +504,9 @@ namespace {
 // The MoE layer's own gradients against central differences (equivalence across layouts cannot
 // see a wrong gradient that every layout shares): J = Σ c·out + the load-balancing loss, on one
 // rank, with the routing unchanged by the perturbations. With c = 0 only the load-balancing loss
-// drives the router.
-class MoeGradient : public ::testing::TestWithParam<float> {};
+// drives the router. Both dispatchers: flex applies the gates beside the experts (before fc2)
+// and finds their gradient there.
+class MoeGradient : public ::testing::TestWithParam<std::tuple<float, bool>> {};
 
 TEST_P(MoeGradient, MatchesCentralDifferences) {
   Device& dev = TestPlatform().device();
@@ -470,6 +521,8 @@ TEST_P(MoeGradient, MatchesCentralDifferences) {
   s.etp = 1;
   s.expert_ffn = 6;
   s.swiglu = true;
+  s.flex = std::get<1>(GetParam());
+  const float scale = std::get<0>(GetParam());
   ProcessGroups g;  // one rank: every group is unconnected
   const int64_t T = s.tokens, h = s.hidden, E = s.experts, f = s.expert_ffn;
   auto moe = MoeLayer::Create(dev, s, g, /*samples_per_step=*/2.0);
@@ -495,7 +548,7 @@ TEST_P(MoeGradient, MatchesCentralDifferences) {
   for (int64_t i = 0; i < params; ++i) host[i] = 0.5f * kernels::ref::HashUniform(31, i);
   for (int64_t i = 0; i < T * h; ++i) {
     host[2 * params + i] = kernels::ref::HashUniform(32, i);
-    host[2 * params + 2 * T * h + i] = GetParam() * kernels::ref::HashUniform(33, i);
+    host[2 * params + 2 * T * h + i] = scale * kernels::ref::HashUniform(33, i);
   }
   ASSERT_TRUE(dev.Upload(all, host).ok());
   auto out_buf = dev.Allocate(T * h, device::DType::kF32);
@@ -529,7 +582,7 @@ TEST_P(MoeGradient, MatchesCentralDifferences) {
   // Central differences at a spread of coordinates of every parameter and of the input.
   // fp32 forward passes: the difference quotient carries ~1e-5 of rounding noise.
   const float eps = 4e-3f;
-  const double tolerance = GetParam() > 0 ? 2e-5 : 2e-7;
+  const double tolerance = scale > 0 ? 2e-5 : 2e-7;
   int checked = 0;
   double worst = 0, largest = 0;
   for (int64_t i = 0; i < params + T * h; i += 7) {
@@ -557,12 +610,13 @@ TEST_P(MoeGradient, MatchesCentralDifferences) {
   // The check is only as good as the gradients are large against the tolerance.
   EXPECT_GT(largest, 30 * tolerance);
   if (World().rank() == 0) {
-    std::printf("moe gradient c=%g: %d checked, largest %.2e, worst error %.2e\n", GetParam(),
-                checked, largest, worst);
+    std::printf("moe gradient c=%g%s: %d checked, largest %.2e, worst error %.2e\n", scale,
+                s.flex ? " flex" : "", checked, largest, worst);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Trial, MoeGradient, ::testing::Values(1.0f, 0.0f));
+INSTANTIATE_TEST_SUITE_P(Trial, MoeGradient,
+                         ::testing::Combine(::testing::Values(1.0f, 0.0f), ::testing::Bool()));
 
 }  // namespace
 }  // namespace autopar::trial

@@ -140,7 +140,7 @@ class Rows(unittest.TestCase):
         self.assertNotIn("recompute_modules",
                          bench.config_of(row(recompute="selective (core_attn)"), src)[0])
         moe = bench.SOURCES["MOE_MODELZOO_QWEN3_LC"]
-        self.assertIn("etp=1,", bench.config_of(row(ep="8"), moe)[0])
+        self.assertIn("etp=1,dispatcher=flex,", bench.config_of(row(ep="8"), moe)[0])
 
     def test_cluster_from_the_printed_configuration(self):
         src = bench.SOURCES["NEMO_LONGCTX_B200"]

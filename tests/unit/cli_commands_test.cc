@@ -60,7 +60,7 @@ TEST(Cli, PredictJsonHasTheContractKeys) {
     EXPECT_NE(r.out.find(key), std::string::npos) << key;
   }
   const Result table = RunCli(Cmd("plan", Llama7bOn(2, {"--top", "2"})));
-  EXPECT_NE(table.out.find("prediction interval: step_s ±8.2%"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("prediction interval: step_s ±8.3%"), std::string::npos) << table.out;
 }
 
 TEST(Cli, EveryFormat) {
@@ -159,18 +159,35 @@ void ExpectBadInput(const std::vector<std::string>& argv, const std::string& mus
   EXPECT_NE(r.err.find(must_mention), std::string::npos) << "message: " << r.err;
 }
 
+// Mixtral-8x7B on 4 nodes of H100, with `extra` flags.
+std::vector<std::string> Mixtral(std::vector<std::string> extra) {
+  std::vector<std::string> argv = {
+      "--model", "mixtral-8x7b",        "--gpu", "h100",         "--nnodes",
+      "4",       "--global-batch-size", "256",   "--seq-length", "4096"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+// `predict` of Mixtral configured by Megatron's `flags`: its Megatron flags, its csv line, and
+// the csv line of the same flags pasted as a script.
+struct Predicted {
+  Result megatron, csv, pasted;
+};
+Predicted PredictMixtral(const std::vector<std::string>& flags) {
+  std::vector<std::string> megatron = flags, csv = flags;
+  megatron.insert(megatron.end(), {"--format", "megatron"});
+  csv.insert(csv.end(), {"--format", "csv"});
+  std::string pasted;
+  for (const std::string& w : flags) pasted += w + " ";
+  return {RunCli(Cmd("predict", Mixtral(megatron))), RunCli(Cmd("predict", Mixtral(csv))),
+          RunCli(Cmd("predict", Mixtral({"--megatron-args", pasted, "--format", "csv"})))};
+}
+
 // Megatron's --recompute-modules: what selective recompute reruns, in the configuration a
 // command line or a script describes, in every selective candidate of a search, and back out in
 // the flags; modules the model lacks, Megatron's refusals and names it does not know are refused
 // naming the flag and the allowed values.
 TEST(Cli, RecomputeModulesAreReadSearchedAndEmitted) {
-  auto mixtral = [](std::vector<std::string> extra) {
-    std::vector<std::string> argv = {
-        "--model", "mixtral-8x7b",        "--gpu", "h100",         "--nnodes",
-        "4",       "--global-batch-size", "256",   "--seq-length", "4096"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return argv;
-  };
   const std::vector<std::string> flags = {"--tensor-model-parallel-size",
                                           "2",
                                           "--pipeline-model-parallel-size",
@@ -184,51 +201,94 @@ TEST(Cli, RecomputeModulesAreReadSearchedAndEmitted) {
                                           "--recompute-modules",
                                           "layernorm",
                                           "moe"};
-  std::vector<std::string> megatron = flags;
-  megatron.insert(megatron.end(), {"--format", "megatron"});
-  const Result out = RunCli(Cmd("predict", mixtral(megatron)));
+  const auto [out, spec, script] = PredictMixtral(flags);
   ASSERT_EQ(out.code == kExitOk || out.code == kExitInfeasible, true) << out.err;
   EXPECT_NE(out.out.find("--recompute-granularity selective --recompute-modules layernorm moe"),
             std::string::npos)
       << out.out;
-  std::vector<std::string> csv = flags;
-  csv.insert(csv.end(), {"--format", "csv"});
-  const Result spec = RunCli(Cmd("predict", mixtral(csv)));
   EXPECT_NE(spec.out.find("recompute=selective,recompute_modules=layernorm+moe,"),
             std::string::npos)
       << spec.out;
   // The same from a pasted script: read, not listed as ignored.
-  std::string pasted;
-  for (const std::string& w : flags) pasted += w + " ";
-  const Result script =
-      RunCli(Cmd("predict", mixtral({"--megatron-args", pasted, "--format", "csv"})));
   EXPECT_EQ(script.out, spec.out) << script.err;
   EXPECT_EQ(script.err.find("--recompute-modules"), std::string::npos) << script.err;
   // A search: every selective candidate reruns the modules; the others have none.
   const Result plan =
-      RunCli(Cmd("plan", mixtral({"--recompute-modules", "moe_act", "--fix", "tp=2,pp=4,ep=4,sp=on",
+      RunCli(Cmd("plan", Mixtral({"--recompute-modules", "moe_act", "--fix", "tp=2,pp=4,ep=4,sp=on",
                                   "--top", "50", "--format", "csv"})));
   ASSERT_EQ(plan.code, kExitOk) << plan.err;
   EXPECT_NE(plan.out.find("recompute=selective,recompute_modules=moe_act"), std::string::npos);
   EXPECT_EQ(plan.out.find("recompute=selective,dist_opt"), std::string::npos) << plan.out;
   EXPECT_EQ(plan.out.find("=none,recompute_modules"), std::string::npos) << plan.out;
 
-  ExpectBadInput(Cmd("plan", mixtral({"--recompute-modules", "attention"})),
+  ExpectBadInput(Cmd("plan", Mixtral({"--recompute-modules", "attention"})),
                  "--recompute-modules: allowed: core_attn, layernorm, mlp, moe, moe_act, "
                  "shared_experts; got 'attention'");
-  ExpectBadInput(Cmd("plan", mixtral({"--recompute-modules", "mla_up_proj"})), "not modelled");
+  ExpectBadInput(Cmd("plan", Mixtral({"--recompute-modules", "mla_up_proj"})), "not modelled");
   ExpectBadInput(Cmd("plan", Llama7bOn(1, {"--recompute-modules", "moe"})),
                  "--recompute-modules: recompute_modules=moe: moe, moe_act and shared_experts "
                  "need a MoE model");
-  ExpectBadInput(Cmd("plan", mixtral({"--recompute-modules", "mlp"})), "every layer");
-  ExpectBadInput(Cmd("plan", mixtral({"--recompute-modules", "shared_experts"})),
+  ExpectBadInput(Cmd("plan", Mixtral({"--recompute-modules", "mlp"})), "every layer");
+  ExpectBadInput(Cmd("plan", Mixtral({"--recompute-modules", "shared_experts"})),
                  "no shared experts");
   ExpectBadInput(
-      Cmd("plan", mixtral({"--fp8-format", "hybrid", "--recompute-modules", "layernorm"})),
+      Cmd("plan", Mixtral({"--fp8-format", "hybrid", "--recompute-modules", "layernorm"})),
       "delayed scaling");
   ExpectBadInput(
       Cmd("predict", Llama7bOn(1, {"--config", "tp=2,recompute=selective,recompute_modules=moe"})),
       "need a MoE model");
+}
+
+// Megatron's flex token dispatcher (--moe-token-dispatcher-type flex, its DeepEP backend's old
+// switch --moe-enable-deepep): read from the command line and a script, every candidate's in a
+// search, emitted; refused for a dense model and for names Megatron does not have.
+TEST(Cli, FlexDispatcherIsReadSearchedAndEmitted) {
+  const std::vector<std::string> flags = {"--tensor-model-parallel-size",
+                                          "2",
+                                          "--pipeline-model-parallel-size",
+                                          "4",
+                                          "--expert-model-parallel-size",
+                                          "4",
+                                          "--sequence-parallel",
+                                          "--moe-token-dispatcher-type",
+                                          "flex",
+                                          "--moe-flex-dispatcher-backend",
+                                          "hybridep"};
+  const auto [out, spec, script] = PredictMixtral(flags);
+  ASSERT_EQ(out.code == kExitOk || out.code == kExitInfeasible, true) << out.err;
+  EXPECT_NE(out.out.find("--expert-model-parallel-size 4 --moe-token-dispatcher-type flex"),
+            std::string::npos)
+      << out.out;
+  EXPECT_NE(spec.out.find("ep=4,dispatcher=flex,"), std::string::npos) << spec.out;
+  EXPECT_EQ(script.out, spec.out) << script.err;
+  const Result deepep = RunCli(Cmd(
+      "predict", Mixtral({"--megatron-args",
+                          "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 "
+                          "--expert-model-parallel-size 4 --sequence-parallel --moe-enable-deepep",
+                          "--format", "csv"})));
+  EXPECT_EQ(deepep.out, spec.out) << deepep.err;
+  // A search: every candidate dispatches by flex, so none has etp·ep = 1.
+  const Result plan = RunCli(Cmd(
+      "plan", Mixtral({"--moe-token-dispatcher-type", "flex", "--top", "50", "--format", "csv"})));
+  ASSERT_EQ(plan.code, kExitOk) << plan.err;
+  std::istringstream rows(plan.out);
+  std::string row;
+  int flex_rows = 0;
+  while (std::getline(rows, row)) {
+    if (row.find("tp=") == std::string::npos) continue;
+    EXPECT_NE(row.find("dispatcher=flex"), std::string::npos) << row;
+    ++flex_rows;
+  }
+  EXPECT_GT(flex_rows, 0) << plan.out;
+
+  ExpectBadInput(Cmd("plan", Mixtral({"--moe-token-dispatcher-type", "deepep"})),
+                 "--moe-token-dispatcher-type: allowed: alltoall, flex, allgather; got 'deepep'");
+  ExpectBadInput(Cmd("plan", Mixtral({"--moe-flex-dispatcher-backend", "nvshmem"})),
+                 "--moe-flex-dispatcher-backend: allowed: deepep, hybridep, ncclep");
+  ExpectBadInput(Cmd("plan", Llama7bOn(1, {"--moe-token-dispatcher-type", "flex"})),
+                 "--moe-token-dispatcher-type: flex dispatches a mixture-of-experts model's");
+  ExpectBadInput(Cmd("predict", Mixtral({"--config", "tp=2,pp=4,sp=on,etp=1,dispatcher=flex"})),
+                 "etp·ep > 1");
 }
 
 TEST(Cli, BadInputNamesTheFlagAndExitsTwo) {

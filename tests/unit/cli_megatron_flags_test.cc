@@ -62,8 +62,10 @@ constexpr FlagMeaning kEmitted[] = {
     {"--expert-tensor-parallel-size", "etp, for every MoE model (even at its default, tp)",
      "ModelParallelConfig.expert_tensor_parallel_size: each expert's weights split over etp "
      "ranks; the expert grid etp·ep·edp·pp folds over the world (parallel_state.py)"},
-    {"--moe-token-dispatcher-type", "ep > 1: alltoall, the dispatch the cost model times",
-     "TransformerConfig.moe_token_dispatcher_type (default allgather)"},
+    {"--moe-token-dispatcher-type",
+     "ep > 1 or dispatcher=flex: alltoall or flex, the dispatch the cost model times",
+     "TransformerConfig.moe_token_dispatcher_type (default allgather; flex: DeepEP, HybridEP or "
+     "NCCL-EP over the etp·ep ranks, which must be more than one)"},
     {"--micro-batch-size", "mbs", "TrainingConfig.micro_batch_size"},
     {"--global-batch-size", "the job's batch (dp implied)",
      "TrainingConfig.global_batch_size; micro-batches = gbs / (dp·mbs)"},
@@ -175,6 +177,15 @@ const Case kCases[] = {
      "--expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall "
      "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
      "--sequence-parallel --overlap-grad-reduce"},
+    {"tp=2,ep=4,etp=1,sp=on,dispatcher=flex", Precision::kBF16,
+     "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 "
+     "--expert-model-parallel-size 4 --moe-token-dispatcher-type flex "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+     "--sequence-parallel --overlap-grad-reduce"},
+    {"tp=2,sp=on,dispatcher=flex", Precision::kBF16,
+     "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 "
+     "--moe-token-dispatcher-type flex --expert-tensor-parallel-size 2 --micro-batch-size 1 "
+     "--global-batch-size 64 --sequence-parallel --overlap-grad-reduce"},
     {"ep=2,etp=2", Precision::kBF16,
      "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
      "--expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall "

@@ -89,6 +89,28 @@ TEST(ReplayTable, ReadsARecomputeModulesColumnAndWritesOneOnlyWhereARowNeedsIt) 
       "recompute_modules");
 }
 
+TEST(ReplayTable, ReadsADispatcherColumnAndWritesOneOnlyWhereARowNeedsIt) {
+  const ReplayTable t = ReplayTable::Parse(std::string("dispatcher,") + kHeader +
+                                               "flex,2,1,8,1,1,4,1,1,on,none,off,1.5,40,ok\n"
+                                               ",2,1,8,1,1,4,1,2,on,none,off,1.6,41,ok\n"
+                                               "alltoall,2,1,8,1,1,4,2,1,on,none,off,1.7,42,ok\n",
+                                           "t.csv");
+  ASSERT_EQ(t.rows().size(), 3u);
+  EXPECT_TRUE(t.rows()[0].config.flex_dispatcher);
+  EXPECT_FALSE(t.rows()[1].config.flex_dispatcher);
+  EXPECT_FALSE(t.rows()[2].config.flex_dispatcher);
+  const ReplayTable again = ReplayTable::Parse(t.ToCsv(), "again.csv");
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(again.rows()[i].config, t.rows()[i].config) << i;
+  EXPECT_NE(t.ToCsv().find(",dispatcher\n"), std::string::npos) << t.ToCsv();
+  EXPECT_EQ(
+      ReplayTable::Parse(std::string(kHeader) + "2,1,8,1,1,4,1,1,on,none,off,1,1,ok\n", "t.csv")
+          .ToCsv()
+          .find("dispatcher"),
+      std::string::npos);
+  ExpectBad(std::string("dispatcher,") + kHeader + "deepep,2,1,8,1,1,4,1,1,on,none,off,1.5,40,ok\n",
+            "allowed: alltoall, flex");
+}
+
 TEST(ReplayTable, BadInputNamesLineColumnAndAllowedValues) {
   ExpectBad("tp,pp\n1,1\n", "'dp'");
   ExpectBad(std::string(kHeader) + "1,1,8,1,1,1,1,1,maybe,none,off,1,1,ok\n", "on, off");

@@ -131,6 +131,60 @@ TEST(Spec, RecomputeModulesPrintInMegatronsNamesAndOnlyBesideSelective) {
   }
 }
 
+// Megatron's --moe-token-dispatcher-type flex: printed after etp only where chosen.
+TEST(Spec, FlexDispatcherPrintsBesideTheExpertSizesAndRefusesWhatMegatronDoesNotHave) {
+  const ParallelConfig c = ParseSpec("tp=2,dp=2,ep=4,etp=1,dispatcher=flex");
+  EXPECT_TRUE(c.flex_dispatcher);
+  EXPECT_EQ(ToSpec(c),
+            "tp=2,pp=1,dp=2,cp=1,up=1,ep=4,etp=1,dispatcher=flex,vpp=1,mbs=1,sp=off,"
+            "recompute=none,dist_opt=off");
+  EXPECT_EQ(ParseSpec(ToSpec(c)), c);
+  EXPECT_EQ(ParseSpec("ep=4,dispatcher=alltoall"), ParseSpec("ep=4"));
+  for (const char* bad : {"dispatcher=allgather", "dispatcher=deepep", "dispatcher="}) {
+    try {
+      ParseSpec(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("key 'dispatcher' takes alltoall|flex"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST(Space, FlexDispatcherIsEveryCandidatesAndNeedsRanksToDispatchOver) {
+  const ClusterSpec cluster = SmallCluster(1, 8);
+  const TrainSpec train = SmallTrain(64, 4096);
+  SpaceOptions options;
+  options.flex_dispatcher = true;
+  const SearchSpace space(ModelPreset("mixtral-8x7b"), train, cluster, options);
+  int64_t n = 0;
+  space.ForEach([&](const ParallelConfig& c) {
+    ++n;
+    EXPECT_TRUE(c.flex_dispatcher) << ToSpec(c);
+    EXPECT_GT(int64_t{c.expert_tp()} * c.ep, 1) << ToSpec(c);
+    EXPECT_EQ(space.Check(c), "") << ToSpec(c);
+  });
+  EXPECT_GT(n, 0);
+  EXPECT_LT(n, SearchSpace(ModelPreset("mixtral-8x7b"), train, cluster, {}).Count());
+  EXPECT_NE(space.Check(Complete(ParseSpec("tp=1,pp=8,dispatcher=flex"), 8)).find("etp·ep > 1"),
+            std::string::npos);
+  EXPECT_EQ(space.Check(Complete(ParseSpec("tp=2,pp=4,etp=2,sp=on,dispatcher=flex"), 8)), "");
+  const SearchSpace dense(ModelPreset("llama2-7b"), train, cluster, {});
+  EXPECT_NE(dense.Check(Complete(ParseSpec("tp=2,pp=4,dispatcher=flex"), 8)).find("mixture"),
+            std::string::npos);
+  try {
+    const SearchSpace refused(ModelPreset("llama2-7b"), train, cluster, options);
+    ADD_FAILURE() << "flex accepted for a dense model: " << refused.Count() << " candidates";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--moe-token-dispatcher-type"), std::string::npos)
+        << e.what();
+  }
+  SpaceOptions fixed;
+  ApplyFix("dispatcher=flex", fixed);
+  EXPECT_TRUE(fixed.flex_dispatcher);
+}
+
 TEST(Stages, UnevenSplitPrintsParsesAndFollowsMegatronsLayerOffsets) {
   // DeepSeek-V3's 61 layers over 16 stages: 1 on the first, 4 on each middle one, 0 given last.
   ParallelConfig c = ParseSpec("tp=2,pp=16,pp_first=1,pp_last=0,dp=1");

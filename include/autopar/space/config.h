@@ -7,6 +7,7 @@
 // `split_embedding=on` and `split_loss=on` after `vpp` where the embedding and the loss count in
 // the split of virtual stages,
 // `etp=N` after `ep` where the experts' tensor parallel size differs from tp,
+// `dispatcher=flex` after `etp` where the experts' tokens travel by Megatron's flex dispatcher,
 // `recompute_modules=layernorm+moe` after `recompute` where selective recompute reruns other
 // modules than core_attn alone, followed by
 // `overlap_grad_reduce=off`, `overlap_param_gather=off` or `grad_reduce_dtype=bf16` only where they
@@ -101,6 +102,12 @@ struct ParallelConfig {
   // default, core_attn alone; the canonical form (ParseSpec, the search space) keeps 0 there and
   // wherever recompute is not selective. Read it through selective_modules().
   uint8_t recompute_modules = 0;
+  // Megatron's flex token dispatcher (--moe-token-dispatcher-type flex: DeepEP, HybridEP or
+  // NCCL-EP over the etp·ep ranks) instead of its all-to-all one: a token travels once to every
+  // rank holding one of its experts, not once per expert, and the gate-weighted sum of a rank's
+  // experts comes back as one row (docs/models.md §4.2, docs/trial.md §6). Needs a MoE model and
+  // etp·ep > 1 (Megatron asserts TPxEP > 1); false in the canonical form elsewhere.
+  bool flex_dispatcher = false;
 
   // The modules selective recompute reruns; 0 when recompute is none or full.
   uint8_t selective_modules() const {

@@ -40,6 +40,9 @@ struct SpaceOptions {
   // What selective recompute reruns in every candidate that has it (Megatron's
   // --recompute-modules; ParallelConfig::recompute_modules's canonical form, 0 = core_attn).
   uint8_t recompute_modules = 0;
+  // Megatron's flex token dispatcher (--moe-token-dispatcher-type flex) in every candidate, so
+  // only those with etp·ep > 1 (Megatron asserts it; a MoE model's).
+  bool flex_dispatcher = false;
 };
 
 // Applies `--fix key=value[,key=value...]` to options (same keys as SPEC). Throws InputError("--fix").
@@ -164,6 +167,9 @@ void SearchSpace::ForEach(Fn&& fn) const {
           for (const ExpertSplit& split : ExpertSplits(tp, int64_t{tp} * cp * dp)) {
             c.etp = split.etp;
             c.ep = split.ep;
+            // The job's flex dispatcher needs ranks to dispatch over (Megatron asserts it).
+            if (options_.flex_dispatcher && int64_t{c.expert_tp()} * c.ep == 1) continue;
+            c.flex_dispatcher = options_.flex_dispatcher;
             for (int32_t mbs : MbsValues(batch_per_replica)) {
               c.mbs = mbs;
               const int64_t microbatches = batch_per_replica / mbs;
