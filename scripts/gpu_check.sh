@@ -29,7 +29,7 @@
 # step 2 on the check has a budget ($AUTOPAR_GPU_CHECK_BUDGET_S, default 480 s) and every step a
 # cap within what is left of it, so one hang costs its step, not the session; a step the budget no
 # longer allows is not run and its figures FAIL as missing. On one H100/H200 the steps take, from
-# what they run: the gpu-labelled tests ~1.5-2 min (64 entries, one process each: CUDA context,
+# what they run: the gpu-labelled tests ~1.5-2 min (65 entries, one process each: CUDA context,
 # cuBLAS, cuDNN's libraries and plans; each capped at 45 s, all at 180 s), the benchmark under a
 # minute (cuDNN attention ~0.45 PFLOP over the three shapes' 13 forward+backward rounds, about a
 # second at 400+ TFLOP/s, plus plan building; the CUDA-core kernel's comparison at 4k and 8k
