@@ -393,8 +393,12 @@ void ReadMegatronParallel(std::vector<std::string> script_rest, std::vector<std:
           read.recompute_modules ? read.recompute_modules : script_read.recompute_modules) {
     in.space.recompute_modules = *modules;
   }
-  if (const auto flex = read.flex_dispatcher ? read.flex_dispatcher : script_read.flex_dispatcher) {
-    in.space.flex_dispatcher = *flex;
+  // The dispatcher of every candidate: the command line's (refused for a dense model), else the
+  // script's (which Megatron ignores for a dense model, as the note says).
+  if (read.flex_dispatcher) {
+    in.space.flex_dispatcher = *read.flex_dispatcher;
+  } else if (script_read.flex_dispatcher && in.model.is_moe()) {
+    in.space.flex_dispatcher = *script_read.flex_dispatcher;
   }
 }
 

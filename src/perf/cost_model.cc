@@ -225,7 +225,7 @@ LayerBytes CostModel::LayerBytesOf(const ParallelConfig& c) const {
   };
   // Transient buffers of a MoE layer's backward: dispatch and combine ping-pong buffers
   // ([tokens·k·etp/tp, h] each), the experts' input gradient and their fc1 / activation
-  // gradients (with flex a third buffer for the row sums, and the gated activation); and the
+  // gradients (with flex one buffer more for the row sums, and the gated activation); and the
   // router's input gradient [tokens / tp, h].
   const double moe_transient =
       elem * tokens * (k * (c.flex_dispatcher ? 4 : 3) * h * gathered + h / t) +

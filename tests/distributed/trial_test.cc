@@ -510,18 +510,7 @@ class MoeGradient : public ::testing::TestWithParam<std::tuple<float, bool>> {};
 
 TEST_P(MoeGradient, MatchesCentralDifferences) {
   Device& dev = TestPlatform().device();
-  Shapes s{};
-  s.tp = s.pp = s.vpp = s.cp = s.up = 1;
-  s.mbs = 2;
-  s.seq = s.seq_local = 8;
-  s.tokens = s.local_tokens = s.mbs * s.seq;
-  s.hidden = 8;
-  s.experts = s.local_experts = 4;
-  s.topk = 2;
-  s.etp = 1;
-  s.expert_ffn = 6;
-  s.swiglu = true;
-  s.flex = std::get<1>(GetParam());
+  const Shapes s = testing::OneRankMoe(8, 8, 4, 2, 6, std::get<1>(GetParam()));
   const float scale = std::get<0>(GetParam());
   ProcessGroups g;  // one rank: every group is unconnected
   const int64_t T = s.tokens, h = s.hidden, E = s.experts, f = s.expert_ffn;
@@ -535,15 +524,7 @@ TEST_P(MoeGradient, MatchesCentralDifferences) {
   const Tensor w = all.Slice(0, params), dw = all.Slice(params, params);
   const Tensor x = all.Slice(2 * params, T * h), dx = all.Slice(2 * params + T * h, T * h);
   const Tensor c = all.Slice(2 * params + 2 * T * h, T * h);
-  LayerWeights lw;
-  lw.moe = true;
-  lw.router = w.Slice(0, router);
-  lw.d_router = dw.Slice(0, router);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t at = router + e * (fc1 + fc2);
-    lw.experts.push_back({w.Slice(at, fc1), w.Slice(at + fc1, fc2), dw.Slice(at, fc1),
-                          dw.Slice(at + fc1, fc2)});
-  }
+  const LayerWeights lw = testing::MoeWeights(s, w, dw);
   std::vector<float> host(static_cast<size_t>(all.numel), 0.0f);
   for (int64_t i = 0; i < params; ++i) host[i] = 0.5f * kernels::ref::HashUniform(31, i);
   for (int64_t i = 0; i < T * h; ++i) {

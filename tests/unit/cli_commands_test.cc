@@ -281,6 +281,16 @@ TEST(Cli, FlexDispatcherIsReadSearchedAndEmitted) {
   }
   EXPECT_GT(flex_rows, 0) << plan.out;
 
+  // A dense model's script may name it: Megatron ignores it there, and so does the tool (a note).
+  const Result dense = RunCli(Cmd(
+      "predict", Llama7bOn(1, {"--megatron-args",
+                               "--tensor-model-parallel-size 2 --moe-token-dispatcher-type flex",
+                               "--format", "csv"})));
+  EXPECT_EQ(dense.code, kExitOk) << dense.err;
+  EXPECT_NE(dense.err.find("--moe-token-dispatcher-type flex: ignored"), std::string::npos)
+      << dense.err;
+  EXPECT_EQ(dense.out.find("dispatcher"), std::string::npos) << dense.out;
+
   ExpectBadInput(Cmd("plan", Mixtral({"--moe-token-dispatcher-type", "deepep"})),
                  "--moe-token-dispatcher-type: allowed: alltoall, flex, allgather; got 'deepep'");
   ExpectBadInput(Cmd("plan", Mixtral({"--moe-flex-dispatcher-backend", "nvshmem"})),

@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "../distributed/trial_setup.h"
 #include "autopar/device/platform.h"
 #include "cuda_test_util.h"
 #include "src/trial/moe.h"
@@ -28,22 +29,8 @@ using device::cuda_test::Stored;
 using device::cuda_test::ToBf16Bits;
 using device::cuda_test::ToDouble;
 
-// 64 tokens of width 64 routed top-2 over 8 experts of width 32 (SwiGLU).
-Shapes MoeShapes(bool flex) {
-  Shapes s{};
-  s.tp = s.pp = s.vpp = s.cp = s.up = 1;
-  s.mbs = 2;
-  s.seq = s.seq_local = 32;
-  s.tokens = s.local_tokens = s.mbs * s.seq;
-  s.hidden = 64;
-  s.experts = s.local_experts = 8;
-  s.topk = 2;
-  s.etp = 1;
-  s.expert_ffn = 32;
-  s.swiglu = true;
-  s.flex = flex;
-  return s;
-}
+// 64 tokens of width 64 routed top-2 over 8 experts of width 32.
+Shapes MoeShapes(bool flex) { return testing::OneRankMoe(32, 64, 8, 2, 32, flex); }
 
 Status Put(Device& dev, Tensor t, const std::vector<float>& host) {
   if (t.dtype == DType::kF32) return dev.Upload(t, host);
@@ -88,15 +75,7 @@ MoeResult RunLayer(Device& dev, const Shapes& s) {
   EXPECT_TRUE(Put(dev, x, Stored(DType::kBF16, Random(42, T * h))).ok());
   EXPECT_TRUE(Put(dev, dy, Stored(DType::kBF16, Random(43, T * h, 0.1f))).ok());
   EXPECT_TRUE(dev.Fill(dw, 0.0f).ok() && dev.Fill(out, 0.0f).ok() && dev.Fill(dx, 0.0f).ok());
-  LayerWeights lw;
-  lw.moe = true;
-  lw.router = w.Slice(0, router);
-  lw.d_router = dw.Slice(0, router);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t at = router + e * (fc1 + fc2);
-    lw.experts.push_back({w.Slice(at, fc1), w.Slice(at + fc1, fc2), dw.Slice(at, fc1),
-                          dw.Slice(at + fc1, fc2)});
-  }
+  const LayerWeights lw = testing::MoeWeights(s, w, dw);
   ProcessGroups g;  // one rank: every group is unconnected
   auto layer = MoeLayer::Create(dev, s, g, /*samples_per_step=*/2.0);
   EXPECT_TRUE(layer.ok()) << layer.status().ToString();

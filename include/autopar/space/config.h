@@ -105,7 +105,7 @@ struct ParallelConfig {
   // Megatron's flex token dispatcher (--moe-token-dispatcher-type flex: DeepEP, HybridEP or
   // NCCL-EP over the etp·ep ranks) instead of its all-to-all one: a token travels once to every
   // rank holding one of its experts, not once per expert, and the gate-weighted sum of a rank's
-  // experts comes back as one row (docs/models.md §4.2, docs/trial.md §6). Needs a MoE model and
+  // experts comes back as one row (docs/models.md §4.2, docs/trial.md §8). Needs a MoE model and
   // etp·ep > 1 (Megatron asserts TPxEP > 1); false in the canonical form elsewhere.
   bool flex_dispatcher = false;
 
