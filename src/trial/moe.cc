@@ -241,11 +241,11 @@ Status MoeLayer::ExchangeFlex(MoeActs& a) {
   const int64_t own = etp > 1 ? etp_.rank() : 0;
   a.recv_rows.assign(ep, 0);
   for (int64_t src = 0; src < ep; ++src) a.recv_rows[src] = all[own * ep + src];
-  a.max_received = 0;
+  std::vector<int64_t> block(etp);  // rows each etp rank received
   for (int64_t q = 0; q < etp; ++q) {
-    a.max_received = std::max<int64_t>(
-        a.max_received, std::accumulate(all.begin() + q * ep, all.begin() + (q + 1) * ep, 0));
+    block[q] = std::accumulate(all.begin() + q * ep, all.begin() + (q + 1) * ep, int64_t{0});
   }
+  a.max_received = *std::max_element(block.begin(), block.end());
   const int64_t arrivals = etp * a.max_received;
   // The gates travel as the rows do: El floats a row.
   const int64_t cells = std::max(sent, arrivals) * El;
@@ -267,9 +267,7 @@ Status MoeLayer::ExchangeFlex(MoeActs& a) {
   a.expert_rows.assign(El, 0);
   for (int64_t e = 0; e < El; ++e) {
     for (int64_t q = 0; q < etp; ++q) {
-      const int64_t end =
-          q * a.max_received + std::accumulate(all.begin() + q * ep, all.begin() + (q + 1) * ep, 0);
-      for (int64_t row = q * a.max_received; row < end; ++row) {
+      for (int64_t row = q * a.max_received; row < q * a.max_received + block[q]; ++row) {
         if (received[row * El + e] < 0) continue;
         arrival_rows[row].push_back(static_cast<int32_t>(sort.size()));
         sort.push_back(static_cast<int32_t>(row));
@@ -346,6 +344,7 @@ Status MoeLayer::ExpertsForward(const LayerWeights& w, MoeActs& a, Tensor out, T
 Status MoeLayer::ExpertsBackward(const LayerWeights& w, MoeActs& a, Tensor dy, Tensor da1,
                                  Tensor dh1, Tensor dx, Tensor a1w, Tensor dgate) {
   const int64_t h = s_.hidden, f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
+  const bool flex = a1w.numel > 0;  // the gates were applied before fc2
   int64_t row = 0;
   for (int64_t e = 0; e < s_.local_experts; ++e) {
     const int64_t n = a.expert_rows[e];
@@ -354,16 +353,16 @@ Status MoeLayer::ExpertsBackward(const LayerWeights& w, MoeActs& a, Tensor dy, T
     const Tensor dy_e = dy.Slice(row * h, n * h), x = a.ex_in.Slice(row * h, n * h);
     const Tensor h1 = a.h1.Slice(row * fc1, n * fc1), a1 = a.a1.Slice(row * f, n * f);
     const Tensor da1_e = da1.Slice(row * f, n * f), dh1_e = dh1.Slice(row * fc1, n * fc1);
-    const Tensor gates = a1w.numel > 0 ? a.row_gates.Slice(row, n) : Tensor{};
-    const Tensor a1w_e = a1w.numel > 0 ? a1w.Slice(row * f, n * f) : Tensor{};
-    if (a1w.numel > 0) {  // flex: fc2 read the gated activation
+    const Tensor gates = flex ? a.row_gates.Slice(row, n) : Tensor{};
+    const Tensor a1w_e = flex ? a1w.Slice(row * f, n * f) : Tensor{};
+    if (flex) {  // fc2 read the gated activation
       AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Batched(n, 1, f, 1, false), gates, a1, a1w_e));
     }
     AUTOPAR_RETURN_IF_ERROR(
-        dev_.Gemm(LinearWeightGrad(n, h, f), dy_e, a1w.numel > 0 ? a1w_e : a1, ew.d_fc2));
+        dev_.Gemm(LinearWeightGrad(n, h, f), dy_e, flex ? a1w_e : a1, ew.d_fc2));
     AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(LinearInputGrad(n, h, f), dy_e, ew.fc2, da1_e));
     Tensor d_act = da1_e;
-    if (a1w.numel > 0) {  // the gate's gradient: dgate = da1w · a1; the activation's: gate · da1w
+    if (flex) {  // the gate's gradient: dgate = da1w · a1; the activation's: gate · da1w
       AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Batched(n, 1, 1, f, true), da1_e, a1, dgate.Slice(row, n)));
       AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Batched(n, 1, f, 1, false), gates, da1_e, a1w_e));
       d_act = a1w_e;
@@ -482,12 +481,16 @@ void MoeLayer::RouterGradient(MoeActs& a, const std::vector<float>& dgate) const
   }
 }
 
+MoeLayer::FlexSizes MoeLayer::FlexRows(const MoeActs& a) const {
+  const int64_t sent = a.ids[a.dispatch].numel, arrivals = s_.etp * a.max_received;
+  return {sent, arrivals, std::max({sent, arrivals, a.all_received, s_.tokens / s_.tp})};
+}
+
 Status MoeLayer::ForwardFlex(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out) {
   AUTOPAR_RETURN_IF_ERROR(ExchangeFlex(a));
   const int64_t Tr = s_.tokens / s_.tp, h = s_.hidden, R = a.all_received;
   const int64_t f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
-  const int64_t sent = a.ids[a.dispatch].numel, arrivals = s_.etp * a.max_received;
-  const int64_t rows = std::max({sent, arrivals, R, Tr});
+  const auto [sent, arrivals, rows] = FlexRows(a);
   const int64_t kept_f = s_.Reruns(kRecomputeMoeAct) ? 0 : f;  // as in Forward
   a.compute.Reset();
   AUTOPAR_ASSIGN_OR_RETURN(
@@ -521,8 +524,7 @@ Status MoeLayer::ForwardFlex(const LayerWeights& w, MoeActs& a, Tensor x, Tensor
 StatusOr<std::vector<float>> MoeLayer::BackwardFlex(const LayerWeights& w, MoeActs& a, Tensor dy) {
   const int64_t Tr = s_.tokens / s_.tp, k = s_.topk, h = s_.hidden, R = a.all_received;
   const int64_t El = s_.local_experts, f = s_.expert_ffn, fc1 = (s_.swiglu ? 2 : 1) * f;
-  const int64_t sent = a.ids[a.dispatch].numel, arrivals = s_.etp * a.max_received;
-  const int64_t rows = std::max({sent, arrivals, R, Tr});
+  const auto [sent, arrivals, rows] = FlexRows(a);
   const int64_t rebuilt_f = s_.Reruns(kRecomputeMoeAct) ? f : 0;
   AUTOPAR_ASSIGN_OR_RETURN(
       Buffer work,

@@ -98,6 +98,12 @@ class MoeLayer {
   // returned one.
   StatusOr<Tensor> Dispatch(MoeActs& a, Tensor send, Tensor other, int64_t width);
   StatusOr<Tensor> Combine(MoeActs& a, Tensor unsorted, Tensor other, int64_t width);
+  // Flex dispatch's row counts: sent, received over the etp group (padded), and the most rows a
+  // work buffer holds.
+  struct FlexSizes {
+    int64_t sent, arrivals, rows;
+  };
+  FlexSizes FlexRows(const MoeActs& a) const;
   Status ForwardFlex(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out);
   // The flex backward to dx_, returning the gates' gradient [Tr·k].
   StatusOr<std::vector<float>> BackwardFlex(const LayerWeights& w, MoeActs& a, Tensor dy);
