@@ -19,7 +19,9 @@ dist_opt, recompute) all match the configuration decides, and a row without them
   nan         the last rank logs a NaN iteration and raises the rerun state machine's error;
   hang        every rank logs iteration 1, starts a grandchild in its process group, and blocks;
   kill_tuner  rank 1 SIGKILLs its parent (the autopar-tune rank) once, marked by the file
-              FAKE_MEGATRON_MARKER, then blocks; after that (the marker exists) it runs as `ok`.
+              FAKE_MEGATRON_MARKER, then blocks; the others block until then (a trial that ended
+              without rank 1 would leave the kill to a later trial); after that (the marker
+              exists) every rank runs as `ok`.
 FAKE_MEGATRON_TOKEN is inherited by every process it starts, so a test can find orphans.
 """
 import argparse
@@ -137,6 +139,8 @@ def main(argv):
             open(marker, "w").close()
             print("fake: killing the tuner rank", flush=True)
             os.kill(os.getppid(), signal.SIGKILL)
+            block()
+        else:
             block()
     print("training ...", flush=True)
     last = rank == world - 1
