@@ -4,11 +4,28 @@
 #include <cctype>
 
 namespace autopar {
+namespace {
 
-PerfConstants DefaultConstants(const std::string& gpu_name) {
-  std::string name = gpu_name;
+// GPU family names compare in lower case (a preset's or a user's spelling).
+std::string LowerCase(std::string name) {
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return name;
+}
+
+// The families, by their lower-case names.
+bool IsAmpere(const std::string& name) { return name.rfind("a100", 0) == 0 || name == "a800"; }
+bool IsHopper(const std::string& name) {
+  return name == "h100" || name == "h800" || name == "h200";
+}
+bool IsBlackwell(const std::string& name) {
+  return name == "b200" || name == "b300" || name == "gb200" || name == "gb300";
+}
+
+}  // namespace
+
+PerfConstants DefaultConstants(const std::string& gpu_name) {
+  const std::string name = LowerCase(gpu_name);
   PerfConstants k;
   // One set of efficiencies per GPU generation, set against shared/calibration (see
   // scripts/bench_accuracy.sh); never per configuration.
@@ -18,11 +35,11 @@ PerfConstants DefaultConstants(const std::string& gpu_name) {
     k.eff.attention_unfused = 0.35;
     k.eff.memory_bound = 0.7;
     k.stack.flash_attention = false;  // flash attention needs sm80+
-  } else if (name.rfind("a100", 0) == 0 || name == "a800") {
+  } else if (IsAmpere(name)) {
     k.eff.gemm = 0.75;
     k.eff.attention = 0.55;
     k.eff.attention_unfused = 0.35;
-  } else if (name == "h100" || name == "h800" || name == "h200") {
+  } else if (IsHopper(name)) {
     // Attention (long calls, head dim 128, fwd + bwd) as today's stack runs it: cuDNN's fused
     // attention, measured at 0.54 of the BF16 peak on an H100 SXM5 (cuDNN 9.19, causal, 16k keys)
     // and, through the trial's own cuDNN graph on an H200 (gpu_bench, GQA 8:1, 4k-32k tokens),
@@ -32,7 +49,7 @@ PerfConstants DefaultConstants(const std::string& gpu_name) {
     k.eff.gemm = 0.70;
     k.eff.attention = 0.50;
     k.eff.attention_unfused = 0.30;
-  } else if (name == "b200" || name == "b300" || name == "gb200" || name == "gb300") {
+  } else if (IsBlackwell(name)) {
     // Blackwell and Blackwell Ultra share b200's set until published runs on them say otherwise.
     // Attention: the NeMo 25.04 long-context runs on B200 (shared/calibration).
     k.eff.gemm = 0.65;
@@ -54,9 +71,7 @@ PerfConstants DefaultConstants(const std::string& gpu_name) {
 }
 
 Fp8Traits Fp8TraitsOf(const std::string& gpu_name) {
-  std::string name = gpu_name;
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  const std::string name = LowerCase(gpu_name);
   // Kernels: Transformer Engine's GEMM profiling tutorial (docs/examples/gemm_profiling,
   // 5B-model shapes, --pre-quantize: kernels only): per-layer GEMM time BF16 31.968 ms against
   // FP8 current scaling 16.785 ms on an H200 NVL, 1.90x of the 2x the peaks promise; on a B300,
@@ -69,9 +84,9 @@ Fp8Traits Fp8TraitsOf(const std::string& gpu_name) {
   // fast accumulation 0.934 (the tutorial's 0.95); one fprop to two backward GEMMs: 0.89.
   // Blackwell: the tutorial's ratio (split accumulation there not measured here).
   Fp8Traits f;
-  if (name == "h100" || name == "h800" || name == "h200") {
+  if (IsHopper(name)) {
     f.gemm_ratio = 0.89;
-  } else if (name == "b200" || name == "b300" || name == "gb200" || name == "gb300") {
+  } else if (IsBlackwell(name)) {
     f.gemm_ratio = 1.92 / 2;
     f.transposed_copy = false;  // nvte_is_non_tn_fp8_gemm_supported: sm100
   }
@@ -79,9 +94,7 @@ Fp8Traits Fp8TraitsOf(const std::string& gpu_name) {
 }
 
 AttentionShapeLaw AttentionShapeLawOf(const std::string& gpu_name) {
-  std::string name = gpu_name;
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  const std::string name = LowerCase(gpu_name);
   AttentionShapeLaw law;
   // cuDNN's BF16 flash attention forward on an H100 SXM5 (Shah et al. 2024, FlashAttention-3,
   // Fig. 5, 16k tokens per batch): head dim 128 at 512, 1k, 2k, 4k, 8k, 16k keys: 315, 410,
@@ -98,9 +111,9 @@ AttentionShapeLaw AttentionShapeLawOf(const std::string& gpu_name) {
   // (2.15, 1.19 taken); flash-attn 2 (torch's flash backend, the same shapes) forward
   // 1.14-1.18x, backward 1.13-1.15x (1.17, 1.14 taken; measured on Hopper, taken for the A100's
   // flash-attn 2 as well). Blackwell's cuDNN kernels: Hopper's figures, not measured there.
-  const bool hopper = name == "h100" || name == "h800" || name == "h200";
-  const bool blackwell = name == "b200" || name == "b300" || name == "gb200" || name == "gb300";
-  if (name.rfind("a100", 0) == 0 || name == "a800") {
+  const bool hopper = IsHopper(name);
+  const bool blackwell = IsBlackwell(name);
+  if (IsAmpere(name)) {
     law.dropout_forward = 1.17;
     law.dropout_backward = 1.14;
   }
@@ -110,6 +123,11 @@ AttentionShapeLaw AttentionShapeLawOf(const std::string& gpu_name) {
   law.dropout_forward = 2.15;
   law.dropout_backward = 1.19;
   return law;
+}
+
+double GroupedGemmTileRows(const std::string& gpu_name) {
+  const std::string name = LowerCase(gpu_name);
+  return IsAmpere(name) || IsHopper(name) || IsBlackwell(name) ? 128 : 0;
 }
 
 }  // namespace autopar

@@ -34,6 +34,7 @@ CostModel::CostModel(const ModelSpec& model, const TrainSpec& train, const Clust
   const Fp8Traits fp8 = Fp8TraitsOf(cluster_.gpu.name);
   gemm_peak_flops_ = peak_flops_ * (fp8_ ? fp8.gemm_ratio : 1.0);
   fp8_transposed_copy_ = fp8_ && fp8.transposed_copy;
+  grouped_gemm_tile_rows_ = GroupedGemmTileRows(cluster_.gpu.name);
   element_bytes_ = train_.precision == Precision::kFP32 ? 4 : 2;
   model_flops_per_step_ = ModelFlopsPerStep(model_, train_.global_batch_size, train_.seq_length);
 }
@@ -119,6 +120,19 @@ double CostModel::GemmTimeAt(double flops, double sharded_dim, double peak) cons
   const Efficiency& e = constants_.eff;
   const double eff = e.gemm * sharded_dim / (sharded_dim + e.gemm_half_dim);
   return flops / (peak * eff);
+}
+
+// Each local expert's GEMM sees `rows` rows. Its last row tile runs part-empty: half a tile on
+// average, as a trained router's counts vary from micro-batch to micro-batch. And it reads the
+// expert's weights once (the FP8 copy in FP8 training), which at few rows costs more than the
+// multiply: the time is the larger of the two (a roofline; the activations' traffic grows with
+// the rows like the multiply and is left out).
+double CostModel::ExpertGemmTime(double flops, double sharded_dim, double rows) const {
+  if (flops <= 0 || rows <= 0) return GemmTime(flops, sharded_dim);
+  const double multiply =
+      GemmTime(flops, sharded_dim) * (rows + 0.5 * grouped_gemm_tile_rows_) / rows;
+  const double weight_bytes = (fp8_ ? 1.0 : element_bytes_) * flops / (2 * rows);
+  return std::max(multiply, MemoryBoundTime(weight_bytes));
 }
 
 double CostModel::AttentionTime(double flops) const {

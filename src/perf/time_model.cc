@@ -204,7 +204,11 @@ CostModel::ComputeParts CostModel::LayerCompute(const ParallelConfig& c, const L
     const double routed = 2 * tokens * m.moe_router_topk * x.one_expert / t;
     const double shared =
         2 * tokens * (params_.shared_expert_per_layer + params_.moe_router_per_layer) / t;
-    parts.mlp_gemm = GemmTime(routed, m.moe_ffn_hidden_size / x.et) +
+    // Rows per local expert: the ep·etp ranks' routed rows (each tp rank's 1/tp, all-gathered
+    // over etp) spread over the experts.
+    const double rows_per_expert =
+        tokens * m.moe_router_topk * x.et * c.ep / (t * static_cast<double>(m.num_experts));
+    parts.mlp_gemm = ExpertGemmTime(routed, m.moe_ffn_hidden_size / x.et, rows_per_expert) +
                      (shared > 0 ? GemmTime(shared, std::max<double>(h, 1) / t) : 0);
     parts.shared_gemm =
         params_.shared_expert_per_layer > 0

@@ -128,8 +128,9 @@ TEST(Time, ExpertParallelDispatchAndCombine) {
 // Expert tensor parallel (etp, MoE parallel folding). At etp = tp the model is what it was before
 // etp existed: these are that model's numbers, bit for bit (step time, peak memory), the step
 // times re-pinned with issue 14's attention (the kernels' shape law on Hopper), its
-// cross-entropy passes (Megatron's FP32 vocab-parallel loss) and the asynchronous
-// tensor-parallel backward.
+// cross-entropy passes (Megatron's FP32 vocab-parallel loss), the asynchronous
+// tensor-parallel backward and the routed experts' grouped GEMM (its row tiles and weight read,
+// ExpertGemmTime).
 TEST(ExpertTensorParallelAtTp, EstimatesAreThoseOfTheModelBeforeEtp) {
   struct Golden {
     const char* model;
@@ -141,19 +142,19 @@ TEST(ExpertTensorParallelAtTp, EstimatesAreThoseOfTheModelBeforeEtp) {
   const Golden golden[] = {
       {"mixtral-8x7b", "h100", 4, 256, 4096,
        "tp=2,pp=2,dp=8,ep=8,vpp=2,mbs=1,sp=on,recompute=selective,dist_opt=on",
-       0x1.8e74956333709p+2, 0x1.a0814cp+35},
+       0x1.901a64d527951p+2, 0x1.a0814cp+35},
       {"mixtral-8x7b", "h100", 4, 256, 4096, "tp=4,dp=8,ep=4,mbs=2,sp=on,recompute=full",
-       0x1.3447ac84d591p+3, 0x1.e659d97333333p+35},
+       0x1.356036b80b3e6p+3, 0x1.e659d97333333p+35},
       {"mixtral-8x7b", "h100", 4, 64, 32768,
-       "tp=2,dp=4,cp=2,up=2,ep=4,sp=on,recompute=full,dist_opt=on", 0x1.5485c537f602fp+4,
+       "tp=2,dp=4,cp=2,up=2,ep=4,sp=on,recompute=full,dist_opt=on", 0x1.559aa6a8d548dp+4,
        0x1.eac88fe333333p+35},
       {"deepseek-v3", "h800", 32, 1024, 4096, "tp=2,dp=128,ep=64,sp=on,recompute=full,dist_opt=on",
-       0x1.029cf6ae41b22p+5, 0x1.df2e77ded999ap+36},
+       0x1.02e0ab2a01bccp+5, 0x1.df2e77ded999ap+36},
       {"deepseek-v3", "h800", 32, 1024, 4096,
-       "tp=8,dp=32,ep=32,sp=on,recompute=selective,dist_opt=on", 0x1.8499d7fc0f541p+5,
+       "tp=8,dp=32,ep=32,sp=on,recompute=selective,dist_opt=on", 0x1.851984189e08fp+5,
        0x1.9c4946afa6666p+36},
       {"deepseek-v3", "h800", 8, 64, 32768,
-       "tp=4,dp=4,cp=2,up=2,ep=8,sp=on,recompute=full,dist_opt=on", 0x1.de7e62601db47p+6,
+       "tp=4,dp=4,cp=2,up=2,ep=8,sp=on,recompute=full,dist_opt=on", 0x1.dfa46adff1ffbp+6,
        0x1.193fff05a6666p+38},
   };
   for (const Golden& g : golden) {
@@ -220,6 +221,46 @@ TEST_F(ExpertTensorParallel, ExpertGradientsReduceOverTheExpertDataParallelGroup
   // etp = 4, reduced over 4 times as many ranks); the bytes on the wire grow with the shard.
   const TimeBreakdown one = T("tp=4,dp=8,ep=2,sp=on,etp=1"), at_tp = T("tp=4,dp=8,ep=2,sp=on");
   EXPECT_GT(one.dp_comm_s, at_tp.dp_comm_s);
+}
+
+// The routed experts' grouped GEMM (docs/models.md §4.2): each local expert's last row tile runs
+// part-empty (half of a 128-row tile on NVIDIA's GPUs), and few rows make its weight read the
+// bound.
+TEST(ExpertGemm, RowTilesAndTheWeightReadBoundFewRowsPerExpert) {
+  ClusterSpec cluster = SmallCluster(1, 8);
+  cluster.gpu = GpuPreset("h100");
+  const CostModel cm(ModelPreset("mixtral-8x7b"), SmallTrain(8, 4096), cluster,
+                     DefaultConstants("h100"));
+  const double flops = 1e12, width = 14336;
+  const double gemm = cm.GemmTime(flops, width);
+  EXPECT_DOUBLE_EQ(cm.ExpertGemmTime(flops, width, 2048), gemm * (2048 + 64) / 2048.0);
+  EXPECT_NEAR(cm.ExpertGemmTime(flops, width, 1e9), gemm, 1e-6 * gemm);
+  // 16 rows: each BF16 weight (2 bytes) read for 2·16 FLOPs.
+  EXPECT_DOUBLE_EQ(cm.ExpertGemmTime(flops, width, 16), cm.MemoryBoundTime(flops / 16));
+  EXPECT_GT(cm.ExpertGemmTime(flops, width, 16), 2 * gemm);
+  // Fewer rows, slower per FLOP, all the way down.
+  double previous = 0;
+  for (const double rows : {8192.0, 1024.0, 256.0, 64.0, 8.0}) {
+    const double t = cm.ExpertGemmTime(flops, width, rows);
+    EXPECT_GT(t, previous) << rows;
+    previous = t;
+  }
+  // A family without a stated tile (the test GPU) pads nothing.
+  const CostModel plain(ModelPreset("mixtral-8x7b"), SmallTrain(8, 4096), SmallCluster(1, 8),
+                        PerfConstants{});
+  EXPECT_DOUBLE_EQ(plain.ExpertGemmTime(flops, width, 2048), plain.GemmTime(flops, width));
+}
+
+// DeepSeek-V3's top-8 of 256 experts at 4096 tokens: 128 rows per expert without expert
+// parallelism, 1024 at ep = 8. The same routed FLOPs per rank run faster at ep = 8.
+TEST(ExpertGemm, ExpertParallelGivesEachExpertMoreRows) {
+  ClusterSpec cluster = SmallCluster(4, 8);
+  cluster.gpu = GpuPreset("h100");
+  const CostModel cm(ModelPreset("deepseek-v3"), SmallTrain(256, 4096), cluster,
+                     DefaultConstants("h100"));
+  const double ep1 = cm.Time(Spec("tp=1,dp=32,ep=1", 32)).features[kGemm];
+  const double ep8 = cm.Time(Spec("tp=1,dp=32,ep=8", 32)).features[kGemm];
+  EXPECT_LT(ep8, 0.95 * ep1);
 }
 
 // Data-parallel overlap (ParallelConfig's knobs, Megatron's buckets): llama2-7b on 64 GPUs with

@@ -95,6 +95,15 @@ struct AttentionShapeLaw {
 };
 AttentionShapeLaw AttentionShapeLawOf(const std::string& gpu_name);
 
+// The rows of a grouped GEMM's output tile on the GPU (docs/models.md §4.2): Megatron-core runs a
+// rank's local experts as one grouped GEMM (Transformer Engine's GroupedLinear, cuBLAS or
+// CUTLASS kernels), each expert's rows cut into tiles of this many rows, the last one part-empty.
+// NVIDIA's families: 128, the M tile of the Ampere, Hopper and Blackwell BF16 and FP8 kernels
+// (DeepGEMM's contiguous layout aligns each expert to it: get_mk_alignment_for_contiguous_layout).
+// 0 (no padding modelled) elsewhere: the CPU backend's OpenBLAS, other vendors not stated.
+// Derived from the GPU's name, like Fp8Traits.
+double GroupedGemmTileRows(const std::string& gpu_name);
+
 // The factor above; 1 where the law is off.
 inline double AttentionShapeFactor(const AttentionShapeLaw& law, double keys, double head_dim) {
   const double reference_head_dim = 128;

@@ -125,6 +125,8 @@ class CostModel {
   double GemmTimeAt(double flops, double sharded_dim, double peak) const;
   double AttentionTime(double flops) const;
   double MemoryBoundTime(double bytes) const;
+  // The routed experts' grouped GEMM, each local expert seeing `rows` rows (docs/models.md §4.2).
+  double ExpertGemmTime(double flops, double sharded_dim, double rows) const;
 
  private:
   double BusBandwidth(int64_t n, int64_t stride) const;
@@ -199,9 +201,10 @@ class CostModel {
   double gemm_peak_flops_ = 0;
   // Attention's and the output layer's: BF16 when training in FP8 (neither is a TE linear layer).
   double attention_peak_flops_ = 0;
-  AttentionShapeLaw attention_law_;   // of the GPU (AttentionShapeLawOf)
-  bool fp8_ = false;                  // FP8 training (Transformer Engine, docs/models.md §4.2)
-  bool fp8_transposed_copy_ = false;  // Fp8Traits::transposed_copy of the GPU
+  AttentionShapeLaw attention_law_;    // of the GPU (AttentionShapeLawOf)
+  bool fp8_ = false;                   // FP8 training (Transformer Engine, docs/models.md §4.2)
+  bool fp8_transposed_copy_ = false;   // Fp8Traits::transposed_copy of the GPU
+  double grouped_gemm_tile_rows_ = 0;  // GroupedGemmTileRows of the GPU
   // Bytes of a weight or activation element: 2 under mixed precision, 4 in fp32 training.
   double element_bytes_ = 2;
   double model_flops_per_step_ = 0;
