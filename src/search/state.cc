@@ -24,7 +24,10 @@ bool RecomputeKeepsAtLeast(const ParallelConfig& a, const ParallelConfig& b) {
     case Recompute::kNone:
       return true;
     case Recompute::kSelective:
-      return b.recompute == Recompute::kSelective ||
+      // Selective keeps what it does not recompute: at least b's when it recomputes no module
+      // b keeps.
+      return (b.recompute == Recompute::kSelective &&
+              (a.selective_modules() & ~b.selective_modules()) == 0) ||
              (b.recompute == Recompute::kFull && b.recompute_layers == 0);
     case Recompute::kFull:
       return b.recompute == Recompute::kFull && RecomputedLayers(a) <= RecomputedLayers(b);
@@ -62,6 +65,12 @@ bool NeedsAtLeastAsMuchMemory(const ParallelConfig& a, const ParallelConfig& b) 
   // The layout decides how weights and activations are split: only compare within one layout.
   if (a.tp != b.tp || a.pp != b.pp || a.dp != b.dp || a.cp != b.cp || a.up != b.up ||
       a.ep != b.ep || a.etp != b.etp || a.vpp != b.vpp || a.flex_dispatcher != b.flex_dispatcher) {
+    return false;
+  }
+  // So does the stage split: an uneven one moves layers (and the embedding or loss) between the
+  // stages, the peak with them.
+  if (a.pp_first != b.pp_first || a.pp_last != b.pp_last ||
+      a.split_embedding != b.split_embedding || a.split_loss != b.split_loss) {
     return false;
   }
   if (a.mbs < b.mbs) return false;

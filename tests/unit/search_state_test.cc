@@ -114,6 +114,23 @@ TEST(SearchState, MemoryDominanceFollowsTheKnobs) {
                                        with("tp=2,pp=2,dp=4,recompute=full")));
   EXPECT_FALSE(NeedsAtLeastAsMuchMemory(with("tp=2,pp=2,dp=4,recompute=full"),
                                         with("tp=2,pp=2,dp=4,recompute=full,recompute_layers=2")));
+  // Selective recompute of fewer modules keeps more; of other modules, nothing is known.
+  EXPECT_TRUE(NeedsAtLeastAsMuchMemory(
+      with("tp=2,pp=2,dp=4,recompute=selective,recompute_modules=core_attn"),
+      with("tp=2,pp=2,dp=4,recompute=selective,recompute_modules=core_attn+mlp")));
+  EXPECT_FALSE(NeedsAtLeastAsMuchMemory(
+      with("tp=2,pp=2,dp=4,recompute=selective,recompute_modules=core_attn+mlp"),
+      with("tp=2,pp=2,dp=4,recompute=selective,recompute_modules=core_attn")));
+  EXPECT_FALSE(NeedsAtLeastAsMuchMemory(
+      with("tp=2,pp=2,dp=4,recompute=selective,recompute_modules=mlp"),
+      with("tp=2,pp=2,dp=4,recompute=selective,recompute_modules=core_attn")));
+  // Another stage split moves the peak between stages: no order by construction.
+  EXPECT_FALSE(NeedsAtLeastAsMuchMemory(with("tp=2,pp=4,dp=2,mbs=4,pp_first=2,pp_last=2"),
+                                        with("tp=2,pp=4,dp=2,mbs=2")));
+  EXPECT_FALSE(NeedsAtLeastAsMuchMemory(with("tp=2,pp=4,dp=2,mbs=4,split_loss=on"),
+                                        with("tp=2,pp=4,dp=2,mbs=2")));
+  EXPECT_TRUE(NeedsAtLeastAsMuchMemory(with("tp=2,pp=4,dp=2,mbs=4,pp_first=2,pp_last=2"),
+                                       with("tp=2,pp=4,dp=2,mbs=2,pp_first=2,pp_last=2")));
 }
 
 TEST(SearchState, MeasuredPeaksMoveTheMemoryFit) {
