@@ -34,6 +34,14 @@ cudaError_t Add(cudaStream_t stream, Storage t, const void* a, const void* b, vo
 cudaError_t Axpy(cudaStream_t stream, Storage t, float alpha, const void* x, void* y,
                  std::int64_t n);
 cudaError_t Scale(cudaStream_t stream, Storage t, void* x, std::int64_t n, float alpha);
+// Hidden dropout: out[i] = residual[i] + (keep ? x[i]·scale : 0), mask[i] = keep (u8), keep =
+// ref::DropoutKeeps(seed, i, threshold); and dx[i] = mask[i] ? dy[i]·scale : 0. Bit-identical to
+// CpuDevice::DropoutAdd / DropoutBackward in f32 (no fused multiply-add).
+cudaError_t DropoutAdd(cudaStream_t stream, Storage t, const void* x, const void* residual,
+                       void* out, std::uint8_t* mask, std::int64_t n, std::uint64_t seed,
+                       std::uint32_t threshold, float scale);
+cudaError_t DropoutBackward(cudaStream_t stream, Storage t, const void* dy,
+                            const std::uint8_t* mask, void* dx, std::int64_t n, float scale);
 // c[i] = beta * c[i] over a strided batch of [rows, cols] matrices (beta == 0 writes zeros, so
 // garbage in c does not survive): a GEMM with k == 0.
 cudaError_t ScaleMatrix(cudaStream_t stream, Storage t, void* c, std::int64_t batch,

@@ -51,6 +51,26 @@ __global__ void AxpyKernel(float alpha, const T* x, T* y, std::int64_t n) {
 }
 
 template <typename T>
+__global__ void DropoutAddKernel(const T* x, const T* residual, T* out, std::uint8_t* mask,
+                                 std::int64_t n, std::uint64_t seed, std::uint32_t threshold,
+                                 float scale) {
+  for (std::int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const bool keep = ref::DropoutKeeps(seed, static_cast<std::uint64_t>(i), threshold);
+    mask[i] = keep ? 1 : 0;
+    const float kept = keep ? __fmul_rn(ToFloat(x[i]), scale) : 0.0f;
+    out[i] = FromFloat<T>(__fadd_rn(ToFloat(residual[i]), kept));
+  }
+}
+
+template <typename T>
+__global__ void DropoutBackwardKernel(const T* dy, const std::uint8_t* mask, T* dx, std::int64_t n,
+                                      float scale) {
+  for (std::int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    dx[i] = FromFloat<T>(mask[i] != 0 ? __fmul_rn(ToFloat(dy[i]), scale) : 0.0f);
+  }
+}
+
+template <typename T>
 __global__ void ScaleKernel(T* x, std::int64_t n, float alpha) {
   for (std::int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     x[i] = FromFloat<T>(ToFloat(x[i]) * alpha);
@@ -149,6 +169,28 @@ cudaError_t Add(cudaStream_t stream, Storage t, const void* a, const void* b, vo
     using T = decltype(tag);
     return Launch(AddKernel<T>, GridFor(n), kThreads, 0, stream, static_cast<const T*>(a),
                   static_cast<const T*>(b), static_cast<T*>(out), n);
+  });
+}
+
+cudaError_t DropoutAdd(cudaStream_t stream, Storage t, const void* x, const void* residual,
+                       void* out, std::uint8_t* mask, std::int64_t n, std::uint64_t seed,
+                       std::uint32_t threshold, float scale) {
+  if (n <= 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    return Launch(DropoutAddKernel<T>, GridFor(n), kThreads, 0, stream, static_cast<const T*>(x),
+                  static_cast<const T*>(residual), static_cast<T*>(out), mask, n, seed, threshold,
+                  scale);
+  });
+}
+
+cudaError_t DropoutBackward(cudaStream_t stream, Storage t, const void* dy,
+                            const std::uint8_t* mask, void* dx, std::int64_t n, float scale) {
+  if (n <= 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    return Launch(DropoutBackwardKernel<T>, GridFor(n), kThreads, 0, stream,
+                  static_cast<const T*>(dy), mask, static_cast<T*>(dx), n, scale);
   });
 }
 

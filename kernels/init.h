@@ -23,4 +23,15 @@ constexpr float HashUniform(std::uint64_t seed, std::uint64_t index) {
   return static_cast<float>(h >> 40) * (1.0f / 8388608.0f) - 1.0f;
 }
 
+// Hidden dropout's mask: element `index` of a mask drawn with `seed` is dropped when its 24-bit
+// uniform falls below `threshold` (DropoutThreshold(p) = ⌊p·2^24⌋). Counter-based like the
+// Philox stream of Megatron's dropout (not its bits), so the host and a CUDA kernel agree, and
+// a recomputed forward draws the mask it drew the first time.
+constexpr std::uint32_t DropoutThreshold(float p) {
+  return static_cast<std::uint32_t>(p * 16777216.0f);
+}
+constexpr bool DropoutKeeps(std::uint64_t seed, std::uint64_t index, std::uint32_t threshold) {
+  return (SplitMix64(SplitMix64(seed) + index) >> 40) >= threshold;
+}
+
 }  // namespace autopar::kernels::ref

@@ -99,6 +99,7 @@ class TrialRankRunner : public coord::RankRunner {
     options.timed_iterations = std::max(1, request.timed_iterations());
     options.min_timed_s = std::max(0.0, request.min_timed_s());
     options.ddp_bucket_size = in_.constants.stack.ddp_bucket_size;  // as the model assumes
+    options.hidden_dropout = in_.constants.stack.dropout ? trial::kMegatronHiddenDropout : 0.0f;
     if (const char* stall = std::getenv("AUTOPAR_TEST_STALL_RANK")) {
       options.stall_rank = std::atoi(stall);
     }

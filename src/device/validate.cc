@@ -18,6 +18,12 @@ Status CheckArgs(const char* op, std::initializer_list<ArgSpec> args) {
   return OkStatus();
 }
 
+Status CheckDropout(const char* op, const DropoutDesc& d) {
+  AUTOPAR_CHECK_ARG(d.p >= 0.0f && d.p < 1.0f, std::string(op) + ": dropout probability " +
+                                                   std::to_string(d.p) + " is outside [0, 1)");
+  return OkStatus();
+}
+
 Status CheckPositive(const char* op, std::initializer_list<std::int64_t> dims) {
   int position = 0;
   for (std::int64_t dim : dims) {

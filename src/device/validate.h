@@ -47,6 +47,9 @@ Status CheckBatch(std::span<const P2POp> ops, int group_size, std::int64_t max_c
 // as one row) and checked to lie inside both the view and the global matrix.
 StatusOr<HashFill> ResolveHashFill(const HashFill& fill, std::int64_t numel);
 
+// kInvalid unless the dropout probability is in [0, 1).
+Status CheckDropout(const char* op, const DropoutDesc& d);
+
 // kInvalid unless all dimensions are positive.
 Status CheckPositive(const char* op, std::initializer_list<std::int64_t> dims);
 

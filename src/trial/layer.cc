@@ -4,6 +4,7 @@
 #include <memory>
 #include <utility>
 
+#include "kernels/init.h"
 #include "src/trial/linear.h"
 #include "src/trial/program.h"
 
@@ -219,11 +220,28 @@ Status StageProgram::LayerForward(const LayerWeights& w, const LayerActs& a, Moe
   AUTOPAR_RETURN_IF_ERROR(AttentionForward(a, qkv));
   AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, h, s_.q_cols, 0, s_.fp8), a.o, w.proj, partial_));
   AUTOPAR_RETURN_IF_ERROR(ReduceRows(partial_, reduced_));
-  AUTOPAR_RETURN_IF_ERROR(dev_.Add(x, reduced_, a.x1));
+  AUTOPAR_RETURN_IF_ERROR(BlockResidualAdd(reduced_, x, a.x1, a.drop1, 1));
   // MLP block: out = x1 + mlp(norm2(x1)).
   AUTOPAR_RETURN_IF_ERROR(Norm(w.norm2, w.norm2_bias, a.x1, a.y2, a.rstd2, a.mean2));
   AUTOPAR_RETURN_IF_ERROR(MlpForward(w, a, moe, count_aux));
-  return dev_.Add(a.x1, reduced_, out);
+  return BlockResidualAdd(reduced_, a.x1, out, a.drop2, 2);
+}
+
+// Megatron's bias-dropout-add (no bias) on the block output's local rows, after the tensor-parallel
+// region's reduce: under SP each rank drops its own sequence shard.
+Status StageProgram::BlockResidualAdd(Tensor y, Tensor residual, Tensor out, Tensor mask,
+                                      int site) {
+  if (data_.hidden_dropout <= 0) return dev_.Add(residual, y, out);
+  const device::DropoutDesc d{
+      data_.hidden_dropout, kernels::ref::SplitMix64(dropout_seed_ + static_cast<uint64_t>(site))};
+  return dev_.DropoutAdd(d, y, residual, out, mask);
+}
+
+StatusOr<Tensor> StageProgram::BlockOutputGrad(Tensor dy, Tensor mask, Tensor dx) {
+  if (data_.hidden_dropout <= 0) return dy;
+  const device::DropoutDesc d{data_.hidden_dropout, 0};  // the mask is stored: no draw
+  AUTOPAR_RETURN_IF_ERROR(dev_.DropoutBackward(d, dy, mask, dx));
+  return dx;
 }
 
 Status StageProgram::LayerBackward(const LayerWeights& w, const LayerActs& a, MoeActs& moe,
@@ -237,13 +255,15 @@ Status StageProgram::LayerBackward(const LayerWeights& w, const LayerActs& a, Mo
     AUTOPAR_RETURN_IF_ERROR(Norm(w.norm2, w.norm2_bias, a.x1, a.y2, work_rstd_, work_mean_));
   }
   AUTOPAR_RETURN_IF_ERROR(RerunMlp(w, a, moe));
-  AUTOPAR_RETURN_IF_ERROR(MlpBackward(w, a, moe, dout));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor dmlp, BlockOutputGrad(dout, a.drop2, dtmp_));
+  AUTOPAR_RETURN_IF_ERROR(MlpBackward(w, a, moe, dmlp));
   AUTOPAR_RETURN_IF_ERROR(
       NormBackward(w.norm2, w.d_norm2, w.d_norm2_bias, reduced_, a.x1, a.rstd2, a.mean2, dx1_));
   AUTOPAR_RETURN_IF_ERROR(dev_.Add(dx1_, dout, dx1_));  // the residual path
 
   // Attention block.
-  AUTOPAR_ASSIGN_OR_RETURN(Tensor d_partial, GatherRows(dx1_, gathered_));
+  AUTOPAR_ASSIGN_OR_RETURN(const Tensor dproj, BlockOutputGrad(dx1_, a.drop1, dtmp_));
+  AUTOPAR_ASSIGN_OR_RETURN(Tensor d_partial, GatherRows(dproj, gathered_));
   AUTOPAR_RETURN_IF_ERROR(
       dev_.Gemm(LinearWeightGrad(T, h, s_.q_cols, s_.fp8), d_partial, a.o, w.d_proj));
   AUTOPAR_RETURN_IF_ERROR(

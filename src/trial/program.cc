@@ -101,9 +101,37 @@ Status StageProgram::AllocateSlots(int slots, const std::vector<int64_t>& ffn_of
     AUTOPAR_ASSIGN_OR_RETURN(slot.stats,
                              dev_.Allocate(std::max<int64_t>(slot_stats, 1), DType::kF32));
     CarveSlot(Carver(slot.compute.tensor()), Carver(slot.stats.tensor()), slot, ffn_of);
+    AUTOPAR_RETURN_IF_ERROR(AllocateMasks(slot.layers, slot.masks));
     free_slots_.push_back(slots - 1 - i);
   }
   return OkStatus();
+}
+
+Status StageProgram::AllocateMasks(std::span<LayerActs> layers, Buffer& masks) {
+  if (data_.hidden_dropout <= 0) return OkStatus();
+  const int64_t mask = s_.local_tokens * s_.hidden;
+  int64_t kept = 0;
+  for (const LayerActs& a : layers) kept += a.x1.numel > 0 ? 1 : 0;
+  if (kept == 0) return OkStatus();
+  AUTOPAR_ASSIGN_OR_RETURN(masks, dev_.Allocate(2 * kept * mask, DType::kU8));
+  Carver cm(masks.tensor());
+  for (LayerActs& a : layers) {
+    if (a.x1.numel == 0) continue;
+    a.drop1 = cm.Take(mask);
+    a.drop2 = cm.Take(mask);
+  }
+  return OkStatus();
+}
+
+void StageProgram::SetDropoutSeed(int microbatch, int chunk, size_t layer_in_chunk) {
+  using kernels::ref::SplitMix64;
+  uint64_t h = SplitMix64(data_.seed ^ 0xD207ull);
+  for (const int64_t v : {int64_t{g_.at.tp}, int64_t{g_.at.up}, int64_t{g_.at.cp},
+                          int64_t{g_.at.dp}, int64_t{g_.at.pp}, int64_t{microbatch},
+                          s_.GlobalLayer(chunk, static_cast<int64_t>(layer_in_chunk))}) {
+    h = SplitMix64(h + static_cast<uint64_t>(v));
+  }
+  dropout_seed_ = h;
 }
 
 // The one-layer work area: the activations a fully recomputed layer rebuilds, or what selective
@@ -121,7 +149,7 @@ Status StageProgram::AllocateWorkArea(int64_t widest_ffn, int64_t rerun_ffn) {
     AUTOPAR_ASSIGN_OR_RETURN(work_stats_, dev_.Allocate(cs.used(), DType::kF32));
     Carver wc(work_compute_.tensor()), ws(work_stats_.tensor());
     CarveLayer(wc, ws, true, work_, widest_ffn);
-    return OkStatus();
+    return AllocateMasks(std::span<LayerActs>(&work_, 1), work_masks_);
   }
   if (s_.rerun == 0) return OkStatus();
   auto carve = [&](Carver cc, Carver cs) {
@@ -332,6 +360,7 @@ Status StageProgram::Forward(int microbatch, int chunk) {
     const LayerActs acts = recomputed ? work_ : ActsOf(slot, j, w.moe);
     MoeActs& moe = recomputed ? work_moe_ : MoeActsOf(slot, j, w.moe);
     AUTOPAR_RETURN_IF_ERROR(w_.AwaitParams(g_, w_.LayerUnit(chunk, static_cast<int64_t>(j))));
+    SetDropoutSeed(microbatch, chunk, j);
     AUTOPAR_RETURN_IF_ERROR(LayerForward(w, acts, moe, x, next, true));
     // Under moe recompute the layer's routed activations are dropped (Megatron's checkpoint keeps
     // the input alone) and rebuilt before its backward.
@@ -358,7 +387,8 @@ Status StageProgram::Backward(int microbatch, int chunk) {
     LayerActs acts = ActsOf(slot, j, weights.layers[j].moe);
     MoeActs* moe = &MoeActsOf(slot, j, weights.layers[j].moe);
     if (Recomputed(static_cast<int>(j))) {
-      // Full recompute: rebuild this layer's activations from its saved input.
+      // Full recompute: rebuild this layer's activations (and dropout masks) from its saved input.
+      SetDropoutSeed(microbatch, chunk, j);
       AUTOPAR_RETURN_IF_ERROR(
           LayerForward(weights.layers[j], work_, work_moe_, slot.layers[j].x, scratch_, false));
       acts = work_;

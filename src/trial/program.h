@@ -30,12 +30,16 @@ struct LayerActs {
   // With Ulysses, qkv is the all-to-all's result [T·up, ul_cols] and o_ul the attention output
   // before the all-to-all back [T·up, ul_heads·d] (empty under selective recompute).
   Tensor o_ul;
+  // Hidden dropout's masks (u8 [Tl, h]) of the attention and the MLP block's outputs; empty
+  // without dropout.
+  Tensor drop1, drop2;
 };
 
 struct DataSpec {
   uint64_t seed = 0;
   int64_t samples_per_replica = 0;  // global batch / dp
   double tokens_per_step = 0;       // the loss is the mean over these
+  float hidden_dropout = 0;         // TrialOptions::hidden_dropout
 };
 
 class StageProgram {
@@ -78,6 +82,14 @@ class StageProgram {
   void CarveLayer(Carver& cc, Carver& cs, bool full, LayerActs& a, int64_t ffn) const;
   std::pair<int64_t, int64_t> CarveSlot(Carver cc, Carver cs, Slot& slot,
                                         const std::vector<int64_t>& ffn_of) const;
+  // With hidden dropout: the two masks of each of `layers` that keeps its activations (x1), from
+  // one u8 allocation, `masks`.
+  Status AllocateMasks(std::span<LayerActs> layers, Buffer& masks);
+  // Hidden dropout of a block's output `y` into `out` = residual + dropped y (`mask` its mask,
+  // `site` 1 attention, 2 MLP), or the plain residual add without dropout; and its backward,
+  // the block's output gradient `dy` through the mask into `dx` (`dy` itself without dropout).
+  Status BlockResidualAdd(Tensor y, Tensor residual, Tensor out, Tensor mask, int site);
+  StatusOr<Tensor> BlockOutputGrad(Tensor dy, Tensor mask, Tensor dx);
 
   bool Recomputed(int layer_in_chunk) const;
   // Layer j of `slot` as its forward and backward passes see it: the slot's activations, with
@@ -129,7 +141,7 @@ class StageProgram {
   const DataSpec data_;
 
   struct Slot {
-    Buffer compute, stats;
+    Buffer compute, stats, masks;
     std::vector<LayerActs> layers;
     std::vector<MoeActs> moe;  // per layer; allocated by the forward pass of a MoE layer
     Tensor dlast;              // gradient at the last layer's output (last stage)
@@ -137,7 +149,7 @@ class StageProgram {
   std::vector<Slot> slots_;
   std::vector<int> free_slots_;
   std::vector<std::vector<int>> slot_of_;  // [microbatch][chunk] → slot, -1 when none
-  Buffer work_compute_, work_stats_, ws_compute_, ws_stats_, ws_ids_;
+  Buffer work_compute_, work_stats_, work_masks_, ws_compute_, ws_stats_, ws_ids_;
   LayerActs work_;
   MoeActs work_moe_;
   Tensor work_rstd_, work_mean_;  // f32 [Tl]: the norm statistics a layernorm rerun writes
@@ -148,6 +160,10 @@ class StageProgram {
   Tensor ids_, targets_, positions_;
   Tensor forward_out_, backward_out_;  // a stage's outputs until the exchange after their op
   int loaded_microbatch_ = -1;
+  // Hidden dropout's seed for the layer LayerForward runs next (SetDropoutSeed): a full
+  // recompute's rerun draws the masks of the first forward again.
+  uint64_t dropout_seed_ = 0;
+  void SetDropoutSeed(int microbatch, int chunk, size_t layer_in_chunk);
   double loss_sum_ = 0;
 };
 

@@ -252,7 +252,7 @@ namespace {
 
 // The memory model of the CPU platform: fp32 training, nothing but the trial's own allocations.
 double PredictedPeakGib(const ModelSpec& model, const ParallelConfig& c,
-                        const TrainSpec& train = Train()) {
+                        const TrainSpec& train = Train(), bool dropout = false) {
   ClusterSpec cluster;
   cluster.nnodes = 1;
   cluster.gpus_per_node = c.world_size();
@@ -260,6 +260,7 @@ double PredictedPeakGib(const ModelSpec& model, const ParallelConfig& c,
   PerfConstants k;
   k.mem.runtime_overhead_gib = 0;
   k.mem.fragmentation = 0;
+  k.stack.dropout = dropout;
   const CostModel cm(model, train, cluster, k);
   return cm.Memory(c).total() / (1024.0 * 1024.0 * 1024.0);
 }
@@ -598,6 +599,66 @@ TEST_P(MoeGradient, MatchesCentralDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Trial, MoeGradient,
                          ::testing::Combine(::testing::Values(1.0f, 0.0f), ::testing::Bool()));
+
+// Hidden dropout (Megatron's --hidden-dropout, TrialOptions::hidden_dropout): a recomputed forward
+// draws the masks the first forward drew, so full and selective recompute update the weights as
+// keeping everything does; the masks change the step (a dropout that did nothing would match the
+// run without it); and they cost the memory the model says (1 byte per element of each block's
+// output, the SP shard's rows, per layer in flight).
+TEST(TrialDropout, RecomputeDrawsTheSameMasks) {
+  const ModelSpec model = ModelPreset("tiny");
+  TrialOptions o = NumericOptions();
+  o.hidden_dropout = kMegatronHiddenDropout;
+  auto run = [&](const std::string& spec, const TrialOptions& options) {
+    const ParallelConfig c = Complete(ParseSpec(spec), World().size());
+    return RunTrial(TestPlatform(), World(), model, Train(), c, options);
+  };
+  const TrialMeasurement kept = run("tp=2,pp=2,sp=on", o);
+  ASSERT_EQ(kept.outcome, Outcome::kOk) << kept.message;
+  for (const char* spec : {"tp=2,pp=2,sp=on,recompute=full",
+                           "tp=2,pp=2,sp=on,recompute=selective,recompute_modules=layernorm+mlp"}) {
+    const TrialMeasurement got = run(spec, o);
+    ASSERT_EQ(got.outcome, Outcome::kOk) << got.message;
+    ExpectClose(got.loss, kept.loss, std::string(spec) + ": loss");
+    ExpectClose(got.weight_sum, kept.weight_sum, std::string(spec) + ": weight sum");
+    ExpectClose(got.weight_projection, kept.weight_projection,
+                std::string(spec) + ": weight projection");
+  }
+  const TrialMeasurement none = run("tp=2,pp=2,sp=on", NumericOptions());
+  ASSERT_EQ(none.outcome, Outcome::kOk) << none.message;
+  // Five times ExpectClose's tolerance (the tiny model's small block outputs move the loss
+  // little; the update, 2e-4 here, more).
+  EXPECT_GT(std::abs(none.weight_projection - kept.weight_projection),
+            1e-4 * std::max(1.0, std::abs(none.weight_projection)));
+}
+
+TEST(TrialDropout, MasksCostWhatTheModelSays) {
+  const ModelSpec model = ModelPreset("tiny");
+  TrainSpec train = Train();
+  train.global_batch_size = 4;
+  train.seq_length = 1024;
+  const ParallelConfig c = Complete(ParseSpec("tp=2,dp=2,sp=on"), World().size());
+  auto peak = [&](float dropout) {
+    TrialOptions o = NumericOptions();
+    o.fingerprint = false;
+    o.hidden_dropout = dropout;
+    const TrialMeasurement got = RunTrial(TestPlatform(), World(), model, train, c, o);
+    EXPECT_EQ(got.outcome, Outcome::kOk) << got.message;
+    return got.peak_memory_gib.empty()
+               ? 0.0
+               : *std::max_element(got.peak_memory_gib.begin(), got.peak_memory_gib.end());
+  };
+  const double added = peak(kMegatronHiddenDropout) - peak(0);
+  const double predicted =
+      PredictedPeakGib(model, c, train, true) - PredictedPeakGib(model, c, train, false);
+  EXPECT_GT(predicted, 0);
+  EXPECT_NEAR(added / predicted, 1.0, 0.25)
+      << "added " << added * 1024 << " MiB, predicted " << predicted * 1024;
+  if (World().rank() == 0) {
+    std::printf("hidden dropout masks %7.3f MiB  predicted %7.3f MiB\n", added * 1024,
+                predicted * 1024);
+  }
+}
 
 }  // namespace
 }  // namespace autopar::trial

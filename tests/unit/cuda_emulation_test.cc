@@ -342,6 +342,44 @@ TEST(EmulatedKernels, ElementwiseFillsAndReductions) {
   for (int i = 0; i < 26; ++i) EXPECT_EQ(std::isnan(c[i]), i % 13 >= 12) << i;
 }
 
+// The hidden dropout kernels draw kernels::ref::DropoutKeeps' mask and compute what the CPU
+// device does, bit for bit in f32 (no fused multiply-add); bf16 storage rounds the f32 result.
+TEST(EmulatedKernels, DropoutMatchesTheHostMask) {
+  const std::int64_t n = 3000;
+  std::vector<float> x(n), residual(n), dy(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    x[i] = ref::HashUniform(1, i);
+    residual[i] = ref::HashUniform(2, i);
+    dy[i] = ref::HashUniform(3, i);
+  }
+  const std::uint32_t threshold = ref::DropoutThreshold(0.1f);
+  const float scale = 1.0f / (1.0f - 0.1f);
+  std::vector<float> out(n), dx(n);
+  std::vector<std::uint8_t> mask(n, 7);
+  ASSERT_EQ(emulated::DropoutAdd(nullptr, Storage::kF32, x.data(), residual.data(), out.data(),
+                                 mask.data(), n, 42, threshold, scale),
+            cudaSuccess);
+  ASSERT_EQ(emulated::DropoutBackward(nullptr, Storage::kF32, dy.data(), mask.data(), dx.data(), n,
+                                      scale),
+            cudaSuccess);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const bool keep = ref::DropoutKeeps(42, static_cast<std::uint64_t>(i), threshold);
+    ASSERT_EQ(mask[i], keep ? 1 : 0) << i;
+    ASSERT_EQ(out[i], residual[i] + (keep ? x[i] * scale : 0.0f)) << i;
+    ASSERT_EQ(dx[i], keep ? dy[i] * scale : 0.0f) << i;
+  }
+  Buf hx(Storage::kBF16, x), hr(Storage::kBF16, residual),
+      hout(Storage::kBF16, std::vector<float>(n));
+  ASSERT_EQ(emulated::DropoutAdd(nullptr, Storage::kBF16, hx.data(), hr.data(), hout.data(),
+                                 mask.data(), n, 42, threshold, scale),
+            cudaSuccess);
+  const std::vector<float> half = hout.Get();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float rx = RoundBf16(x[i]), rr = RoundBf16(residual[i]);
+    ASSERT_EQ(half[i], RoundBf16(rr + (mask[i] != 0 ? rx * scale : 0.0f))) << i;
+  }
+}
+
 TEST(EmulatedKernels, RopeActivationsEmbeddingAndAdamMatchReference) {
   RopeArgs rope{5, 2, 3, 12, 8, 1000, 3 * 12 + 2, 10000.0};
   const std::int64_t n = std::int64_t{5} * 2 * rope.row_stride;

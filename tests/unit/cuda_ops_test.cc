@@ -10,6 +10,7 @@
 #include "kernels/adam.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
+#include "kernels/init.h"
 #include "kernels/norms.h"
 #include "kernels/rope.h"
 #include "tests/unit/cuda_test_util.h"
@@ -124,6 +125,40 @@ TEST_P(CudaTypedTest, CopiesConvertAndElementwiseOpsMatch) {
   // Mixed storage within one op is the caller's bug.
   const DType other = dt == DType::kF32 ? DType::kBF16 : DType::kF32;
   EXPECT_EQ(dev().Add(ta, Put(other, b), out).outcome(), Outcome::kInvalid);
+}
+
+// Hidden dropout: the kernel draws kernels::ref::DropoutKeeps' mask (the CPU device's) and
+// computes residual + mask·x/(1 − p) and mask·dy/(1 − p) as the host does, rounded once into the
+// storage; over many blocks (the grid-stride loop's index is the mask's counter).
+TEST_P(CudaTypedTest, DropoutMatchesTheHostMask) {
+  const DType dt = GetParam();
+  const std::int64_t n = 300'001;
+  const std::vector<float> x = Stored(dt, Random(4, n)), residual = Stored(dt, Random(5, n)),
+                           dy = Stored(dt, Random(6, n));
+  StatusOr<Buffer> mask = dev().Allocate(n, DType::kU8);
+  ASSERT_TRUE(mask.ok()) << mask.status().ToString();
+  const Tensor out = Zeros(dt, n), dx = Zeros(dt, n);
+  const DropoutDesc d{0.1f, 2024};
+  ASSERT_TRUE(dev().DropoutAdd(d, Put(dt, x), Put(dt, residual), out, mask->tensor()).ok());
+  ASSERT_TRUE(dev().DropoutBackward(d, Put(dt, dy), mask->tensor(), dx).ok());
+  StatusOr<std::vector<std::uint8_t>> kept = dev().Download<std::uint8_t>(mask->tensor());
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  const std::uint32_t threshold = kernels::ref::DropoutThreshold(0.1f);
+  const float scale = 1.0f / (1.0f - 0.1f);
+  std::vector<float> want_out(n), want_dx(n);
+  std::vector<std::uint8_t> want_mask(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const bool keep = kernels::ref::DropoutKeeps(2024, static_cast<std::uint64_t>(i), threshold);
+    want_mask[i] = keep ? 1 : 0;
+    want_out[i] = residual[i] + (keep ? x[i] * scale : 0.0f);
+    want_dx[i] = keep ? dy[i] * scale : 0.0f;
+  }
+  EXPECT_EQ(*kept, want_mask);
+  EXPECT_EQ(Get(out), Stored(dt, want_out));
+  EXPECT_EQ(Get(dx), Stored(dt, want_dx));
+  EXPECT_EQ(
+      dev().DropoutAdd({1.5f, 1}, Put(dt, x), Put(dt, residual), out, mask->tensor()).outcome(),
+      Outcome::kInvalid);
 }
 
 TEST_P(CudaTypedTest, NormsMatchReference) {

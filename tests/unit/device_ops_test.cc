@@ -271,6 +271,51 @@ TEST_F(DeviceOps, ElementwiseReductionsAndFiniteness) {
 }
 
 // A column shard of a weight, filled with its offsets, is the same slice of the full weight.
+// Hidden dropout: the mask is kernels::ref::DropoutKeeps' (the CUDA kernel draws the same), a
+// quarter dropped at p = 0.25, the kept elements scaled by 4/3 onto the residual; the backward
+// sends the gradient through the same mask. A bad probability or mask is refused by name.
+TEST_F(DeviceOps, DropoutAddAndItsBackward) {
+  const std::int64_t n = 40000;
+  const std::vector<float> x = Random(1, n), residual = Random(2, n);
+  const Tensor out = Zeros(n), dx = Zeros(n);
+  const Tensor mask = Put(std::vector<std::uint8_t>(n, 7));
+  const DropoutDesc d{0.25f, 99};
+  ASSERT_TRUE(dev().DropoutAdd(d, Put(x), Put(residual), out, mask).ok());
+  const std::vector<float> got = Get(out);
+  StatusOr<std::vector<std::uint8_t>> kept = dev().Download<std::uint8_t>(mask);
+  ASSERT_TRUE(kept.ok());
+  const std::uint32_t threshold = kernels::ref::DropoutThreshold(0.25f);
+  const float scale = 1.0f / 0.75f;
+  std::int64_t dropped = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const bool keep = kernels::ref::DropoutKeeps(99, static_cast<std::uint64_t>(i), threshold);
+    ASSERT_EQ((*kept)[i], keep ? 1 : 0) << i;
+    ASSERT_EQ(got[i], residual[i] + (keep ? x[i] * scale : 0.0f)) << i;
+    dropped += keep ? 0 : 1;
+  }
+  // Binomial(40000, 0.25): sd 87.
+  EXPECT_NEAR(static_cast<double>(dropped), 0.25 * n, 4 * 87.0);
+  const std::vector<float> dy = Random(3, n);
+  ASSERT_TRUE(dev().DropoutBackward(d, Put(dy), mask, dx).ok());
+  const std::vector<float> grad = Get(dx);
+  for (std::int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(grad[i], (*kept)[i] != 0 ? dy[i] * scale : 0.0f) << i;
+  }
+  // Another seed, another mask.
+  ASSERT_TRUE(dev().DropoutAdd({0.25f, 100}, Put(x), Put(residual), out, mask).ok());
+  StatusOr<std::vector<std::uint8_t>> other = dev().Download<std::uint8_t>(mask);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(*other, *kept);
+
+  const Status bad_p = dev().DropoutAdd({1.0f, 1}, Put(x), Put(residual), out, mask);
+  EXPECT_EQ(bad_p.outcome(), Outcome::kInvalid);
+  EXPECT_NE(bad_p.ToString().find("DropoutAdd: dropout probability"), std::string::npos)
+      << bad_p.ToString();
+  const Status bad_mask = dev().DropoutBackward(d, Put(dy), Zeros(n), dx);
+  EXPECT_EQ(bad_mask.outcome(), Outcome::kInvalid);
+  EXPECT_NE(bad_mask.ToString().find("mask"), std::string::npos) << bad_mask.ToString();
+}
+
 TEST_F(DeviceOps, HashFillShardsAreSlicesOfTheFullTensor) {
   const std::int64_t rows = 6, cols = 8;
   const Tensor full = Zeros(rows * cols), shard = Zeros(rows / 2 * cols / 2);

@@ -82,6 +82,11 @@ class Device {
   virtual Status Scale(Tensor x, float alpha) = 0;           // x *= alpha
   virtual Status SumSquares(Tensor x, Tensor sum) = 0;       // sum[0] (f32) += sum x^2
   virtual Status CheckFinite(Tensor x) = 0;                  // kNonfinite on NaN/inf
+  // out = residual + mask·x/(1 − p) with mask[i] (u8, 0 or 1) drawn as DropoutDesc says; and
+  // backward, dx = mask·dy/(1 − p). out may alias residual, dx dy.
+  virtual Status DropoutAdd(const DropoutDesc& d, Tensor x, Tensor residual, Tensor out,
+                            Tensor mask) = 0;
+  virtual Status DropoutBackward(const DropoutDesc& d, Tensor dy, Tensor mask, Tensor dx) = 0;
 
   // Typed host transfers: the tensor's dtype must match T and the counts must agree.
   template <typename T>

@@ -155,4 +155,11 @@ struct HashFill {
   std::int64_t col_offset = 0;
 };
 
+// Hidden dropout (Megatron's bias-dropout-add, no bias): element i is kept with probability 1 − p,
+// drawn by kernels::ref::DropoutKeeps(seed, i, DropoutThreshold(p)), and scaled by 1/(1 − p).
+struct DropoutDesc {
+  float p = 0;
+  std::uint64_t seed = 0;
+};
+
 }  // namespace autopar::device

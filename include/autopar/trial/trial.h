@@ -53,7 +53,14 @@ struct TrialOptions {
   // Megatron's --ddp-bucket-size in parameters for the data-parallel overlap; 0 = its default,
   // MegatronDdpBucketSize(dp), which leaves small models one bucket.
   int64_t ddp_bucket_size = 0;
+  // Megatron's --hidden-dropout: each block's output (attention, MLP) is dropped elementwise with
+  // this probability before its residual add, the masks kept for backward; 0 = none.
+  float hidden_dropout = 0;
 };
+
+// What a trial runs when the stack keeps dropout (StackOptions::dropout, which records whether,
+// not how much: the step's time and memory do not depend on p): Megatron-LM's default.
+constexpr float kMegatronHiddenDropout = 0.1f;
 
 // How many timed iterations to add after the first options.timed_iterations took timed_s
 // seconds (the slowest rank's total), so that all of them last options.min_timed_s at the

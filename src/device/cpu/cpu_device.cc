@@ -137,6 +137,40 @@ Status CpuDevice::CheckFinite(Tensor x) {
   return OkStatus();
 }
 
+Status CpuDevice::DropoutAdd(const DropoutDesc& d, Tensor x, Tensor residual, Tensor out,
+                             Tensor mask) {
+  AUTOPAR_RETURN_IF_ERROR(CheckDropout("DropoutAdd", d));
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("DropoutAdd", {{"x", x, DType::kF32, out.numel},
+                                                   {"residual", residual, DType::kF32, out.numel},
+                                                   {"out", out, DType::kF32, 0},
+                                                   {"mask", mask, DType::kU8, out.numel}}));
+  const std::uint32_t threshold = kernels::ref::DropoutThreshold(d.p);
+  const float scale = 1.0f / (1.0f - d.p);
+  const float* px = x.as<float>();
+  const float* pr = residual.as<float>();
+  float* po = out.as<float>();
+  auto* pm = static_cast<std::uint8_t*>(mask.data);
+  for (std::int64_t i = 0; i < out.numel; ++i) {
+    const bool keep = kernels::ref::DropoutKeeps(d.seed, static_cast<std::uint64_t>(i), threshold);
+    pm[i] = keep ? 1 : 0;
+    po[i] = pr[i] + (keep ? px[i] * scale : 0.0f);
+  }
+  return OkStatus();
+}
+
+Status CpuDevice::DropoutBackward(const DropoutDesc& d, Tensor dy, Tensor mask, Tensor dx) {
+  AUTOPAR_RETURN_IF_ERROR(CheckDropout("DropoutBackward", d));
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("DropoutBackward", {{"dy", dy, DType::kF32, dx.numel},
+                                                        {"mask", mask, DType::kU8, dx.numel},
+                                                        {"dx", dx, DType::kF32, 0}}));
+  const float scale = 1.0f / (1.0f - d.p);
+  const float* pd = dy.as<float>();
+  const auto* pm = static_cast<const std::uint8_t*>(mask.data);
+  float* po = dx.as<float>();
+  for (std::int64_t i = 0; i < dx.numel; ++i) po[i] = pm[i] != 0 ? pd[i] * scale : 0.0f;
+  return OkStatus();
+}
+
 Status CpuDevice::Gemm(const GemmDesc& desc, Tensor a, Tensor b, Tensor c) {
   AUTOPAR_ASSIGN_OR_RETURN(const GemmDesc d, ResolveGemm(desc, a, b, c, DType::kF32));
   AUTOPAR_CHECK_ARG(FitsBlasInt(d.m) && FitsBlasInt(d.n) && FitsBlasInt(d.k) &&

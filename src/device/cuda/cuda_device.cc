@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "kernels/fp8_scale.h"
+#include "kernels/init.h"
 #include "src/device/cuda/gemm_mapping.h"
 #include "src/device/device_memory.h"
 #include "src/device/validate.h"
@@ -444,6 +445,34 @@ Status CudaDevice::SumSquares(Tensor x, Tensor sum) {
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(
       kc::SumSquares(stream_, t, x.data, x.numel, sum.as<float>(), static_cast<double*>(scratch_)));
+  return OkStatus();
+}
+
+Status CudaDevice::DropoutAdd(const DropoutDesc& d, Tensor x, Tensor residual, Tensor out,
+                              Tensor mask) {
+  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("DropoutAdd", "out", out));
+  AUTOPAR_RETURN_IF_ERROR(CheckDropout("DropoutAdd", d));
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("DropoutAdd", {{"x", x, out.dtype, out.numel},
+                                                   {"residual", residual, out.dtype, out.numel},
+                                                   {"out", out, out.dtype, 0},
+                                                   {"mask", mask, DType::kU8, out.numel}}));
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  AUTOPAR_CHECK_CUDA(kc::DropoutAdd(stream_, t, x.data, residual.data, out.data,
+                                    static_cast<std::uint8_t*>(mask.data), out.numel, d.seed,
+                                    kernels::ref::DropoutThreshold(d.p), 1.0f / (1.0f - d.p)));
+  return OkStatus();
+}
+
+Status CudaDevice::DropoutBackward(const DropoutDesc& d, Tensor dy, Tensor mask, Tensor dx) {
+  AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("DropoutBackward", "dx", dx));
+  AUTOPAR_RETURN_IF_ERROR(CheckDropout("DropoutBackward", d));
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("DropoutBackward", {{"dy", dy, dx.dtype, dx.numel},
+                                                        {"mask", mask, DType::kU8, dx.numel},
+                                                        {"dx", dx, dx.dtype, 0}}));
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  AUTOPAR_CHECK_CUDA(kc::DropoutBackward(stream_, t, dy.data,
+                                         static_cast<const std::uint8_t*>(mask.data), dx.data,
+                                         dx.numel, 1.0f / (1.0f - d.p)));
   return OkStatus();
 }
 

@@ -107,6 +107,9 @@ class CudaDevice final : public Device {
   Status Scale(Tensor x, float alpha) override;
   Status SumSquares(Tensor x, Tensor sum) override;
   Status CheckFinite(Tensor x) override;
+  Status DropoutAdd(const DropoutDesc& d, Tensor x, Tensor residual, Tensor out,
+                    Tensor mask) override;
+  Status DropoutBackward(const DropoutDesc& d, Tensor dy, Tensor mask, Tensor dx) override;
 
   Status Gemm(const GemmDesc& desc, Tensor a, Tensor b, Tensor c) override;
 
