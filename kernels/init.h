@@ -30,6 +30,8 @@ constexpr float HashUniform(std::uint64_t seed, std::uint64_t index) {
 constexpr std::uint32_t DropoutThreshold(float p) {
   return static_cast<std::uint32_t>(p * 16777216.0f);
 }
+// The kept elements' scale, 1/(1 − p), one float division wherever it is computed.
+constexpr float DropoutScale(float p) { return 1.0f / (1.0f - p); }
 constexpr bool DropoutKeeps(std::uint64_t seed, std::uint64_t index, std::uint32_t threshold) {
   return (SplitMix64(SplitMix64(seed) + index) >> 40) >= threshold;
 }

@@ -98,8 +98,7 @@ class TrialRankRunner : public coord::RankRunner {
     options.warmup_iterations = request.warmup_iterations();
     options.timed_iterations = std::max(1, request.timed_iterations());
     options.min_timed_s = std::max(0.0, request.min_timed_s());
-    options.ddp_bucket_size = in_.constants.stack.ddp_bucket_size;  // as the model assumes
-    options.hidden_dropout = in_.constants.stack.dropout ? trial::kMegatronHiddenDropout : 0.0f;
+    SetStackOptions(in_.constants.stack, options);
     if (const char* stall = std::getenv("AUTOPAR_TEST_STALL_RANK")) {
       options.stall_rank = std::atoi(stall);
     }

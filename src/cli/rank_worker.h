@@ -8,7 +8,9 @@
 #include "autopar/coord/backend.h"
 #include "autopar/device/group.h"
 #include "autopar/device/platform.h"
+#include "autopar/perf/constants.h"
 #include "autopar/spec/cluster.h"
+#include "autopar/trial/trial.h"
 
 namespace autopar::cli {
 
@@ -27,6 +29,13 @@ RankWorker StartRankWorker(const std::string& backend, const ClusterSpec& cluste
 
 // MPI and the world group alone (StartRankWorker without a device): the same checks.
 device::Group StartMpiWorld(const ClusterSpec& cluster);
+
+// What a trial takes from the stack the model assumes: Megatron's --ddp-bucket-size, and the
+// hidden dropout where the stack keeps dropout.
+inline void SetStackOptions(const StackOptions& stack, trial::TrialOptions& options) {
+  options.ddp_bucket_size = stack.ddp_bucket_size;
+  options.hidden_dropout = stack.dropout ? trial::kMegatronHiddenDropout : 0.0f;
+}
 
 struct TuneContext;
 // `tune --backend megatron` (megatron_backend.cc): as the cpu/cuda factory, rank 0's backend or

@@ -150,8 +150,7 @@ int RunTrialCommand(const std::vector<std::string>& argv_in, std::ostream& out,
   RankWorker worker = StartRankWorker(flags.backend, in.cluster, flags.p2p_semantics);
   const ParallelConfig c = Complete(ParseSpec(*spec), worker.world.size());
   const int rank = worker.world.rank();
-  flags.options.ddp_bucket_size = in.constants.stack.ddp_bucket_size;  // as the model assumes
-  flags.options.hidden_dropout = in.constants.stack.dropout ? trial::kMegatronHiddenDropout : 0.0f;
+  SetStackOptions(in.constants.stack, flags.options);
   const trial::TrialMeasurement m =
       trial::RunTrial(*worker.platform, worker.world, in.model, in.train, c, flags.options);
   // Every rank holds the agreed outcome; rank 0 reports it, in its output and its exit status.

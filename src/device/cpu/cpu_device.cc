@@ -145,7 +145,7 @@ Status CpuDevice::DropoutAdd(const DropoutDesc& d, Tensor x, Tensor residual, Te
                                                    {"out", out, DType::kF32, 0},
                                                    {"mask", mask, DType::kU8, out.numel}}));
   const std::uint32_t threshold = kernels::ref::DropoutThreshold(d.p);
-  const float scale = 1.0f / (1.0f - d.p);
+  const float scale = kernels::ref::DropoutScale(d.p);
   const float* px = x.as<float>();
   const float* pr = residual.as<float>();
   float* po = out.as<float>();
@@ -163,7 +163,7 @@ Status CpuDevice::DropoutBackward(const DropoutDesc& d, Tensor dy, Tensor mask, 
   AUTOPAR_RETURN_IF_ERROR(CheckArgs("DropoutBackward", {{"dy", dy, DType::kF32, dx.numel},
                                                         {"mask", mask, DType::kU8, dx.numel},
                                                         {"dx", dx, DType::kF32, 0}}));
-  const float scale = 1.0f / (1.0f - d.p);
+  const float scale = kernels::ref::DropoutScale(d.p);
   const float* pd = dy.as<float>();
   const auto* pm = static_cast<const std::uint8_t*>(mask.data);
   float* po = dx.as<float>();

@@ -457,9 +457,9 @@ Status CudaDevice::DropoutAdd(const DropoutDesc& d, Tensor x, Tensor residual, T
                                                    {"out", out, out.dtype, 0},
                                                    {"mask", mask, DType::kU8, out.numel}}));
   AUTOPAR_RETURN_IF_ERROR(Activate());
-  AUTOPAR_CHECK_CUDA(kc::DropoutAdd(stream_, t, x.data, residual.data, out.data,
-                                    static_cast<std::uint8_t*>(mask.data), out.numel, d.seed,
-                                    kernels::ref::DropoutThreshold(d.p), 1.0f / (1.0f - d.p)));
+  AUTOPAR_CHECK_CUDA(kc::DropoutAdd(
+      stream_, t, x.data, residual.data, out.data, static_cast<std::uint8_t*>(mask.data), out.numel,
+      d.seed, kernels::ref::DropoutThreshold(d.p), kernels::ref::DropoutScale(d.p)));
   return OkStatus();
 }
 
@@ -472,7 +472,7 @@ Status CudaDevice::DropoutBackward(const DropoutDesc& d, Tensor dy, Tensor mask,
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(kc::DropoutBackward(stream_, t, dy.data,
                                          static_cast<const std::uint8_t*>(mask.data), dx.data,
-                                         dx.numel, 1.0f / (1.0f - d.p)));
+                                         dx.numel, kernels::ref::DropoutScale(d.p)));
   return OkStatus();
 }
 
