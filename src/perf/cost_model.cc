@@ -332,6 +332,54 @@ void CostModel::StageParameterBytes(const ParallelConfig& c, const StageLayout& 
                   (c.dist_opt ? dense / replicas + experts / expert_replicas : dense + experts);
 }
 
+namespace {
+// Chunk forwards alive at the peak of stage `stage` (MicrobatchesInFlight × vpp).
+int64_t ChunkForwardsInFlight(const ParallelConfig& c, int64_t microbatches, int64_t stage) {
+  if (c.vpp <= 1) return std::min<int64_t>(microbatches, c.pp - stage);
+  const int64_t chunks = microbatches * c.vpp;
+  const int64_t warmup =
+      microbatches == c.pp ? chunks : 2 * (c.pp - stage - 1) + int64_t{c.vpp - 1} * c.pp;
+  return std::min(chunks, warmup + 1);
+}
+
+// The stage's transformer layers whose activations are alive at its peak, over its layers
+// (MicrobatchesInFlight where its chunks are equal). A counted split's short chunk (the first
+// or the last) makes the peak depend on which chunks are in flight: the interleaved schedule is
+// walked (forward k runs chunk (k mod pp·vpp)/pp, backward k chunk vpp − 1 − that) through its
+// warm-up and two groups of its steady state, after which it repeats.
+double LayerWeightedInFlight(const ParallelConfig& c, int64_t num_layers, int64_t microbatches,
+                             int64_t stage) {
+  std::vector<int64_t> chunk_layers(static_cast<size_t>(c.vpp));
+  int64_t layers = 0;
+  for (int64_t k = 0; k < c.vpp; ++k) {
+    chunk_layers[static_cast<size_t>(k)] = ChunkLayers(c, num_layers, stage, k);
+    layers += chunk_layers[static_cast<size_t>(k)];
+  }
+  const bool even = std::all_of(chunk_layers.begin(), chunk_layers.end(),
+                                [&](int64_t n) { return n == chunk_layers.front(); });
+  if (c.vpp <= 1 || even || layers == 0) return MicrobatchesInFlight(c, microbatches, stage);
+  const int64_t group = int64_t{c.pp} * c.vpp, total = microbatches * c.vpp;
+  const int64_t warmup = ChunkForwardsInFlight(c, microbatches, stage) - 1;
+  auto layers_of = [&](int64_t k, bool backward) {
+    const int64_t chunk = (k % group) / c.pp;
+    return chunk_layers[static_cast<size_t>(backward ? c.vpp - 1 - chunk : chunk)];
+  };
+  int64_t alive = 0, peak = 0;
+  for (int64_t k = 0; k < warmup; ++k) alive += layers_of(k, false);
+  peak = alive;
+  for (int64_t k = 0; k < std::min(total - warmup, 2 * group); ++k) {
+    alive += layers_of(warmup + k, false);
+    peak = std::max(peak, alive);
+    alive -= layers_of(k, true);
+  }
+  return static_cast<double>(peak) / static_cast<double>(layers);
+}
+}  // namespace
+
+double MicrobatchesInFlight(const ParallelConfig& c, int64_t microbatches, int64_t stage) {
+  return static_cast<double>(ChunkForwardsInFlight(c, microbatches, stage)) / c.vpp;
+}
+
 MemoryBreakdown CostModel::StageMemory(const ParallelConfig& c, const LayerBytes& x,
                                        const StageLayout& layout, int64_t stage) const {
   const ModelSpec& m = model_;
@@ -348,9 +396,7 @@ MemoryBreakdown CostModel::StageMemory(const ParallelConfig& c, const LayerBytes
   // Multi-token-prediction modules follow the last layer on the last stage.
   const double mtp = stage == c.pp - 1 ? static_cast<double>(m.mtp_num_layers) : 0.0;
 
-  // Micro-batches whose activations are alive at the peak of this stage.
-  double in_flight = std::min<double>(microbatches, c.pp - stage);
-  if (c.vpp > 1) in_flight *= 1 + (c.pp - 1.0) / (c.pp * c.vpp);
+  const double in_flight = LayerWeightedInFlight(c, m.num_layers, microbatches, stage);
   const double dense_layer_bytes = x.dense, moe_layer_bytes = x.moe, mtp_layer_bytes = x.mtp;
   const double layer_input = x.layer_input;
   double per_microbatch =

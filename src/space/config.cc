@@ -226,9 +226,12 @@ std::string CountedSplitError(const ParallelConfig& c, int64_t num_layers) {
            " layers counting the embedding and the loss do not split evenly over pp·vpp = " +
            std::to_string(chunks) + " model chunks";
   }
-  if (counted / chunks < 2) {
-    return "a model chunk of " + std::to_string(counted / chunks) +
-           " layer leaves the first or the last without a transformer layer";
+  // A chunk of one counted layer leaves the very first (last) chunk the embedding (loss) alone,
+  // as Megatron-core builds it (get_num_layers_to_build asserts only >= 0) and Llama 3's 405B ran
+  // it; a stage needs some transformer layer.
+  if (counted / chunks * c.vpp < 2) {
+    return "a pipeline stage of " + std::to_string(counted / chunks * c.vpp) +
+           " counted layer leaves the first or the last stage without a transformer layer";
   }
   return {};
 }

@@ -22,7 +22,8 @@ constexpr int kSendBuffers = 2;
 StatusOr<std::unique_ptr<StageProgram>> StageProgram::Create(Device& device, const Shapes& s,
                                                              const ParallelConfig& c,
                                                              ProcessGroups& g, ModelShard& w,
-                                                             const DataSpec& data, int slots) {
+                                                             const DataSpec& data,
+                                                             const std::map<int64_t, int>& slots) {
   std::unique_ptr<StageProgram> p(new StageProgram(device, s, c, g, w, data));
   // The dense MLP part's width of each layer of a slot (MLP, or a MoE layer's shared experts):
   // the slots of the model chunks differ only in which layers are MoE layers, so a slot is carved
@@ -79,30 +80,36 @@ void StageProgram::CarveLayer(Carver& cc, Carver& cs, bool full, LayerActs& a, i
   }
 }
 
-std::pair<int64_t, int64_t> StageProgram::CarveSlot(Carver cc, Carver cs, Slot& slot,
+std::pair<int64_t, int64_t> StageProgram::CarveSlot(Carver cc, Carver cs, Slot& slot, int64_t size,
                                                     const std::vector<int64_t>& ffn_of) const {
-  slot.layers.resize(s_.layers_per_chunk);
-  slot.moe.resize(s_.layers_per_chunk);
-  for (int64_t j = 0; j < s_.layers_per_chunk; ++j) {
+  slot.layers.resize(std::max<int64_t>(size, 1));
+  slot.moe.resize(slot.layers.size());
+  if (size == 0) CarveLayer(cc, cs, false, slot.layers[0], 0);  // the chunk's input
+  for (int64_t j = 0; j < size; ++j) {
     CarveLayer(cc, cs, !Recomputed(static_cast<int>(j)), slot.layers[j], ffn_of[j]);
   }
   if (g_.at.pp == s_.pp - 1) slot.dlast = cc.Take(s_.local_tokens * s_.hidden);
   return std::pair{cc.used(), cs.used()};
 }
 
-// Measure a slot, then allocate and carve each for real.
-Status StageProgram::AllocateSlots(int slots, const std::vector<int64_t>& ffn_of) {
-  Slot probe;
-  const auto [slot_compute, slot_stats] = CarveSlot(Carver(), Carver(), probe, ffn_of);
-  slots_.resize(slots);
-  for (int i = 0; i < slots; ++i) {
-    Slot& slot = slots_[i];
-    AUTOPAR_ASSIGN_OR_RETURN(slot.compute, dev_.Allocate(slot_compute, dev_.compute_dtype()));
-    AUTOPAR_ASSIGN_OR_RETURN(slot.stats,
-                             dev_.Allocate(std::max<int64_t>(slot_stats, 1), DType::kF32));
-    CarveSlot(Carver(slot.compute.tensor()), Carver(slot.stats.tensor()), slot, ffn_of);
-    AUTOPAR_RETURN_IF_ERROR(AllocateMasks(slot.layers, slot.masks));
-    free_slots_.push_back(slots - 1 - i);
+// Measure a slot of each size, then allocate and carve each for real.
+Status StageProgram::AllocateSlots(const std::map<int64_t, int>& slots,
+                                   const std::vector<int64_t>& ffn_of) {
+  size_t total = 0;
+  for (const auto& [size, count] : slots) total += static_cast<size_t>(count);
+  slots_.reserve(total);  // the slots' tensors stay where they are carved
+  for (const auto& [size, count] : slots) {
+    Slot probe;
+    const auto [slot_compute, slot_stats] = CarveSlot(Carver(), Carver(), probe, size, ffn_of);
+    for (int i = 0; i < count; ++i) {
+      Slot& slot = slots_.emplace_back();
+      AUTOPAR_ASSIGN_OR_RETURN(slot.compute, dev_.Allocate(slot_compute, dev_.compute_dtype()));
+      AUTOPAR_ASSIGN_OR_RETURN(slot.stats,
+                               dev_.Allocate(std::max<int64_t>(slot_stats, 1), DType::kF32));
+      CarveSlot(Carver(slot.compute.tensor()), Carver(slot.stats.tensor()), slot, size, ffn_of);
+      AUTOPAR_RETURN_IF_ERROR(AllocateMasks(slot.layers, slot.masks));
+      free_slots_[size].push_back(static_cast<int>(slots_.size()) - 1);
+    }
   }
   return OkStatus();
 }
@@ -335,11 +342,12 @@ Status StageProgram::HeadForwardBackward(int microbatch, Tensor x, Tensor dx) {
 // ---- a micro-batch through a model chunk ----
 
 Status StageProgram::Forward(int microbatch, int chunk) {
-  if (free_slots_.empty()) {
+  std::vector<int>& pool = FreeSlotsOf(chunk);
+  if (pool.empty()) {
     return Status(Outcome::kInvalid, "trial: more micro-batches in flight than slots");
   }
-  const int slot_index = free_slots_.back();
-  free_slots_.pop_back();
+  const int slot_index = pool.back();
+  pool.pop_back();
   slot_of_[microbatch][chunk] = slot_index;
   Slot& slot = slots_[slot_index];
   const StageLinks links = LinksOf(s_.pp, s_.vpp, g_.at.pp, chunk);
@@ -366,6 +374,11 @@ Status StageProgram::Forward(int microbatch, int chunk) {
     // the input alone) and rebuilt before its backward.
     if (!recomputed && w.moe && s_.Reruns(kRecomputeMoe)) work_moe_.compute.Reset();
     x = next;
+  }
+  // A chunk of no layers (the embedding or the loss alone: split_embedding/split_loss with chunks
+  // of one layer) passes its input on as it is.
+  if (weights.layers.empty()) {
+    AUTOPAR_RETURN_IF_ERROR(dev_.Copy(out, x));
   }
   if (last) {
     AUTOPAR_RETURN_IF_ERROR(w_.AwaitParams(g_, w_.HeadUnit()));
@@ -399,7 +412,7 @@ Status StageProgram::Backward(int microbatch, int chunk) {
     AUTOPAR_RETURN_IF_ERROR(w_.GradsReady(g_, w_.LayerUnit(chunk, static_cast<int64_t>(j))));
     std::swap(dout, dx);
   }
-  free_slots_.push_back(slot_index);
+  FreeSlotsOf(chunk).push_back(slot_index);
   slot_of_[microbatch][chunk] = -1;
   if (links.prev_rank < 0) {
     AUTOPAR_RETURN_IF_ERROR(EmbedBackward(microbatch, dout));
@@ -423,10 +436,11 @@ Status StageProgram::Exchange(std::span<const PipelineTransfer> transfers) {
       buf = grad_a_;
     } else {
       // The next forward's input, in the slot it will take.
-      if (free_slots_.empty()) {
+      const std::vector<int>& pool = FreeSlotsOf(t.stage / s_.pp);
+      if (pool.empty()) {
         return Status(Outcome::kInvalid, "trial: more micro-batches in flight than slots");
       }
-      buf = slots_[free_slots_.back()].layers[0].x;
+      buf = slots_[pool.back()].layers[0].x;
     }
     ops[n++] = {t.kind == PipelineTransfer::kSend ? device::P2POp::kSend : device::P2POp::kRecv,
                 buf, t.peer, Tag(t.microbatch, t.stage, t.backward)};

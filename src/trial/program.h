@@ -4,6 +4,7 @@
 // pipeline send/recv of each micro-batch.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <span>
 #include <utility>
@@ -44,11 +45,12 @@ struct DataSpec {
 
 class StageProgram {
  public:
-  // Allocates `slots` activation slots and the work areas. kOom when they do not fit.
+  // Allocates the activation slots (`slots`: how many of each size, SlotsBySize) and the work
+  // areas. kOom when they do not fit.
   static StatusOr<std::unique_ptr<StageProgram>> Create(Device& device, const Shapes& s,
                                                         const ParallelConfig& c, ProcessGroups& g,
                                                         ModelShard& w, const DataSpec& data,
-                                                        int slots);
+                                                        const std::map<int64_t, int>& slots);
 
   // A pass of a micro-batch through a model chunk. Its input from another stage must have arrived
   // by the exchange before it, and its output leaves in the exchange after it.
@@ -68,10 +70,10 @@ class StageProgram {
       : dev_(d), s_(s), c_(c), g_(g), w_(w), data_(data) {}
 
   struct Slot;
-  // Set-up (Create): the activation slots, each laid out for layers whose dense MLP parts are
-  // `ffn_of` wide; the one-layer work area of recompute; the backward pass's and the loss's
-  // workspaces. `widest_ffn`: the widest of this rank's layers.
-  Status AllocateSlots(int slots, const std::vector<int64_t>& ffn_of);
+  // Set-up (Create): the activation slots, `slots` (how many of each size), each laid out for
+  // layers whose dense MLP parts are `ffn_of` wide; the one-layer work area of recompute; the
+  // backward pass's and the loss's workspaces. `widest_ffn`: the widest of this rank's layers.
+  Status AllocateSlots(const std::map<int64_t, int>& slots, const std::vector<int64_t>& ffn_of);
   // `widest_ffn`: the widest dense MLP part of this rank's layers (full recompute rebuilds it);
   // `rerun_ffn`: the widest that selective recompute rebuilds.
   Status AllocateWorkArea(int64_t widest_ffn, int64_t rerun_ffn);
@@ -80,7 +82,8 @@ class StageProgram {
   // (compute dtype) and `cs` (f32); a slot's layers likewise, returning the elements it took of
   // each (default Carvers only measure).
   void CarveLayer(Carver& cc, Carver& cs, bool full, LayerActs& a, int64_t ffn) const;
-  std::pair<int64_t, int64_t> CarveSlot(Carver cc, Carver cs, Slot& slot,
+  // A slot of `size` layers (0: a chunk of none keeps its input alone).
+  std::pair<int64_t, int64_t> CarveSlot(Carver cc, Carver cs, Slot& slot, int64_t size,
                                         const std::vector<int64_t>& ffn_of) const;
   // With hidden dropout: the two masks of each of `layers` that keeps its activations (x1), from
   // one u8 allocation, `masks`.
@@ -147,7 +150,9 @@ class StageProgram {
     Tensor dlast;              // gradient at the last layer's output (last stage)
   };
   std::vector<Slot> slots_;
-  std::vector<int> free_slots_;
+  // The free slots by size; a chunk takes one of its own size (Shapes::chunk_layers).
+  std::map<int64_t, std::vector<int>> free_slots_;
+  std::vector<int>& FreeSlotsOf(int chunk) { return free_slots_[s_.chunk_layers[chunk]]; }
   std::vector<std::vector<int>> slot_of_;  // [microbatch][chunk] → slot, -1 when none
   Buffer work_compute_, work_stats_, work_masks_, ws_compute_, ws_stats_, ws_ids_;
   LayerActs work_;

@@ -56,6 +56,18 @@ int MaxInFlight(const std::vector<PipelineOp>& ops) {
   return peak;
 }
 
+std::map<int64_t, int> SlotsBySize(const std::vector<PipelineOp>& ops,
+                                   const std::vector<int64_t>& chunk_layers) {
+  std::map<int64_t, int> alive, peak;
+  for (const PipelineOp& op : ops) {
+    const int64_t size = chunk_layers[static_cast<size_t>(op.chunk)];
+    int& n = alive[size];
+    n += op.kind == PipelineOp::kForward ? 1 : -1;
+    peak[size] = std::max(peak[size], n);
+  }
+  return peak;
+}
+
 StageLinks LinksOf(int pp, int vpp, int rank, int chunk) {
   StageLinks l;
   const int stage = chunk * pp + rank;

@@ -409,15 +409,24 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         Case{"tiny", "pp=2,dp=2,vpp=2,split_embedding=on,split_loss=on", 6},
         Case{"tiny", "pp=2,dp=2,vpp=2,split_embedding=on", 7},
+        // Chunks of one layer: the very first holds the embedding alone and the very last the
+        // loss alone (Llama 3 405B's layout; Megatron-core builds a chunk of no layers).
+        Case{"tiny", "pp=2,dp=2,vpp=2,split_embedding=on,split_loss=on", 2},
+        Case{"tiny", "pp=2,dp=2,vpp=3,split_embedding=on", 5},
         Case{"tiny-moe", "pp=2,dp=2,ep=2,vpp=2,split_loss=on", 7},
         Case{"tiny",
              "pp=2,dp=2,vpp=2,split_embedding=on,split_loss=on,recompute=full,recompute_layers=1",
              10}),
     CaseName);
-INSTANTIATE_TEST_SUITE_P(TrialCountedSplit, Memory,
-                         ::testing::Values(Case{
-                             "tiny", "pp=2,dp=2,vpp=2,split_embedding=on,split_loss=on", 10}),
-                         CaseName);
+INSTANTIATE_TEST_SUITE_P(
+    TrialCountedSplit, Memory,
+    ::testing::Values(Case{"tiny", "pp=2,dp=2,vpp=2,split_embedding=on,split_loss=on", 10},
+                      // Chunks of one layer: the first stage's first and the last stage's
+                      // last chunk keep their input alone.
+                      Case{"tiny", "pp=2,dp=2,vpp=2,split_embedding=on,split_loss=on", 2},
+                      Case{"tiny", "pp=2,dp=2,vpp=3,split_embedding=on,split_loss=on", 4},
+                      Case{"tiny", "pp=2,dp=2,vpp=2,split_loss=on", 7}),
+    CaseName);
 
 // Selective recompute's other modules keep less (--recompute-modules).
 INSTANTIATE_TEST_SUITE_P(

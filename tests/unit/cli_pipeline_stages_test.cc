@@ -185,9 +185,21 @@ TEST(MegatronStages, EmbeddingAndLossCountedAsLayersGiveTheFirstAndLastStages) {
   EXPECT_EQ(ToSpec(c), ToSpec(ParseSpec("pp=8,vpp=4,split_embedding=on,split_loss=on")));
   EXPECT_EQ(ChunkLayers(c, 94, 7, 3), 2);
   EXPECT_EQ(ChunkFirstLayer(c, 94, 7, 3), 92);
-  // Chunks of one counted layer would leave the first without a transformer layer.
-  EXPECT_TRUE(Has(Refusal(f, qwen, Pp(8, 12), "--account-for-embedding-in-pipeline-split"),
-                  "without a transformer layer"));
+  // Chunks of one counted layer: the very first holds the embedding alone and the very last the
+  // loss alone, as Megatron-core builds them (Llama 3 405B's 126 layers over pp 16 x vpp 8).
+  ModelSpec llama = model;
+  llama.num_layers = 126;
+  c = Pp(16, 8);
+  EXPECT_EQ(ApplyMegatronStages(f, llama, c), "--account-for-embedding-in-pipeline-split");
+  EXPECT_EQ(ToSpec(c), ToSpec(ParseSpec("pp=16,vpp=8,split_embedding=on,split_loss=on")));
+  EXPECT_EQ(ChunkLayers(c, 126, 0, 0), 0);
+  EXPECT_EQ(ChunkLayers(c, 126, 0, 1), 1);
+  EXPECT_EQ(ChunkLayers(c, 126, 15, 7), 0);
+  EXPECT_EQ(StageLayers(c, 126, 0), 7);
+  EXPECT_EQ(StageLayers(c, 126, 7), 8);
+  EXPECT_EQ(ChunkFirstLayer(c, 126, 1, 0), 0);     // the first layer, after the embedding's chunk
+  EXPECT_EQ(ChunkFirstLayer(c, 126, 0, 1), 15);    // 15 chunks of one layer before it
+  EXPECT_EQ(ChunkFirstLayer(c, 126, 14, 7), 125);  // the last layer, before the loss's chunk
   f.account_for_loss = false;
   c = Pp(4);
   ApplyMegatronStages(f, odd, c);
@@ -229,6 +241,13 @@ TEST(MegatronStages, ALayoutOfFirstLastAndEvenStagesIsRead) {
   c = Pp(8);
   EXPECT_EQ(ApplyMegatronStages(f, qwen, c), "--pipeline-model-parallel-layout");
   EXPECT_EQ(ToSpec(c), ToSpec(ParseSpec("pp=8,vpp=4,split_embedding=on,split_loss=on")));
+  // Llama 3 405B's split as a layout: the embedding and the loss a model chunk each.
+  ModelSpec llama = model;
+  llama.num_layers = 126;
+  f.layout = "E|(t|)*126,L";
+  c = Pp(16);
+  EXPECT_EQ(ApplyMegatronStages(f, llama, c), "--pipeline-model-parallel-layout");
+  EXPECT_EQ(ToSpec(c), ToSpec(ParseSpec("pp=16,vpp=8,split_embedding=on,split_loss=on")));
   qwen.num_layers = 95;  // only the first chunk short: the embedding counted alone
   f.layout = "Ett|(ttt|)*30,tttL";
   c = Pp(8);

@@ -5,6 +5,8 @@
 #include <set>
 #include <tuple>
 
+#include "autopar/perf/cost_model.h"
+#include "autopar/space/config.h"
 #include "autopar/trial/schedule.h"
 #include "autopar/trial/trial.h"
 
@@ -34,6 +36,32 @@ TEST(PipelineSchedule, InFlightMicrobatchesMatchTheMemoryModel) {
     EXPECT_EQ(MaxInFlight(PipelineSchedule(4, 1, rank, 2)), std::min(2, 4 - rank));
   }
   EXPECT_EQ(MaxInFlight(PipelineSchedule(4, 2, 0, 8)), 4 * 2 + 4 - 1);
+  // The model's count on every stage, the last ones included (pp − (pp − 1)/v there), and where
+  // m = pp runs every forward first.
+  for (const int pp : {2, 3, 4, 8}) {
+    for (const int vpp : {1, 2, 3, 4}) {
+      for (const int m : {pp, 2 * pp, 3 * pp}) {
+        ParallelConfig c;
+        c.pp = pp;
+        c.vpp = vpp;
+        for (int rank = 0; rank < pp; ++rank) {
+          EXPECT_DOUBLE_EQ(MicrobatchesInFlight(c, m, rank),
+                           MaxInFlight(PipelineSchedule(pp, vpp, rank, m)) / double{1.0 * vpp})
+              << "pp " << pp << " vpp " << vpp << " m " << m << " rank " << rank;
+        }
+      }
+    }
+  }
+}
+
+TEST(PipelineSchedule, SlotsBySizeKeepEachChunkSizeApart) {
+  // A counted split's first stage, chunks of 0 (the embedding alone) and 1 layer: pp 2, vpp 2,
+  // 8 micro-batches, 5 chunk forwards alive at most. Chunk 0 has 4 alive at its peak and chunk 1
+  // 2, at other times: 6 slots, 2 of them of a layer (one pool for both sizes: 5 of a layer).
+  const std::vector<PipelineOp> ops = PipelineSchedule(2, 2, 0, 8);
+  EXPECT_EQ(MaxInFlight(ops), 5);
+  EXPECT_EQ(SlotsBySize(ops, {0, 1}), (std::map<int64_t, int>{{0, 4}, {1, 2}}));
+  EXPECT_EQ(SlotsBySize(ops, {1, 1}), (std::map<int64_t, int>{{1, MaxInFlight(ops)}}));
 }
 
 TEST(PipelineSchedule, InterleavedVisitsEveryChunkOnceInMegatronOrder) {

@@ -72,6 +72,13 @@ struct Estimate {
   bool fits = false;
 };
 
+// Micro-batches whose activations pipeline stage `stage` of `c` holds at its peak, in whole
+// stages' worth: Megatron-LM's 1F1B keeps min(m, pp − stage); its interleaved schedule warms up
+// with 2·(pp − stage − 1) + (vpp − 1)·pp chunk forwards (all m·vpp where m = pp) and holds one
+// more, each a vpp-th of the stage (pp + (pp − 1)/vpp on the first stage, Korthikanti et al.'s
+// factor; pp − (pp − 1)/vpp on the last).
+double MicrobatchesInFlight(const ParallelConfig& c, int64_t microbatches, int64_t stage);
+
 struct LayerBytes;
 struct LayerCost;
 struct LayerShape;

@@ -93,7 +93,8 @@ struct ParallelConfig {
   // Megatron's --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split
   // with virtual stages (vpp > 1): the embedding (the loss) counts as one layer of the even split
   // over the pp·vpp model chunks, so the first chunk of the first stage (the last chunk of the
-  // last stage) holds one transformer layer fewer than the others (ChunkLayers). Without virtual
+  // last stage) holds one transformer layer fewer than the others (ChunkLayers): none where the
+  // chunks hold one (the embedding or the loss alone, Llama 3's layout). Without virtual
   // stages the same split is pp_first/pp_last, the canonical form (CanonicalStages). Not with
   // pp_first/pp_last.
   bool split_embedding = false;

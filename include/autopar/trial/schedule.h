@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 namespace autopar::trial {
@@ -22,6 +23,13 @@ std::vector<PipelineOp> PipelineSchedule(int pp, int vpp, int rank, int microbat
 
 // Largest number of micro-batch chunks whose activations are alive at once under `ops`.
 int MaxInFlight(const std::vector<PipelineOp>& ops);
+
+// The activation slots a rank needs under `ops`, by the transformer layers a slot holds: for
+// each size among its chunks (chunk_layers[chunk]), the most micro-batches of chunks of that
+// size alive at once. A counted split (split_embedding, split_loss) makes the very first or
+// last chunk a layer short, or of none; its micro-batches keep that much, as in Megatron-LM.
+std::map<int64_t, int> SlotsBySize(const std::vector<PipelineOp>& ops,
+                                   const std::vector<int64_t>& chunk_layers);
 
 // Where a chunk's activations come from and go to. Virtual stage v = chunk·pp + rank; stage
 // v − 1 feeds v. A peer of -1 means the embedding (first stage) or the loss (last stage).
