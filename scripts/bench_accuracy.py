@@ -126,6 +126,8 @@ class Source:
     counted_split: bool = False    # --account-for-embedding/loss-in-pipeline-split (with vpp)
     flex_dispatcher: bool = False  # --moe-token-dispatcher-type flex (DeepEP) where ep > 1
     not_modelled: str = ""         # a source-wide reason no row of it can be expressed
+    vpp: object = None             # row -> virtual stages, where the source's text gives them
+    cp_not_modelled: str = ""      # why its rows with cp > 1 cannot be expressed
 
 
 SOURCES = {
@@ -181,10 +183,18 @@ SOURCES = {
         gpus_from_config=True),
     # Llama 3 paper Table 4 (Meta's own stack): the FLOP convention is not stated; Megatron's
     # assumed. mbs 1 assumed (not stated); FSDP sharding optimizer state and gradients, taken as
-    # the distributed optimizer.
+    # the distributed optimizer. The table does not give V, §3.3.2 does: "we reduce one
+    # Transformer layer each from the first and the last stages ... the first model chunk on the
+    # first stage has only the embedding, and the last model chunk on the last stage has only
+    # output projection and loss calculation": chunks of one layer, the embedding and the loss
+    # counted (Megatron's --account-for-embedding/loss-in-pipeline-split), so pp·V = layers + 2.
+    # Its context parallelism all-gathers K and V (§3.3.2), which the model does not express.
     "LLAMA3_T4": Source(
         "2024", "tflops", STACK_2024 + ["--bf16"], preset=True,
-        flops=lambda r: megatron_flops(r, swiglu=True), mbs=1, sp_when_tp=True, dist_opt="on"),
+        flops=lambda r: megatron_flops(r, swiglu=True), mbs=1, sp_when_tp=True, dist_opt="on",
+        counted_split=True, vpp=lambda r: (int(r["layers"]) + 2) // int(r["pp"]),
+        cp_not_modelled="context parallelism by an all-gather of K and V (the paper's §3.3.2; "
+                        "Megatron's --cp-comm-type allgather) is not modelled"),
     # Megatron-core MoE model zoo, Qwen3-235B-A22B long context: Megatron-core of 2025-2026 counts
     # the causal half of the scores. Recipe (model_configs/benchmarking/Qwen3-235B-A22B.yaml):
     # kv_channels 128, qk-layernorm, --expert-tensor-parallel-size 1, sequence parallel,
@@ -284,12 +294,17 @@ def config_of(row, src):
     if tp * pp * dp * cp != gpus:
         reasons.append(f"tp·pp·dp·cp = {tp * pp * dp * cp} is not the {gpus} GPUs")
     vpp = num(row["vpp"]) if row["vpp"].strip() else 1
+    if vpp is None and src.vpp:
+        vpp = src.vpp(row)
     if vpp is None:
         reasons.append(f"vpp '{row['vpp']}': the number of virtual stages is not stated")
         vpp = 1
+    if cp > 1 and src.cp_not_modelled:
+        reasons.append(src.cp_not_modelled)
     layers = int(row["layers"])
-    if pp * vpp > layers:
-        reasons.append(f"pp·vpp = {pp * vpp} exceeds the {layers} layers")
+    counted = 2 if src.counted_split and vpp > 1 else 0  # the embedding and the loss
+    if pp * vpp > layers + counted:
+        reasons.append(f"pp·vpp = {pp * vpp} exceeds the {layers + counted} layers")
     # pp·vpp not dividing the layers: uneven stages, which predict splits by the stage balancer
     # (the sources do not state their split); such rows are reported apart (uneven_or_etp).
     ep = num(row["ep"]) or 1

@@ -142,6 +142,22 @@ class Rows(unittest.TestCase):
         moe = bench.SOURCES["MOE_MODELZOO_QWEN3_LC"]
         self.assertIn("etp=1,dispatcher=flex,", bench.config_of(row(ep="8"), moe)[0])
 
+    def test_virtual_stages_from_the_source_text(self):
+        # Llama 3's Table 4 leaves V out; its text puts one layer in every chunk, the embedding
+        # and the loss a chunk each: 126 + 2 over pp 16 is V = 8. Its CP rows all-gather K and V.
+        src = bench.SOURCES["LLAMA3_T4"]
+        r = row(source_key="LLAMA3_T4", layers="126", num_gpus="8192", tp="8", pp="16", dp="64",
+                vpp="interleaved (V not stated)")
+        spec_, world, reasons = bench.config_of(r, src)
+        self.assertEqual((world, reasons), (8192, []))
+        self.assertIn("vpp=8,split_embedding=on,split_loss=on,", spec_)
+        r.update(cp="16", dp="4")
+        self.assertIn("all-gather", " ".join(bench.config_of(r, src)[2]))
+        # A source without such a rule still reports V as not stated.
+        other = row(vpp="interleaved (V not stated)", pp="2", dp="4")
+        self.assertIn("not stated",
+                      " ".join(bench.config_of(other, bench.SOURCES["MEGATRON_README_2024"])[2]))
+
     def test_cluster_from_the_printed_configuration(self):
         src = bench.SOURCES["NEMO_LONGCTX_B200"]
         r = row(source_key="NEMO_LONGCTX_B200", gpu="B200", num_gpus="64", nodes_x_gpn="8x8",
