@@ -23,8 +23,8 @@ import subprocess
 import sys
 
 # (name, command, autopar-tune arguments): issue 11's acceptance setups, two that reach virtual
-# stages, block recompute and both reduction-dtype flags, and uneven stages (which `plan` does not
-# enumerate: `predict` prints them).
+# stages, block recompute and both reduction-dtype flags, and uneven stages and the embedding and
+# loss counted in the split (which `plan` does not enumerate: `predict` prints them).
 SETUPS = [
     ("llama3-8b, seq 131072, up=2, 4 x 8 h100", "plan",
      ["--model", "llama3-8b", "--seq-length", "131072", "--global-batch-size", "64",
@@ -47,6 +47,10 @@ SETUPS = [
     ("llama3-8b, uneven stages and vpp=2, 4 x 8 h100", "predict",
      ["--model", "llama3-8b", "--global-batch-size", "64", "--gpu", "h100", "--nnodes", "4",
       "--nproc-per-node", "8", "--config", "tp=8,pp=4,pp_first=2,pp_last=6,vpp=2"]),
+    ("llama3-405b, the embedding and the loss a model chunk each, 128 x 8 h100", "predict",
+     ["--model", "llama3-405b", "--global-batch-size", "256", "--gpu", "h100", "--nnodes", "128",
+      "--nproc-per-node", "8",
+      "--config", "tp=8,pp=16,vpp=8,split_embedding=on,split_loss=on,sp=on,dist_opt=on"]),
 ]
 TOP = "100"
 ARGUMENTS_PY = "megatron/training/arguments.py"
