@@ -232,16 +232,15 @@ TEST_P(OverlapOnAndOff, SameLossAndWeightsWithEveryKnobSetting) {
 
 INSTANTIATE_TEST_SUITE_P(
     Trial, OverlapOnAndOff,
-    ::testing::Values(Case{"tiny", "dp=4"}, Case{"tiny", "dp=4,dist_opt=on"},
-                      Case{"tiny", "tp=2,dp=2,sp=on,dist_opt=on"},
-                      Case{"tiny", "cp=2,dp=2,dist_opt=on"}, Case{"tiny", "pp=2,dp=2"},
-                      Case{"tiny", "pp=2,dp=2,vpp=2,dist_opt=on"},
-                      Case{"tiny", "pp=2,dp=2,dist_opt=on,recompute=full"},
-                      Case{"tiny-gpt", "pp=2,dp=2"}, Case{"tiny-gpt", "dp=4,dist_opt=on"},
-                      Case{"tiny-moe", "dp=4,ep=2,dist_opt=on"},
-                      Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"},
-                      Case{"tiny", "pp=2,dp=2,pp_first=3,dist_opt=on"},
-                      Case{"tiny", "pp=2,dp=2,vpp=2,pp_first=4,dist_opt=on", 6}),
+    ::testing::Values(
+        Case{"tiny", "dp=4"}, Case{"tiny", "dp=4,dist_opt=on"},
+        Case{"tiny", "tp=2,dp=2,sp=on,dist_opt=on"}, Case{"tiny", "cp=2,dp=2,dist_opt=on"},
+        Case{"tiny", "pp=2,dp=2"}, Case{"tiny", "pp=2,dp=2,vpp=2,dist_opt=on"},
+        Case{"tiny", "pp=2,dp=2,dist_opt=on,recompute=full"}, Case{"tiny-gpt", "pp=2,dp=2"},
+        Case{"tiny-gpt", "dp=4,dist_opt=on"}, Case{"tiny-moe", "dp=4,ep=2,dist_opt=on"},
+        Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"}, Case{"tiny", "pp=2,dp=2,pp_first=3,dist_opt=on"},
+        Case{"tiny", "pp=2,dp=2,vpp=2,pp_first=4,dist_opt=on", 6},
+        Case{"tiny", "pp=2,dp=2,vpp=2,split_embedding=on,split_loss=on,dist_opt=on", 2}),
     CaseName);
 
 }  // namespace
