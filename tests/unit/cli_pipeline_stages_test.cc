@@ -233,21 +233,26 @@ TEST(MegatronStages, ALayoutOfFirstLastAndEvenStagesIsRead) {
   c = Pp(16);
   ApplyMegatronStages(f, deepseek, c);
   EXPECT_EQ(ToSpec(c), ToSpec(ParseSpec("pp=16,pp_first=3,pp_last=2")));
-  // The embedding and the loss counted in the split, as a layout: Qwen3-235B's 94 layers over pp
-  // 8 × vpp 4, chunks of 3 but the first and the last of 2 (--account-for-* with virtual stages).
+  // The embedding and the loss counted in the split, as a layout (--account-for-* with virtual
+  // stages): Qwen3-235B's 94 layers over pp 8 × vpp 4, chunks of 3 but the first and the last of
+  // 2; Llama 3 405B's 126 over pp 16 × vpp 8, the embedding and the loss a model chunk each.
+  struct Counted {
+    int64_t layers;
+    const char* layout;
+    int pp;
+    const char* spec;
+  };
+  for (const Counted& k : {Counted{94, "Ett|(ttt|)*30,ttL", 8, "pp=8,vpp=4"},
+                           Counted{126, "E|(t|)*126,L", 16, "pp=16,vpp=8"}}) {
+    ModelSpec counted = model;
+    counted.num_layers = k.layers;
+    f.layout = k.layout;
+    c = Pp(k.pp);
+    EXPECT_EQ(ApplyMegatronStages(f, counted, c), "--pipeline-model-parallel-layout") << k.layout;
+    EXPECT_EQ(ToSpec(c),
+              ToSpec(ParseSpec(std::string(k.spec) + ",split_embedding=on,split_loss=on")));
+  }
   ModelSpec qwen = model;
-  qwen.num_layers = 94;
-  f.layout = "Ett|(ttt|)*30,ttL";
-  c = Pp(8);
-  EXPECT_EQ(ApplyMegatronStages(f, qwen, c), "--pipeline-model-parallel-layout");
-  EXPECT_EQ(ToSpec(c), ToSpec(ParseSpec("pp=8,vpp=4,split_embedding=on,split_loss=on")));
-  // Llama 3 405B's split as a layout: the embedding and the loss a model chunk each.
-  ModelSpec llama = model;
-  llama.num_layers = 126;
-  f.layout = "E|(t|)*126,L";
-  c = Pp(16);
-  EXPECT_EQ(ApplyMegatronStages(f, llama, c), "--pipeline-model-parallel-layout");
-  EXPECT_EQ(ToSpec(c), ToSpec(ParseSpec("pp=16,vpp=8,split_embedding=on,split_loss=on")));
   qwen.num_layers = 95;  // only the first chunk short: the embedding counted alone
   f.layout = "Ett|(ttt|)*30,tttL";
   c = Pp(8);
