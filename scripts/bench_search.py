@@ -73,8 +73,8 @@ SEEDLESS = {"grid", "analytic"}  # same proposals whatever the seed: run once
 MODEL_STOPS = {"converged", "no_likely_improvement", "noise_limited"}
 # Every column that tells two configurations apart (the uneven stages and etp included: a key
 # without them gave one key to rows of different times).
-KEY = ["tp", "pp", "pp_first", "pp_last", "dp", "cp", "up", "ep", "etp", "vpp", "mbs", "sp",
-       "recompute", "recompute_layers", "dist_opt"]
+KEY = ["tp", "pp", "pp_first", "pp_last", "split_embedding", "split_loss", "dp", "cp", "up", "ep",
+       "etp", "vpp", "mbs", "sp", "recompute", "recompute_layers", "dist_opt"]
 TARGET = {"median": 15, "p90": 40, "regret_max": 0.02, "oom": 0.20}
 
 
@@ -103,7 +103,7 @@ def key_of(row):
         return None
 
     def norm(column, v):
-        if column in ("sp", "dist_opt"):
+        if column in ("sp", "dist_opt", "split_embedding", "split_loss"):
             return "on" if v in ("on", "true", "1") else "off"
         return v or "0"
     # A spec leaves etp out where the experts follow tp, a table without the column likewise.

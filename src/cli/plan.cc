@@ -170,8 +170,15 @@ int RunPredict(const std::vector<std::string>& argv, std::ostream& out, std::ost
   if (!UnevenStages(c) && !StageSplitError(c, in.model.num_layers).empty() &&
       model.BalanceStages(c, false)) {
     err << "autopar-tune predict: note: " << in.model.num_layers << " layers do not split evenly "
-        << "over pp=" << c.pp << "; predicting the balanced split pp_first=" << c.pp_first
-        << ",pp_last=" << c.pp_last << "\n";
+        << "over pp=" << c.pp << (c.vpp > 1 ? " x vpp=" + std::to_string(c.vpp) : "")
+        << "; predicting the balanced split "
+        << (c.split_embedding || c.split_loss
+                ? std::string(c.split_embedding ? "split_embedding=on" : "") +
+                      (c.split_embedding && c.split_loss ? "," : "") +
+                      (c.split_loss ? "split_loss=on" : "")
+                : "pp_first=" + std::to_string(c.pp_first) +
+                      ",pp_last=" + std::to_string(c.pp_last))
+        << "\n";
   }
   // Pins of the overlap and dtype knobs (--fix, --no-overlap-*) apply to the one configuration.
   const SpaceOptions& pins = in.space;

@@ -183,8 +183,8 @@ std::string ResultJson(const TuneReport& r) {
 
 std::string TrialsCsv(const TuneReport& r) {
   std::ostringstream out;
-  out << "trial,tp,pp,pp_first,pp_last,dp,cp,up,ep,etp,vpp,mbs,sp,recompute,recompute_layers,dist_"
-         "opt,status,"
+  out << "trial,tp,pp,pp_first,pp_last,split_embedding,split_loss,dp,cp,up,ep,etp,vpp,mbs,sp,"
+         "recompute,recompute_layers,dist_opt,status,"
          "step_time_s,predicted_step_time_s,peak_memory_gib,predicted_memory_gib,p_oom,attempts,"
          "best_step_time_s,message,elapsed_s,best_config,wall_s,startup_s\n";
   out.precision(9);
@@ -195,10 +195,11 @@ std::string TrialsCsv(const TuneReport& r) {
     std::replace(message.begin(), message.end(), '"', '\'');
     std::replace(message.begin(), message.end(), '\n', ' ');
     out << res.trial_index() + 1 << ',' << c.tp << ',' << c.pp << ',' << c.pp_first << ','
-        << c.pp_last << ',' << c.dp << ',' << c.cp << ',' << c.up << ',' << c.ep << ','
-        << c.expert_tp() << ',' << c.vpp << ',' << c.mbs << ',' << (c.sp ? "on" : "off") << ','
-        << ToString(c.recompute) << ',' << c.recompute_layers << ',' << (c.dist_opt ? "on" : "off")
-        << ',' << coord::StatusName(res.status()) << ',';
+        << c.pp_last << ',' << (c.split_embedding ? "on" : "off") << ','
+        << (c.split_loss ? "on" : "off") << ',' << c.dp << ',' << c.cp << ',' << c.up << ',' << c.ep
+        << ',' << c.expert_tp() << ',' << c.vpp << ',' << c.mbs << ',' << (c.sp ? "on" : "off")
+        << ',' << ToString(c.recompute) << ',' << c.recompute_layers << ','
+        << (c.dist_opt ? "on" : "off") << ',' << coord::StatusName(res.status()) << ',';
     if (res.status() == pb::OK) out << res.step_time_s();
     out << ',' << t.predicted_step_time_s << ',';
     if (res.peak_memory_gib() > 0) out << res.peak_memory_gib();

@@ -187,6 +187,10 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
     }
     if (column.count("pp_first")) c.pp_first = r.Int("pp_first", cell("pp_first"));  // absent:
     if (column.count("pp_last")) c.pp_last = r.Int("pp_last", cell("pp_last"));      // even
+    if (column.count("split_embedding")) {  // absent: not counted
+      c.split_embedding = r.Bool("split_embedding", cell("split_embedding"));
+    }
+    if (column.count("split_loss")) c.split_loss = r.Bool("split_loss", cell("split_loss"));
     if (column.count("recompute_modules")) {
       c.recompute_modules = r.RecomputeModules(c.recompute, cell("recompute_modules"));
     }
@@ -248,14 +252,16 @@ const ReplayRow* ReplayTable::Best() const {
 std::string ReplayTable::ToCsv() const {
   // The noise column only where it says something, so a noise-free table reads as it always did.
   // So are the etp column, only where some row's experts do not follow tp, the pp_first and
-  // pp_last columns, only where some row's pipeline stages are uneven, and the recompute_modules
-  // column, only where some row's selective recompute reruns more than core_attn, and the
-  // dispatcher column, only where some row dispatches by flex.
-  bool noisy = false, etp = false, uneven = false, modules = false, flex = false;
+  // pp_last columns, only where some row's pipeline stages are uneven, the split_embedding and
+  // split_loss columns, only where some row counts the embedding or the loss in its split, the
+  // recompute_modules column, only where some row's selective recompute reruns more than
+  // core_attn, and the dispatcher column, only where some row dispatches by flex.
+  bool noisy = false, etp = false, uneven = false, counted = false, modules = false, flex = false;
   for (const ReplayRow& r : rows_) {
     noisy = noisy || r.noise_sd > 0;
     etp = etp || r.config.etp != 0;
     uneven = uneven || UnevenStages(r.config);
+    counted = counted || r.config.split_embedding || r.config.split_loss;
     modules = modules || r.config.recompute_modules != 0;
     flex = flex || r.config.flex_dispatcher;
   }
@@ -264,6 +270,7 @@ std::string ReplayTable::ToCsv() const {
       "peak_memory_gib,status";
   out += etp ? ",etp" : "";
   out += uneven ? ",pp_first,pp_last" : "";
+  out += counted ? ",split_embedding,split_loss" : "";
   out += modules ? ",recompute_modules" : "";
   out += flex ? ",dispatcher" : "";
   out += noisy ? ",noise_sd\n" : "\n";
@@ -288,6 +295,11 @@ std::string ReplayTable::ToCsv() const {
     if (uneven) {
       out.back() = ',';
       out += std::to_string(c.pp_first) + "," + std::to_string(c.pp_last) + "\n";
+    }
+    if (counted) {
+      out.back() = ',';
+      out += std::string(c.split_embedding ? "on" : "off") + "," + (c.split_loss ? "on" : "off") +
+             "\n";
     }
     if (modules) {
       out.back() = ',';

@@ -1,6 +1,7 @@
 // The stage balancer of docs/models.md §4.6: Megatron's uneven split (pp_first, pp_last, the
-// other stages even) and block-recompute depth chosen by branch and bound over every choice
-// Megatron-LM can express, so the result is the exact optimum of the model, not a heuristic.
+// other stages even, or with virtual stages the embedding and the loss counted in the split) and
+// block-recompute depth chosen by branch and bound over every choice Megatron-LM can express, so
+// the result is the exact optimum of the model, not a heuristic.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -71,7 +72,12 @@ bool MostEvenSplit(ParallelConfig& c, int64_t layers) {
 
 bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) const {
   const int64_t layers = model_.num_layers;
-  if (int64_t{c.pp} * c.vpp > layers || layers % c.vpp != 0) return false;
+  // pp_first/pp_last splits need vpp to divide the layers; the counted ones (vpp > 1) need
+  // pp·vpp to divide the layers and the embedding and/or the loss.
+  const bool first_last = int64_t{c.pp} * c.vpp <= layers && layers % c.vpp == 0;
+  const std::vector<ParallelConfig> counted = CountedSplits(c, layers);
+  if (!first_last && counted.empty()) return false;
+  c.split_embedding = c.split_loss = false;
   const StageTimeParts parts = TimeParts(c);
   const LayerBytes bytes = LayerBytesOf(c);  // the same for every split and depth
   const double cap = cluster_.gpu.memory_gib * kGiB;
@@ -81,7 +87,9 @@ bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) c
   std::vector<int32_t> depths = {c.recompute_layers};
   if (choose_recompute_layers && c.recompute == Recompute::kFull) {
     depths.clear();
-    for (int32_t d = 1; d < layers / c.pp / c.vpp + 1; ++d) depths.push_back(d);
+    const int64_t chunk =
+        std::max<int64_t>(layers, counted.empty() ? 0 : layers + 2) / c.pp / c.vpp;
+    for (int32_t d = 1; d < chunk + 1; ++d) depths.push_back(d);
     depths.push_back(0);
   }
 
@@ -117,7 +125,7 @@ bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) c
 
   // Where even the first or the last stage cannot fit with the fewest layers Megatron allows
   // and everything recomputed, no split fits: keep the most even one, no search.
-  if (c.pp > 1) {
+  if (c.pp > 1 && first_last) {
     ParallelConfig thin = c;
     thin.recompute_layers = depths.back();
     if (ThinEndStageOverflows(thin, cap)) return MostEvenSplit(c, layers);
@@ -132,10 +140,8 @@ bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) c
     return middle * layer_min >= best_time || first * layer_min >= best_time ||
            last * layer_min + last_min >= best_time;
   };
-  ForEachSplit(c, layers, skip, [&](int64_t first, int64_t last) {
-    ParallelConfig trial = c;
-    trial.pp_first = static_cast<int32_t>(first);
-    trial.pp_last = static_cast<int32_t>(last);
+  // Each depth of a split, the least recompute first, until one fits.
+  auto consider = [&](ParallelConfig trial) {
     for (int32_t depth : depths) {
       trial.recompute_layers = depth;
       const Outcome o = evaluate(trial);
@@ -155,7 +161,16 @@ bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) c
         least = trial;
       }
     }
-  });
+  };
+  if (first_last) {
+    ForEachSplit(c, layers, skip, [&](int64_t first, int64_t last) {
+      ParallelConfig trial = c;
+      trial.pp_first = static_cast<int32_t>(first);
+      trial.pp_last = static_cast<int32_t>(last);
+      consider(trial);
+    });
+  }
+  for (const ParallelConfig& trial : counted) consider(trial);
   if (!found) return false;
   c = CanonicalStages(fits ? best : least, layers);
   if (choose_recompute_layers) {

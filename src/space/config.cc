@@ -305,6 +305,19 @@ int64_t ChunkFirstLayer(const ParallelConfig& c, int64_t num_layers, int64_t sta
   return chunk * (num_layers / c.vpp) + before;
 }
 
+std::vector<ParallelConfig> CountedSplits(const ParallelConfig& c, int64_t num_layers) {
+  std::vector<ParallelConfig> out;
+  if (c.pp < 2 || c.vpp < 2) return out;
+  for (const auto& [embedding, loss] : {std::pair{true, true}, {true, false}, {false, true}}) {
+    ParallelConfig split = c;
+    split.pp_first = split.pp_last = 0;
+    split.split_embedding = embedding;
+    split.split_loss = loss;
+    if (CountedSplitError(split, num_layers).empty()) out.push_back(split);
+  }
+  return out;
+}
+
 ParallelConfig CanonicalStages(ParallelConfig c, int64_t num_layers) {
   if (c.pp < 2) return c;
   if (c.split_embedding || c.split_loss) {

@@ -246,9 +246,13 @@ void SearchSpace::ValidateOptions() const {
     fail_if("--etp", EtpReason(model_, etp));
   }
   for (int32_t vpp : options_.vpp) {
-    if (vpp < 1 || model_.num_layers % vpp != 0) {
-      throw InputError("--vpp", "vpp=" + Str(vpp) + " must divide num_layers=" +
-                                    Str(model_.num_layers));
+    // With the embedding and/or the loss counted in the split, pp·vpp divides num_layers + 1
+    // or + 2 (CountedSplits).
+    const int64_t n = model_.num_layers;
+    if (vpp < 1 || (n % vpp != 0 && (n + 1) % vpp != 0 && (n + 2) % vpp != 0)) {
+      throw InputError("--vpp", "vpp=" + Str(vpp) + " must divide num_layers=" + Str(n) +
+                                    " (or num_layers + 1 or + 2, the embedding and the loss "
+                                    "counted in the split)");
     }
   }
   for (int32_t mbs : options_.mbs) {
@@ -411,11 +415,21 @@ std::vector<int32_t> SearchSpace::VppValues(int32_t pp) const {
   if (pp == 1) {
     return Select(options_.vpp, {1}, [](int32_t v) { return v == 1; });
   }
-  if (splitter_ != nullptr) {  // chunks of equal size need vpp to divide the layers
-    return Select(options_.vpp, Divisors(model_.num_layers, model_.num_layers / pp),
-                  [&](int32_t v) {
-                    return model_.num_layers % v == 0 && int64_t{v} * pp <= model_.num_layers;
-                  });
+  if (splitter_ != nullptr) {
+    // Chunks of equal size on each stage need vpp to divide the layers (pp_first/pp_last); the
+    // embedding and/or the loss counted in the split need pp·vpp to divide the layers and them.
+    auto splits = [&](int32_t v) {
+      ParallelConfig c;
+      c.pp = pp;
+      c.vpp = v;
+      return (model_.num_layers % v == 0 && int64_t{v} * pp <= model_.num_layers) ||
+             !CountedSplits(c, model_.num_layers).empty();
+    };
+    std::vector<int32_t> candidates;
+    for (int32_t v = 1; int64_t{v} * pp <= model_.num_layers + 2; ++v) {
+      if (splits(v)) candidates.push_back(v);
+    }
+    return Select(options_.vpp, candidates, splits);
   }
   return Select(options_.vpp, Divisors(layers_per_stage, layers_per_stage),
                 [&](int32_t v) { return layers_per_stage % v == 0; });

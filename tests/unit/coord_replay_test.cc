@@ -111,6 +111,28 @@ TEST(ReplayTable, ReadsADispatcherColumnAndWritesOneOnlyWhereARowNeedsIt) {
             "allowed: alltoall, flex");
 }
 
+TEST(ReplayTable, ReadsTheCountedSplitColumnsAndWritesThemOnlyWhereARowNeedsThem) {
+  const ReplayTable t = ReplayTable::Parse(std::string("split_embedding,split_loss,") + kHeader +
+                                               "on,on,2,2,4,1,1,1,2,1,on,none,off,1.5,40,ok\n"
+                                               "on,off,2,2,4,1,1,1,2,2,on,none,off,1.6,41,ok\n"
+                                               "off,off,2,2,4,1,1,1,1,1,on,none,off,1.7,42,ok\n",
+                                           "t.csv");
+  ASSERT_EQ(t.rows().size(), 3u);
+  EXPECT_TRUE(t.rows()[0].config.split_embedding && t.rows()[0].config.split_loss);
+  EXPECT_TRUE(t.rows()[1].config.split_embedding && !t.rows()[1].config.split_loss);
+  EXPECT_FALSE(t.rows()[2].config.split_embedding || t.rows()[2].config.split_loss);
+  EXPECT_NE(t.ToCsv().find(",split_embedding,split_loss\n"), std::string::npos) << t.ToCsv();
+  const ReplayTable again = ReplayTable::Parse(t.ToCsv(), "again.csv");
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(again.rows()[i].config, t.rows()[i].config) << i;
+  EXPECT_EQ(
+      ReplayTable::Parse(std::string(kHeader) + "2,1,8,1,1,4,1,1,on,none,off,1,1,ok\n", "t.csv")
+          .ToCsv()
+          .find("split_"),
+      std::string::npos);
+  ExpectBad(std::string("split_loss,") + kHeader + "yes,2,2,4,1,1,1,2,1,on,none,off,1.5,40,ok\n",
+            "split_loss");
+}
+
 TEST(ReplayTable, BadInputNamesLineColumnAndAllowedValues) {
   ExpectBad("tp,pp\n1,1\n", "'dp'");
   ExpectBad(std::string(kHeader) + "1,1,8,1,1,1,1,1,maybe,none,off,1,1,ok\n", "on, off");

@@ -43,31 +43,45 @@ Slowest SlowestStage(const CostModel& model, const ParallelConfig& c) {
 }
 
 // The best split (and depth, where asked) by trying every (pp_first, pp_last, recompute_layers)
-// Megatron accepts: the fastest slowest stage among those that fit, else the least memory.
+// and every count of the embedding and the loss in the split that Megatron accepts: the fastest
+// slowest stage among those that fit, else the least memory.
 ParallelConfig BruteForce(const CostModel& model, const Job& job, ParallelConfig c, bool depths) {
   const int64_t n = job.model.num_layers;
+  std::vector<ParallelConfig> splits;
+  for (int32_t first = 0; first <= n; ++first) {
+    for (int32_t last = 0; last <= n; ++last) {
+      ParallelConfig t = c;
+      t.pp_first = first;
+      t.pp_last = last;
+      splits.push_back(t);
+    }
+  }
+  for (const bool embedding : {false, true}) {
+    for (const bool loss : {false, true}) {
+      ParallelConfig t = c;
+      t.split_embedding = embedding;
+      t.split_loss = loss;
+      if ((embedding || loss) && c.vpp > 1) splits.push_back(t);
+    }
+  }
   ParallelConfig best = c, least = c;
   double best_time = std::numeric_limits<double>::infinity(), best_memory = best_time;
   double least_memory = best_time;
-  for (int32_t first = 0; first <= n; ++first) {
-    for (int32_t last = 0; last <= n; ++last) {
-      for (int32_t depth = 0; depth <= (depths ? n : 0); ++depth) {
-        ParallelConfig t = c;
-        t.pp_first = first;
-        t.pp_last = last;
-        if (depths) t.recompute_layers = depth;
-        if (!StageSplitError(t, n).empty()) continue;
-        const Slowest s = SlowestStage(model, t);
-        if (s.memory_gib <= job.cluster.gpu.memory_gib) {
-          if (s.time_s < best_time || (s.time_s == best_time && s.memory_gib < best_memory)) {
-            best_time = s.time_s;
-            best_memory = s.memory_gib;
-            best = t;
-          }
-        } else if (s.memory_gib < least_memory) {
-          least_memory = s.memory_gib;
-          least = t;
+  for (const ParallelConfig& split : splits) {
+    for (int32_t depth = 0; depth <= (depths ? n : 0); ++depth) {
+      ParallelConfig t = split;
+      if (depths) t.recompute_layers = depth;
+      if (!StageSplitError(t, n).empty()) continue;
+      const Slowest s = SlowestStage(model, t);
+      if (s.memory_gib <= job.cluster.gpu.memory_gib) {
+        if (s.time_s < best_time || (s.time_s == best_time && s.memory_gib < best_memory)) {
+          best_time = s.time_s;
+          best_memory = s.memory_gib;
+          best = t;
         }
+      } else if (s.memory_gib < least_memory) {
+        least_memory = s.memory_gib;
+        least = t;
       }
     }
   }
@@ -96,7 +110,27 @@ TEST(Stages, BalancerFindsTheBruteForceOptimumWithAndWithoutAMemoryLimit) {
     ExpectSameOptimum(job, "tp=2,pp=4,mbs=2,vpp=2", false);
     ExpectSameOptimum(job, "tp=2,pp=4,mbs=1,recompute=full", true);
     ExpectSameOptimum(job, "tp=4,pp=2,mbs=1,recompute=full", true);
+    // 30 layers and the embedding and the loss over 4 × 2 chunks of 4, against pp_first=6.
+    ExpectSameOptimum(job, "tp=2,pp=4,mbs=2,vpp=2,recompute=full", true);
   }
+}
+
+TEST(Stages, TheEmbeddingAndTheLossCountedOpenVirtualStagesThatDoNotDivideTheLayers) {
+  // 126 layers (Llama 3 405B's) over pp 16: vpp 4 and 8 split only with the embedding and the
+  // loss counted (128 = 16 × 8 chunks of 1); vpp 5 splits neither way.
+  const Job job(126, 16, 200.0);
+  const CostModel model = job.Model();
+  for (const int vpp : {4, 8}) {
+    ParallelConfig c = Complete(ParseSpec("tp=1,pp=16,mbs=1,vpp=" + std::to_string(vpp)),
+                                job.cluster.world_size());
+    ASSERT_TRUE(model.BalanceStages(c, false)) << vpp;
+    EXPECT_TRUE(c.split_embedding && c.split_loss) << ToSpec(c);
+    EXPECT_EQ(StageSplitError(c, 126), "") << ToSpec(c);
+  }
+  ParallelConfig five = Complete(ParseSpec("tp=1,pp=16,mbs=1,vpp=5"), job.cluster.world_size());
+  const ParallelConfig before = five;
+  EXPECT_FALSE(model.BalanceStages(five, false));
+  EXPECT_EQ(five, before);
 }
 
 TEST(Stages, TheLastStageGivesUpLayersToItsLogits) {

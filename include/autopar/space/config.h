@@ -181,6 +181,12 @@ ParallelConfig CanonicalStages(ParallelConfig c, int64_t num_layers);
 inline bool UnevenStages(const ParallelConfig& c) {
   return c.pp_first != 0 || c.pp_last != 0 || c.split_embedding || c.split_loss;
 }
+// The splits of `num_layers` over c's pp stages and vpp > 1 model chunks that count the embedding
+// and the loss (both, the embedding alone, the loss alone: Megatron-core's
+// --account-for-embedding/loss-in-pipeline-split) and that Megatron-core accepts, in that order:
+// `c` with split_embedding/split_loss set and pp_first/pp_last 0. None with vpp = 1 (there they
+// are pp_first/pp_last splits).
+std::vector<ParallelConfig> CountedSplits(const ParallelConfig& c, int64_t num_layers);
 // Transformer layers of model chunk `chunk` on pipeline stage `stage`: StageLayers / vpp, but
 // one fewer in the first chunk of the first stage (split_embedding) and in the last chunk of the
 // last stage (split_loss). The split must be valid.
