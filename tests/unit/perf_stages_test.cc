@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 
+#include "autopar/common/errors.h"
 #include "autopar/perf/cost_model.h"
 #include "autopar/perf/ranking.h"
 #include "autopar/spec/parse.h"
@@ -185,6 +187,33 @@ TEST(Stages, TheSpaceWithABalancerOffersPipelinesThatDoNotDivideTheLayers) {
   });
   EXPECT_FALSE(even_has_pp4);
   EXPECT_TRUE(uneven_has_pp4);
+}
+
+TEST(Stages, TheSpaceOffersTheVirtualStagesOnlyACountedSplitOpens) {
+  // 126 layers (Llama 3 405B's) on 16 GPUs: pp 16 takes vpp 4 and 8 only with the embedding and
+  // the loss counted; each such configuration is valid, and a --vpp that divides neither the
+  // layers nor them plus one or two is refused by name.
+  const Job job(126, 16, 200);
+  const CostModel model = job.Model();
+  const StageBalancer balancer(model);
+  SpaceOptions options;
+  options.pp = {16};
+  options.mbs = {1};
+  const SearchSpace space(job.model, job.train, job.cluster, options, &balancer);
+  std::set<int32_t> counted_vpp;
+  space.ForEach([&](const ParallelConfig& c) {
+    EXPECT_EQ(space.Check(c), "") << ToSpec(c);
+    if (c.split_embedding || c.split_loss) counted_vpp.insert(c.vpp);
+  });
+  EXPECT_TRUE(counted_vpp.count(4) == 1 && counted_vpp.count(8) == 1) << counted_vpp.size();
+  options.vpp = {5};
+  try {
+    const SearchSpace refused(job.model, job.train, job.cluster, options, &balancer);
+    ADD_FAILURE() << "vpp=5 accepted for 126 layers";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "--vpp");
+    EXPECT_NE(std::string(e.what()).find("num_layers + 1 or + 2"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Stages, DeepSeekV3OnH800RanksADeepPipelineFirst) {
