@@ -77,6 +77,9 @@ INSTANTIATE_TEST_SUITE_P(Trial, CudaEquivalence,
                                            "tp=2,pp=2,sp=on,recompute=selective,"
                                            "recompute_modules=layernorm+mlp",
                                            "pp=2,dp=2,pp_first=1",
+                                           // Chunks of one layer: the first the embedding
+                                           // alone, the last the loss alone.
+                                           "pp=2,dp=2,vpp=3,split_embedding=on,split_loss=on",
                                            // Dropless MoE: all-to-all and flex dispatch, with
                                            // etp < tp and etp > 1 (rows all-gathered).
                                            "tiny-moe:tp=2,dp=2,ep=2,sp=on",

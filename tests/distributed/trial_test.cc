@@ -412,6 +412,7 @@ INSTANTIATE_TEST_SUITE_P(
         // loss alone (Llama 3 405B's layout; Megatron-core builds a chunk of no layers).
         Case{"tiny", "pp=2,dp=2,vpp=2,split_embedding=on,split_loss=on", 2},
         Case{"tiny", "pp=2,dp=2,vpp=3,split_embedding=on", 5},
+        Case{"tiny", "pp=2,dp=2,vpp=3,split_embedding=on,split_loss=on"},
         Case{"tiny-moe", "pp=2,dp=2,ep=2,vpp=2,split_loss=on", 7},
         Case{"tiny",
              "pp=2,dp=2,vpp=2,split_embedding=on,split_loss=on,recompute=full,recompute_layers=1",
