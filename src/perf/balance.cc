@@ -87,8 +87,7 @@ bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) c
   std::vector<int32_t> depths = {c.recompute_layers};
   if (choose_recompute_layers && c.recompute == Recompute::kFull) {
     depths.clear();
-    const int64_t chunk =
-        std::max<int64_t>(layers, counted.empty() ? 0 : layers + 2) / c.pp / c.vpp;
+    const int64_t chunk = (layers + (counted.empty() ? 0 : 2)) / c.pp / c.vpp;
     for (int32_t d = 1; d < chunk + 1; ++d) depths.push_back(d);
     depths.push_back(0);
   }

@@ -333,36 +333,31 @@ void CostModel::StageParameterBytes(const ParallelConfig& c, const StageLayout& 
 }
 
 namespace {
-// Chunk forwards alive at the peak of stage `stage` (MicrobatchesInFlight × vpp).
+// Chunk forwards alive at the peak of stage `stage`: the warm-up and the one after it.
 int64_t ChunkForwardsInFlight(const ParallelConfig& c, int64_t microbatches, int64_t stage) {
-  if (c.vpp <= 1) return std::min<int64_t>(microbatches, c.pp - stage);
-  const int64_t chunks = microbatches * c.vpp;
-  const int64_t warmup =
-      microbatches == c.pp ? chunks : 2 * (c.pp - stage - 1) + int64_t{c.vpp - 1} * c.pp;
-  return std::min(chunks, warmup + 1);
+  return std::min(microbatches * c.vpp,
+                  PipelineWarmupForwards(c.pp, c.vpp, stage, microbatches) + 1);
 }
 
 // The stage's transformer layers whose activations are alive at its peak, over its layers
-// (MicrobatchesInFlight where its chunks are equal). A counted split's short chunk (the first
-// or the last) makes the peak depend on which chunks are in flight: the interleaved schedule is
-// walked (forward k runs chunk (k mod pp·vpp)/pp, backward k chunk vpp − 1 − that) through its
-// warm-up and two groups of its steady state, after which it repeats.
+// (MicrobatchesInFlight where its chunks are equal). Only a counted split makes a stage's
+// chunks differ (its first or last chunk short), and then which chunks are in flight matters:
+// the interleaved schedule (InterleavedChunk) is walked through its warm-up and two groups of
+// its steady state, after which it repeats.
 double LayerWeightedInFlight(const ParallelConfig& c, int64_t num_layers, int64_t microbatches,
                              int64_t stage) {
+  const bool short_chunk = (c.split_embedding && stage == 0) || (c.split_loss && stage == c.pp - 1);
+  if (c.vpp <= 1 || !short_chunk) return MicrobatchesInFlight(c, microbatches, stage);
   std::vector<int64_t> chunk_layers(static_cast<size_t>(c.vpp));
   int64_t layers = 0;
   for (int64_t k = 0; k < c.vpp; ++k) {
     chunk_layers[static_cast<size_t>(k)] = ChunkLayers(c, num_layers, stage, k);
     layers += chunk_layers[static_cast<size_t>(k)];
   }
-  const bool even = std::all_of(chunk_layers.begin(), chunk_layers.end(),
-                                [&](int64_t n) { return n == chunk_layers.front(); });
-  if (c.vpp <= 1 || even || layers == 0) return MicrobatchesInFlight(c, microbatches, stage);
   const int64_t group = int64_t{c.pp} * c.vpp, total = microbatches * c.vpp;
   const int64_t warmup = ChunkForwardsInFlight(c, microbatches, stage) - 1;
   auto layers_of = [&](int64_t k, bool backward) {
-    const int64_t chunk = (k % group) / c.pp;
-    return chunk_layers[static_cast<size_t>(backward ? c.vpp - 1 - chunk : chunk)];
+    return chunk_layers[static_cast<size_t>(InterleavedChunk(c.pp, c.vpp, k, backward))];
   };
   int64_t alive = 0, peak = 0;
   for (int64_t k = 0; k < warmup; ++k) alive += layers_of(k, false);

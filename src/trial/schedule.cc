@@ -2,21 +2,15 @@
 
 #include <algorithm>
 
-namespace autopar::trial {
+#include "autopar/space/config.h"
 
-namespace {
-// Forwards the interleaved schedule runs before its first backward.
-int InterleavedWarmup(int pp, int vpp, int rank, int microbatches) {
-  const int total = microbatches * vpp;
-  return microbatches == pp ? total : std::min(total, (pp - rank - 1) * 2 + (vpp - 1) * pp);
-}
-}  // namespace
+namespace autopar::trial {
 
 std::vector<PipelineOp> PipelineSchedule(int pp, int vpp, int rank, int microbatches) {
   std::vector<PipelineOp> ops;
   if (vpp <= 1) {
     // 1F1B: warm up with pp − rank − 1 forwards, alternate, then drain the backwards.
-    const int warmup = std::min(pp - rank - 1, microbatches);
+    const int warmup = static_cast<int>(PipelineWarmupForwards(pp, 1, rank, microbatches));
     int next_forward = 0, next_backward = 0;
     for (; next_forward < warmup; ++next_forward) ops.push_back({PipelineOp::kForward, next_forward, 0});
     while (next_forward < microbatches) {
@@ -30,14 +24,14 @@ std::vector<PipelineOp> PipelineSchedule(int pp, int vpp, int rank, int microbat
   // (k / (pp·v))·pp + k mod pp; backwards visit the chunks in reverse.
   const int total = microbatches * vpp;
   const int group = pp * vpp;
-  auto forward = [&](int k) {
-    return PipelineOp{PipelineOp::kForward, (k / group) * pp + k % pp, (k % group) / pp};
+  auto op = [&](PipelineOp::Kind kind, int k) {
+    return PipelineOp{
+        kind, (k / group) * pp + k % pp,
+        static_cast<int32_t>(InterleavedChunk(pp, vpp, k, kind == PipelineOp::kBackward))};
   };
-  auto backward = [&](int k) {
-    return PipelineOp{PipelineOp::kBackward, (k / group) * pp + k % pp,
-                      vpp - 1 - (k % group) / pp};
-  };
-  const int warmup = InterleavedWarmup(pp, vpp, rank, microbatches);
+  auto forward = [&](int k) { return op(PipelineOp::kForward, k); };
+  auto backward = [&](int k) { return op(PipelineOp::kBackward, k); };
+  const int warmup = static_cast<int>(PipelineWarmupForwards(pp, vpp, rank, microbatches));
   for (int k = 0; k < warmup; ++k) ops.push_back(forward(k));
   for (int k = 0; k < total - warmup; ++k) {
     ops.push_back(forward(warmup + k));
@@ -96,7 +90,7 @@ std::vector<std::vector<PipelineTransfer>> PipelineExchanges(int pp, int vpp, in
   for (size_t k = 0; k < n; ++k) step_start[k] = k;
   if (vpp > 1) {
     const int microbatches = static_cast<int>(n) / 2 / vpp;
-    const size_t warmup = InterleavedWarmup(pp, vpp, rank, microbatches);
+    const auto warmup = static_cast<size_t>(PipelineWarmupForwards(pp, vpp, rank, microbatches));
     const size_t steady = static_cast<size_t>(microbatches * vpp) - warmup;
     for (size_t i = 0; i < steady; ++i) step_start[warmup + 2 * i + 1] = warmup + 2 * i;
   }

@@ -181,6 +181,23 @@ ParallelConfig CanonicalStages(ParallelConfig c, int64_t num_layers);
 inline bool UnevenStages(const ParallelConfig& c) {
   return c.pp_first != 0 || c.pp_last != 0 || c.split_embedding || c.split_loss;
 }
+// ---- Megatron-core's pipeline schedules (schedules.py), for the trial and the cost model ----
+
+// Forwards pipeline rank `rank` runs before its first backward: 1F1B min(pp − rank − 1, m);
+// interleaved (vpp > 1) 2·(pp − rank − 1) + (vpp − 1)·pp chunk forwards, at most m·vpp, and
+// all of them where m = pp.
+inline int64_t PipelineWarmupForwards(int64_t pp, int64_t vpp, int64_t rank, int64_t microbatches) {
+  if (vpp <= 1) return microbatches < pp - rank - 1 ? microbatches : pp - rank - 1;
+  const int64_t total = microbatches * vpp, warmup = 2 * (pp - rank - 1) + (vpp - 1) * pp;
+  return microbatches == pp || total < warmup ? total : warmup;
+}
+// The model chunk of the interleaved schedule's k-th forward, (k mod pp·vpp)/pp; its k-th
+// backward visits the chunks in reverse.
+inline int64_t InterleavedChunk(int64_t pp, int64_t vpp, int64_t k, bool backward) {
+  const int64_t chunk = (k % (pp * vpp)) / pp;
+  return backward ? vpp - 1 - chunk : chunk;
+}
+
 // The splits of `num_layers` over c's pp stages and vpp > 1 model chunks that count the embedding
 // and the loss (both, the embedding alone, the loss alone: Megatron-core's
 // --account-for-embedding/loss-in-pipeline-split) and that Megatron-core accepts, in that order:
