@@ -9,9 +9,11 @@
 #include <map>
 #include <numeric>
 #include <stdexcept>
+#include <string>
 
 #include "autopar/search/posterior.h"
 #include "autopar/search/rng.h"
+#include "autopar/space/config.h"
 
 namespace autopar::coord {
 namespace {
@@ -39,10 +41,17 @@ ScaledDraws DrawScaled(const CandidateSet& candidates, const SyntheticTruth& t) 
                      : t.compute_low + rng.Uniform() * (t.compute_high - t.compute_low);
   }
   d.memory_scale = t.memory_scale_low + rng.Uniform() * (t.memory_scale_high - t.memory_scale_low);
-  for (int64_t i = 0; i < candidates.size(); ++i) {
-    d.time_noise.push_back(std::exp(t.noise * rng.Normal()));
-    d.memory_noise.push_back(std::exp(t.memory_noise * rng.Normal()));
-    d.surprise.push_back(rng.Uniform() < t.surprise_oom);
+  // A row's own draws are keyed by its configuration, not its position: the tables of two
+  // candidate sets (a space that grew, another enumeration order) draw the same numbers for the
+  // configurations they share, so a change of the space leaves the shared rows as they were.
+  for (const ParallelConfig& c : candidates.configs()) {
+    search::Hasher h;
+    const std::string spec = ToSpec(c);
+    h.Add(spec.data(), spec.size());
+    Rng row(t.seed, static_cast<int64_t>(h.value()), search::Purpose::kSynthetic);
+    d.time_noise.push_back(std::exp(t.noise * row.Normal()));
+    d.memory_noise.push_back(std::exp(t.memory_noise * row.Normal()));
+    d.surprise.push_back(row.Uniform() < t.surprise_oom);
   }
   return d;
 }

@@ -8,7 +8,10 @@
 // the family's own structure. A family's parameters come from their own stream,
 // Rng(seed, component, kSynthetic), and the cell values of a table of knob values (an interaction,
 // a per-tp memory term) from the knob values themselves, so a world is a pure function of (family,
-// seed, candidate set) and `mixed` holds the same components as the families it combines.
+// seed, candidate set) and `mixed` holds the same components as the families it combines. A row's
+// own draws (its deviation, memory noise, surprise) are keyed by its configuration too: two
+// candidate sets draw the same rows alike, and only the set-wide normalisations (kernel's median,
+// near_memory's scale) follow the set.
 //
 // clang-format off
 //   family        truth (on top of `scaled`)                                      parameters (per table)
