@@ -109,6 +109,16 @@ std::string ResultJson(const TuneReport& r) {
   j.Field("stop_on_measured", r.summary.stop.on_measured);
   j.Field("stop_p_improvement", r.summary.stop.p_improvement);
   j.Field("stop_recent_error", r.summary.stop.recent_error);
+  j.Key("stop_unmeasured").BeginArray();
+  for (const search::OpenCandidate& o : r.summary.stop.likeliest_unmeasured) {
+    j.BeginObject();
+    j.Field("config", ToSpec(r.candidates.config(o.candidate))).Field("p_better", o.p_better);
+    j.Field("p_oom", s.POom(o.candidate));
+    j.Field("predicted_step_time_s", s.time().PredictMean(r.candidates, o.candidate));
+    j.Field("predicted_peak_memory_gib", s.memory().PredictMean(s.memory_row(o.candidate)));
+    j.EndObject();
+  }
+  j.EndArray();
   const auto ranked = MeasuredByTime(r.tuner);
   j.Key("best");
   if (ranked.empty()) {
@@ -346,6 +356,16 @@ void ProgressPrinter::OnStopped(const search::StopCheck& check, const search::Se
          << 100 * options_.stop.epsilon << "% faster) " << check.p_improvement << ")";
   }
   err_ << " after " << state.trials() << " trials\n";
+  // Where the doubt that is left lies: the unmeasured configurations likeliest to be better.
+  std::ostringstream label;
+  label << "  unmeasured, likeliest >" << 100 * options_.stop.epsilon << "% faster: ";
+  const size_t shown = std::min<size_t>(check.likeliest_unmeasured.size(), 3);
+  for (size_t k = 0; k < shown; ++k) {
+    const search::OpenCandidate& o = check.likeliest_unmeasured[k];
+    err_ << (k == 0 ? label.str() : std::string(label.str().size(), ' '))
+         << ToSpec(state.candidates().config(o.candidate)) << "  P " << o.p_better << ", P(OOM) "
+         << state.POom(o.candidate) << "\n";
+  }
 }
 
 void StatusObserver::Publish(const search::SearchState& state) {

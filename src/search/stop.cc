@@ -27,6 +27,19 @@ void Validate(const StopSettings& s) {
   if (s.calibration_window < 1) throw std::invalid_argument("calibration_window must be >= 1");
   if (!(s.calibration_dof > 0)) throw std::invalid_argument("calibration_dof must be > 0");
   if (!(s.recent_bound > 0)) throw std::invalid_argument("recent_bound must be > 0");
+  if (s.report_unmeasured < 0) throw std::invalid_argument("report_unmeasured must be >= 0");
+}
+
+// Keeps `open` the `k` entries with the largest p_better, largest first.
+void KeepLikeliest(std::vector<OpenCandidate>& open, OpenCandidate c, size_t k) {
+  if (k == 0 || !(c.p_better > 0) || (open.size() == k && c.p_better <= open.back().p_better)) {
+    return;
+  }
+  const auto at = std::upper_bound(
+      open.begin(), open.end(), c,
+      [](const OpenCandidate& a, const OpenCandidate& b) { return a.p_better > b.p_better; });
+  open.insert(at, c);
+  if (open.size() > k) open.pop_back();
 }
 
 }  // namespace
@@ -104,10 +117,13 @@ StopCheck EvaluateDraws(const SearchState& state, const StopSettings& settings, 
                                         std::vector<double>(draws, 0.0)};
   // P(y ≥ τ) for a normal y = N(mean, sd²), summed in the log: below z = -8 it is 1 − 1e-15 and
   // the candidate cannot matter. 1 − p_fit·Φ(z) as (1 − p_fit) + p_fit·Φ(−z) keeps the small
-  // tail exact.
+  // tail exact. Returns p_fit·Φ(z), the probability that y fits and beats τ.
   auto add_to = [&](std::vector<double>* sums, int r, int j, double mean, double sd, double p_fit) {
     const double z = (thresholds[r][j] - mean) / sd;
-    if (z > -8) sums[r][j] += std::log(std::max((1 - p_fit) + p_fit * NormalCdf(-z), 1e-300));
+    if (!(z > -8)) return 0.0;
+    const double above = NormalCdf(-z);
+    sums[r][j] += std::log(std::max((1 - p_fit) + p_fit * above, 1e-300));
+    return p_fit * (1 - above);
   };
   // The other contenders: their estimates against τ. A doubt between two of them is settled
   // when measuring either again would not tell more (SearchState::worth_repeating).
@@ -140,9 +156,11 @@ StopCheck EvaluateDraws(const SearchState& state, const StopSettings& settings, 
     for (int p = 0; interactions && p < cs.num_pairs(); ++p) {
       add(static_cast<int>(cs.interaction_coefficient(i, p)), scale);
     }
-    for (int r = 0; r < 2; ++r) {
-      for (int j = 0; j < draws; ++j) add_to(log_none, r, j, t[j], scale * sigma[j], p_fit);
-    }
+    for (int j = 0; j < draws; ++j) add_to(log_none, 0, j, t[j], scale * sigma[j], p_fit);
+    double better = 0;
+    for (int j = 0; j < draws; ++j) better += add_to(log_none, 1, j, t[j], scale * sigma[j], p_fit);
+    KeepLikeliest(check.likeliest_unmeasured, {i, better / draws},
+                  static_cast<size_t>(settings.report_unmeasured));
   }
   double on_measured = 0, improving = 0, on_measured_open = 0, improving_open = 0;
   for (int j = 0; j < draws; ++j) {

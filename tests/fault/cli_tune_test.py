@@ -45,6 +45,18 @@ def main():
           f"stop reason {result['stop_reason']}")
     check(result["best"]["config"].startswith("tp="), "result.json has the best configuration")
     check(result["replay"]["regret"] >= 0, "result.json has the regret against the table")
+    # Where the doubt the model rules leave lies: unmeasured configurations, each at most the
+    # probability that some configuration is better, largest first (search.md §8).
+    open_ = result["stop_unmeasured"]
+    if result["stop_reason"] != "exhausted":
+        check(open_ and all(o["config"].startswith("tp=") and
+                            0 < o["p_better"] <= result["stop_p_improvement"] + 1e-9 and
+                            0 <= o["p_oom"] <= 1 for o in open_),
+              f"result.json names the unmeasured likeliest to be better: {open_}")
+        check([o["p_better"] for o in open_] == sorted((o["p_better"] for o in open_), reverse=True),
+              "largest first")
+        check("unmeasured, likeliest >2% faster: " + open_[0]["config"] in r.stderr,
+              "the stop line on stderr names the first")
     rows = list(csv.DictReader(open(os.path.join(a.work, "s", "trials.csv"))))
     check(len(rows) == result["trials"], "trials.csv has a row per trial")
     args = open(os.path.join(a.work, "s", "best.args")).read()

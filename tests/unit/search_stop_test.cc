@@ -95,6 +95,41 @@ TEST(Stop, ConvergesOnceTheFastestAreMeasured) {
   EXPECT_EQ(CheckStop(s, st, true, 1, trials, 0).reason, StopReason::kNone);
 }
 
+// The rules say where the doubt they leave lies: the unmeasured configurations likeliest to beat
+// the recommendation by more than ε, largest first, each at most the probability that some
+// configuration does. With the model exact, the analytic model's fastest, left unmeasured, leads.
+TEST(Stop, ReportsTheUnmeasuredLikeliestToBeBetter) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  SearchState s(cs, SearchSettings::Default(cs));
+  const std::vector<int64_t> order = FastestFirst(cs);
+  for (size_t k = 1; k <= 6; ++k) {
+    const int64_t i = order[k];
+    s.Observe({i, Outcome::kOk, cs.nominal_time_s(i), cs.nominal_memory_gib(i)});
+  }
+  StopSettings st;
+  const StopCheck check = EvaluateDraws(s, st, 3, s.trials());
+  const std::vector<OpenCandidate>& open = check.likeliest_unmeasured;
+  ASSERT_EQ(open.size(), static_cast<size_t>(st.report_unmeasured));
+  EXPECT_EQ(open.front().candidate, order[0]);
+  for (size_t k = 0; k < open.size(); ++k) {
+    EXPECT_TRUE(s.eligible(open[k].candidate) && !s.measured(open[k].candidate)) << k;
+    EXPECT_GT(open[k].p_better, 0) << k;
+    EXPECT_LE(open[k].p_better, check.p_improvement + 1e-12) << k;
+    if (k > 0) {
+      EXPECT_GE(open[k - 1].p_better, open[k].p_better) << k;
+    }
+  }
+  // The report leaves the decision as it was.
+  st.report_unmeasured = 0;
+  const StopCheck quiet = EvaluateDraws(s, st, 3, s.trials());
+  EXPECT_TRUE(quiet.likeliest_unmeasured.empty());
+  EXPECT_EQ(quiet.p_improvement, check.p_improvement);
+  EXPECT_EQ(quiet.on_measured, check.on_measured);
+  st.report_unmeasured = -1;
+  EXPECT_THROW(CheckStop(s, st, true, 3, s.trials(), 0), std::invalid_argument);
+}
+
 // The model rules do not fire while the posterior is being surprised: a last measurement far
 // outside its predictive vetoes a stop the draws alone would make.
 TEST(Stop, ARecentSurpriseVetoesTheModelRules) {

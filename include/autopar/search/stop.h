@@ -84,6 +84,16 @@ struct StopSettings {
   int64_t min_checks = 2;
   int calibration_window = 5;
   double calibration_dof = 2.0;
+  // How many of the unmeasured configurations likeliest to beat the recommendation the model
+  // rules report (StopCheck::likeliest_unmeasured).
+  int report_unmeasured = 5;
+};
+
+// An unmeasured configuration the search may still propose, and the probability that it beats
+// the recommendation by more than ε and fits (over the same draws as the rules).
+struct OpenCandidate {
+  int64_t candidate = -1;
+  double p_better = 0;
 };
 
 struct StopCheck {
@@ -99,6 +109,10 @@ struct StopCheck {
   double recent_error = std::numeric_limits<double>::quiet_NaN();
   // The calibration scale the draws were widened by (1 when they were not evaluated).
   double calibration = 1;
+  // Where p_improvement's doubt lies: the eligible configurations with the largest p_better, at
+  // most report_unmeasured, largest first (empty when the rules were not evaluated). Each is at
+  // most p_improvement; together, for small values, they are most of it.
+  std::vector<OpenCandidate> likeliest_unmeasured;
 };
 
 // max(1, √((ν + Σ e²)/(ν + n))) over the last `window` (n at most) of `errors`: how many times
