@@ -57,8 +57,26 @@ SearchSettings SearchSettings::Default(const CandidateSet& candidates) {
 }
 
 bool SearchState::IsCheckTrial(int64_t trial) const {
-  return settings_.check_every > 0 && trial >= settings_.check_from &&
-         (trial - settings_.check_from) % settings_.check_every == settings_.check_every - 1;
+  if (next_check_ < 0 || trial < settings_.check_from) return false;
+  if (trial < trials()) return std::binary_search(past_checks_.begin(), past_checks_.end(), trial);
+  if (trial < next_check_) return false;
+  return (trial - next_check_) % CheckGap() == 0;
+}
+
+bool SearchState::ChecksAgree() const {
+  const size_t n =
+      std::min(check_errors_.size(), static_cast<size_t>(settings_.check_agree_window));
+  if (n < 2) return false;
+  double squares = 0;
+  for (size_t k = check_errors_.size() - n; k < check_errors_.size(); ++k) {
+    squares += check_errors_[k] * check_errors_[k];
+  }
+  return squares <= static_cast<double>(n);
+}
+
+int64_t SearchState::CheckGap() const {
+  return settings_.check_every_agreeing > 0 && ChecksAgree() ? settings_.check_every_agreeing
+                                                             : settings_.check_every;
 }
 
 bool NeedsAtLeastAsMuchMemory(const ParallelConfig& a, const ParallelConfig& b) {
@@ -96,9 +114,13 @@ SearchState::SearchState(const CandidateSet& candidates, SearchSettings settings
     throw std::invalid_argument(
         "noise prior sd and dof must be > 0, contender margin and resolution >= 0");
   }
-  if (settings_.check_every < 0 || settings_.check_from < 0 || !(settings_.check_temper >= 1)) {
-    throw std::invalid_argument("check_every and check_from must be >= 0, check_temper >= 1");
+  if (settings_.check_every < 0 || settings_.check_from < 0 || !(settings_.check_temper >= 1) ||
+      settings_.check_every_agreeing < 0 || settings_.check_agree_window < 1) {
+    throw std::invalid_argument(
+        "check_every, check_every_agreeing and check_from must be >= 0, check_agree_window >= 1, "
+        "check_temper >= 1");
   }
+  if (settings_.check_every > 0) next_check_ = settings_.check_from + settings_.check_every - 1;
   const size_t n = static_cast<size_t>(candidates_.size());
   flags_.assign(n, 0);
   eligible_.assign(n, 0);
@@ -280,6 +302,10 @@ void SearchState::Observe(const Observation& o) {
   RefreshEligible(i);
   if (memory_changed) RefreshMemoryFit();
   if (o.outcome == Outcome::kOk) RefreshBest();
+  if (trials() == next_check_) {
+    past_checks_.push_back(next_check_);
+    next_check_ += CheckGap();
+  }
   history_.push_back(o);
 }
 

@@ -223,6 +223,37 @@ TEST(SearchState, CheckTrialsKeepTheirErrors) {
   EXPECT_FALSE(none.IsCheckTrial(7));
 }
 
+// Checks come every third trial until two agree with the posterior (errors within its intervals),
+// then every sixth; a check that misses brings them back to every third for as long as it is
+// among the last five.
+TEST(SearchState, CheckTrialsSpaceOutWhileTheyAgree) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  SearchState s(cs, SearchSettings::Default(cs));
+  ASSERT_EQ(s.settings().check_every_agreeing, 6);
+  std::vector<int64_t> checks;
+  int64_t next = 0;
+  for (int64_t t = 0; t < 30; ++t) {
+    const bool check = s.IsCheckTrial(t);
+    ASSERT_EQ(check, s.IsCheckTrial(s.trials()));
+    if (check) checks.push_back(t);
+    while (!s.eligible(next)) ++next;
+    // The model exact, but the check at trial 16 30% slower than it says.
+    s.Observe({next, Outcome::kOk, (t == 16 ? 1.3 : 1.0) * cs.nominal_time_s(next)});
+  }
+  // The miss holds the gap at three while it is among the last five checks (16 to 28).
+  EXPECT_EQ(checks, (std::vector<int64_t>{7, 10, 16, 19, 22, 25, 28}));
+  ASSERT_EQ(s.check_errors().size(), 7u);
+  EXPECT_GT(s.check_errors()[2], 2);
+  // The past as it was; the future at the present gap.
+  EXPECT_TRUE(s.IsCheckTrial(16));
+  EXPECT_FALSE(s.IsCheckTrial(13));
+  EXPECT_FALSE(s.ChecksAgree());
+  EXPECT_TRUE(s.IsCheckTrial(31));
+  EXPECT_FALSE(s.IsCheckTrial(33));
+  EXPECT_TRUE(s.IsCheckTrial(34));
+}
+
 TEST(SearchState, BadMeasurementsAreRejectedLoudly) {
   Llama7bCase c;
   const CandidateSet& cs = *c.candidates;

@@ -107,6 +107,11 @@ struct SearchSettings {
   int64_t check_every = 3;
   int64_t check_from = 5;
   bool check_any_hypothesis = true;
+  // While the last `check_agree_window` check errors (at least two) lie within the posterior's
+  // intervals (their mean square at most 1), the next check comes `check_every_agreeing` trials
+  // after the last one instead of `check_every` (0: always check_every).
+  int64_t check_every_agreeing = 6;
+  int64_t check_agree_window = 5;
 
   // Defaults for a candidate set: the time prior's θ₀ scale follows its median step time.
   static SearchSettings Default(const CandidateSet& candidates);
@@ -170,9 +175,12 @@ class SearchState {
   // Per ok trial, in order: the standardised error of its step time under the predictive before
   // it was learnt (TimePosterior::Observe).
   const std::vector<double>& time_errors() const { return time_errors_; }
-  // Whether trial `trial` is a check trial (SearchSettings::check_every), and the standardised
-  // errors of the check trials that measured a configuration the first time.
+  // Whether trial `trial` is a check trial (SearchSettings::check_every): a past one as it was,
+  // the next ones at the gap the checks so far ask for. And the standardised errors of the check
+  // trials that measured a configuration the first time.
   bool IsCheckTrial(int64_t trial) const;
+  // Whether the last check errors lie within the posterior's intervals (check_every_agreeing).
+  bool ChecksAgree() const;
   const std::vector<double>& check_errors() const { return check_errors_; }
 
   uint64_t Digest() const;
@@ -182,6 +190,7 @@ class SearchState {
   void RefreshMemoryFit();
   void RefreshEligible(int64_t i);
   void RefreshBest();
+  int64_t CheckGap() const;  // trials from one check to the next (check_every[_agreeing])
 
   const CandidateSet& candidates_;
   SearchSettings settings_;
@@ -195,6 +204,8 @@ class SearchState {
   int64_t repeats_ = 0;
   std::vector<int64_t> contenders_;
   std::vector<double> time_errors_, check_errors_;
+  std::vector<int64_t> past_checks_;  // the check trials so far, in order
+  int64_t next_check_ = -1;           // the next check trial (-1: none)
   std::vector<Observation> history_;
   int64_t eligible_count_ = 0;
   int64_t measured_count_ = 0;

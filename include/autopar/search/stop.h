@@ -36,7 +36,8 @@
 // configurations Thompson proposes say little about the ones it never proposes: a posterior that
 // has the cluster wrong where it has not measured (a pair of knob values 25% faster than any
 // measured cell suggests) predicts its own picks well and stops, confident, on the wrong
-// configuration. So every third trial is a check trial (SearchSettings::check_every) proposed
+// configuration. So every third trial is a check trial (SearchSettings::check_every; every sixth
+// while the checks agree with the posterior, check_every_agreeing) proposed
 // from a draw three times wider, and its standardised error tells how far the posterior's
 // intervals hold away from its own picks. The model rules wait for `min_checks` (2) of them, and
 // their draws are spread about their regression's mean by the calibration scale
