@@ -83,6 +83,22 @@ void ConfigJson(JsonWriter& j, const TuneReport& r, const coord::TrialRecord& t)
   j.EndObject();
 }
 
+// Where the stop rules' doubt lies: the unmeasured configurations likeliest to be better, with
+// what the posterior predicts of them (docs/search.md §8).
+void UnmeasuredJson(JsonWriter& j, const TuneReport& r) {
+  const search::SearchState& s = r.tuner.state();
+  j.Key("stop_unmeasured").BeginArray();
+  for (const search::OpenCandidate& o : r.summary.stop.likeliest_unmeasured) {
+    j.BeginObject();
+    j.Field("config", ToSpec(r.candidates.config(o.candidate))).Field("p_better", o.p_better);
+    j.Field("p_oom", s.POom(o.candidate));
+    j.Field("predicted_step_time_s", s.time().PredictMean(r.candidates, o.candidate));
+    j.Field("predicted_peak_memory_gib", s.memory().PredictMean(s.memory_row(o.candidate)));
+    j.EndObject();
+  }
+  j.EndArray();
+}
+
 }  // namespace
 
 std::string ResultJson(const TuneReport& r) {
@@ -109,16 +125,7 @@ std::string ResultJson(const TuneReport& r) {
   j.Field("stop_on_measured", r.summary.stop.on_measured);
   j.Field("stop_p_improvement", r.summary.stop.p_improvement);
   j.Field("stop_recent_error", r.summary.stop.recent_error);
-  j.Key("stop_unmeasured").BeginArray();
-  for (const search::OpenCandidate& o : r.summary.stop.likeliest_unmeasured) {
-    j.BeginObject();
-    j.Field("config", ToSpec(r.candidates.config(o.candidate))).Field("p_better", o.p_better);
-    j.Field("p_oom", s.POom(o.candidate));
-    j.Field("predicted_step_time_s", s.time().PredictMean(r.candidates, o.candidate));
-    j.Field("predicted_peak_memory_gib", s.memory().PredictMean(s.memory_row(o.candidate)));
-    j.EndObject();
-  }
-  j.EndArray();
+  UnmeasuredJson(j, r);
   const auto ranked = MeasuredByTime(r.tuner);
   j.Key("best");
   if (ranked.empty()) {

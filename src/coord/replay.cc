@@ -112,6 +112,29 @@ class RowReader {
   std::string where_;
 };
 
+// The header line: each column's index by its name, every required one present, none twice.
+std::unordered_map<std::string, size_t> ReadHeader(const std::vector<std::string>& cells,
+                                                   const std::string& source, int64_t line_no) {
+  std::unordered_map<std::string, size_t> column;
+  for (size_t i = 0; i < cells.size(); ++i) {
+    if (!column.emplace(cells[i], i).second && !cells[i].empty()) {
+      throw InputError(kFlag, source + ":" + std::to_string(line_no) + ": the header names '" +
+                                  cells[i] + "' twice (columns " +
+                                  std::to_string(column[cells[i]] + 1) + " and " +
+                                  std::to_string(i + 1) + ")");
+    }
+  }
+  for (const char* name : kRequired) {
+    if (!column.count(name)) {
+      throw InputError(kFlag, source + ":" + std::to_string(line_no) + ": the header has no '" +
+                                  name +
+                                  "' column; required: tp,pp,dp,cp,up,ep,vpp,mbs,sp,"
+                                  "recompute,dist_opt,step_time_s,peak_memory_gib,status");
+    }
+  }
+  return column;
+}
+
 }  // namespace
 
 ReplayTable::ReplayTable(std::vector<ReplayRow> rows) : rows_(std::move(rows)) {
@@ -137,23 +160,8 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
     if (line.find_first_not_of(" \t\r") == std::string::npos || line[0] == '#') continue;
     const std::vector<std::string> cells = SplitCsv(line);
     if (column.empty()) {
-      for (size_t i = 0; i < cells.size(); ++i) {
-        if (!column.emplace(cells[i], i).second && !cells[i].empty()) {
-          throw InputError(kFlag, source + ":" + std::to_string(line_no) + ": the header names '" +
-                                      cells[i] + "' twice (columns " +
-                                      std::to_string(column[cells[i]] + 1) + " and " +
-                                      std::to_string(i + 1) + ")");
-        }
-      }
+      column = ReadHeader(cells, source, line_no);
       header_cells = cells.size();
-      for (const char* name : kRequired) {
-        if (!column.count(name)) {
-          throw InputError(kFlag, source + ":" + std::to_string(line_no) + ": the header has no '" +
-                                      name +
-                                      "' column; required: tp,pp,dp,cp,up,ep,vpp,mbs,sp,"
-                                      "recompute,dist_opt,step_time_s,peak_memory_gib,status");
-        }
-      }
       continue;
     }
     const RowReader r(source, line_no);

@@ -68,6 +68,29 @@ bool MostEvenSplit(ParallelConfig& c, int64_t layers) {
   return true;
 }
 
+// A forward and backward of the cheapest kind of layer the model has (dense or MoE, windowed
+// or not).
+double CheapestLayerTime(const ModelSpec& m, const StageTimeParts& parts) {
+  double least = parts.dense.forward() + parts.dense.backward();
+  if (m.is_moe()) least = std::min(least, parts.moe.forward() + parts.moe.backward());
+  if (m.window_size > 0) {
+    least = std::min(least, parts.dense_windowed.forward() + parts.dense_windowed.backward());
+    if (m.is_moe()) {
+      least = std::min(least, parts.moe_windowed.forward() + parts.moe_windowed.backward());
+    }
+  }
+  return least;
+}
+
+// A chosen recompute depth no chunk reaches recomputes every layer: Megatron's and the space's 0.
+void EveryLayerAsZero(ParallelConfig& c, int64_t layers) {
+  int64_t deepest_chunk = 0;
+  for (int64_t stage = 0; stage < c.pp; ++stage) {
+    deepest_chunk = std::max(deepest_chunk, StageLayers(c, layers, stage) / c.vpp);
+  }
+  if (c.recompute_layers >= deepest_chunk) c.recompute_layers = 0;
+}
+
 }  // namespace
 
 bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) const {
@@ -111,15 +134,7 @@ bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) c
 
   // Lower bounds for pruning: a layer takes at least the cheapest kind's time; the last stage
   // adds its logits and loss.
-  double layer_min = parts.dense.forward() + parts.dense.backward();
-  if (model_.is_moe()) layer_min = std::min(layer_min, parts.moe.forward() + parts.moe.backward());
-  if (model_.window_size > 0) {
-    layer_min =
-        std::min(layer_min, parts.dense_windowed.forward() + parts.dense_windowed.backward());
-    if (model_.is_moe()) {
-      layer_min = std::min(layer_min, parts.moe_windowed.forward() + parts.moe_windowed.backward());
-    }
-  }
+  const double layer_min = CheapestLayerTime(model_, parts);
   const double last_min = parts.last_extra.forward() + parts.last_extra.backward();
 
   // Where even the first or the last stage cannot fit with the fewest layers Megatron allows
@@ -172,14 +187,7 @@ bool CostModel::BalanceStages(ParallelConfig& c, bool choose_recompute_layers) c
   for (const ParallelConfig& trial : counted) consider(trial);
   if (!found) return false;
   c = CanonicalStages(fits ? best : least, layers);
-  if (choose_recompute_layers) {
-    // A chosen depth no chunk reaches recomputes every layer: Megatron's and the space's 0.
-    int64_t deepest_chunk = 0;
-    for (int64_t stage = 0; stage < c.pp; ++stage) {
-      deepest_chunk = std::max(deepest_chunk, StageLayers(c, layers, stage) / c.vpp);
-    }
-    if (c.recompute_layers >= deepest_chunk) c.recompute_layers = 0;
-  }
+  if (choose_recompute_layers) EveryLayerAsZero(c, layers);
   return true;
 }
 

@@ -42,6 +42,26 @@ void KeepLikeliest(std::vector<OpenCandidate>& open, OpenCandidate c, size_t k) 
   if (open.size() > k) open.pop_back();
 }
 
+// Candidate i's step time under each of the `draws` draws of θ (laid out coefficient-major,
+// theta[k * draws + j]), into t; the interactions only where some draw has them.
+void DrawTimes(const CandidateSet& cs, int64_t i, const std::vector<double>& theta, int draws,
+               bool interactions, std::vector<double>& t) {
+  auto column = [&](int k) { return theta.data() + static_cast<ptrdiff_t>(k) * draws; };
+  std::copy(column(kIntercept), column(kIntercept) + draws, t.begin());
+  const double scale = cs.nominal_time_s(i);
+  auto add = [&](int k, double x) {
+    const double* th = column(k);
+    for (int j = 0; j < draws; ++j) t[j] += x * th[j];
+  };
+  for (int k = 0; k < kNumFeatures; ++k) {
+    if (cs.feature(i, k) != 0) add(k, cs.feature(i, k));
+  }
+  for (int q = 0; q < cs.varying_knobs(); ++q) add(cs.level_coefficient(i, q), scale);
+  for (int p = 0; interactions && p < cs.num_pairs(); ++p) {
+    add(static_cast<int>(cs.interaction_coefficient(i, p)), scale);
+  }
+}
+
 }  // namespace
 
 const char* ToString(StopReason r) {
@@ -140,22 +160,10 @@ StopCheck EvaluateDraws(const SearchState& state, const StopSettings& settings, 
   std::vector<double> t(draws);
   for (int64_t i = 0; i < cs.size(); ++i) {
     if (!state.eligible(i)) continue;
-    std::copy(theta.begin() + std::ptrdiff_t{kIntercept} * draws,
-              theta.begin() + std::ptrdiff_t{kIntercept + 1} * draws, t.begin());
+    DrawTimes(cs, i, theta, draws, interactions, t);
     const double scale = cs.nominal_time_s(i);
     // It can only beat τ if it fits.
     const double p_fit = 1 - state.POom(i);
-    auto add = [&](int k, double x) {
-      const double* th = theta.data() + static_cast<size_t>(k) * draws;
-      for (int j = 0; j < draws; ++j) t[j] += x * th[j];
-    };
-    for (int k = 0; k < kNumFeatures; ++k) {
-      if (cs.feature(i, k) != 0) add(k, cs.feature(i, k));
-    }
-    for (int q = 0; q < cs.varying_knobs(); ++q) add(cs.level_coefficient(i, q), scale);
-    for (int p = 0; interactions && p < cs.num_pairs(); ++p) {
-      add(static_cast<int>(cs.interaction_coefficient(i, p)), scale);
-    }
     for (int j = 0; j < draws; ++j) add_to(log_none, 0, j, t[j], scale * sigma[j], p_fit);
     double better = 0;
     for (int j = 0; j < draws; ++j) better += add_to(log_none, 1, j, t[j], scale * sigma[j], p_fit);

@@ -183,6 +183,30 @@ std::string ExpertReason(const ModelSpec& m, const ParallelConfig& c) {
   }
   return {};
 }
+
+// --ep and --etp: positive, and only for a mixture-of-experts model whose experts they divide.
+void ValidateExpertOptions(const ModelSpec& m, const SpaceOptions& options) {
+  for (int32_t ep : options.ep) {
+    if (ep < 1) throw InputError("--ep", "must be positive");
+    if (ep > 1 && !m.is_moe()) {
+      throw InputError("--ep", "ep=" + Str(ep) + " needs a mixture-of-experts model; " + m.name +
+                                   " is dense (allowed: 1)");
+    }
+    if (m.is_moe() && m.num_experts % ep != 0) {
+      throw InputError("--ep",
+                       "ep=" + Str(ep) + " does not divide num_experts=" + Str(m.num_experts));
+    }
+  }
+  for (int32_t etp : options.etp) {
+    if (etp < 1) throw InputError("--etp", "must be positive");
+    if (!m.is_moe()) {
+      throw InputError("--etp", m.name +
+                                    " is dense: its MLP splits over tp (etp applies to "
+                                    "mixture-of-experts models only)");
+    }
+    if (std::string r = EtpReason(m, etp); !r.empty()) throw InputError("--etp", r);
+  }
+}
 }  // namespace
 
 void SearchSpace::ValidateOptions() const {
@@ -225,26 +249,7 @@ void SearchSpace::ValidateOptions() const {
     // The kv heads per tp rank only shrink as tp grows: what fails at tp=1 fails everywhere.
     fail_if("--up", UlyssesKvReason(model_, 1, up));
   }
-  for (int32_t ep : options_.ep) {
-    if (ep < 1) throw InputError("--ep", "must be positive");
-    if (ep > 1 && !model_.is_moe()) {
-      throw InputError("--ep", "ep=" + Str(ep) + " needs a mixture-of-experts model; " +
-                                   model_.name + " is dense (allowed: 1)");
-    }
-    if (model_.is_moe() && model_.num_experts % ep != 0) {
-      throw InputError("--ep", "ep=" + Str(ep) + " does not divide num_experts=" +
-                                   Str(model_.num_experts));
-    }
-  }
-  for (int32_t etp : options_.etp) {
-    if (etp < 1) throw InputError("--etp", "must be positive");
-    if (!model_.is_moe()) {
-      throw InputError("--etp", model_.name +
-                                    " is dense: its MLP splits over tp (etp applies to "
-                                    "mixture-of-experts models only)");
-    }
-    fail_if("--etp", EtpReason(model_, etp));
-  }
+  ValidateExpertOptions(model_, options_);
   for (int32_t vpp : options_.vpp) {
     // With the embedding and/or the loss counted in the split, pp·vpp divides num_layers + 1
     // or + 2 (CountedSplits).
