@@ -112,7 +112,7 @@ struct StopCheck {
   double calibration = 1;
   // Where p_improvement's doubt lies: the eligible configurations with the largest p_better, at
   // most report_unmeasured, largest first (empty when the rules were not evaluated). Each is at
-  // most p_improvement; together, for small values, they are most of it.
+  // most p_improvement; their sum against it says how concentrated the doubt is.
   std::vector<OpenCandidate> likeliest_unmeasured;
 };
 
