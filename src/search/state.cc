@@ -5,6 +5,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "autopar/search/stop.h"
+
 namespace autopar::search {
 namespace {
 
@@ -64,14 +66,11 @@ bool SearchState::IsCheckTrial(int64_t trial) const {
 }
 
 bool SearchState::ChecksAgree() const {
-  const size_t n =
-      std::min(check_errors_.size(), static_cast<size_t>(settings_.check_agree_window));
-  if (n < 2) return false;
-  double squares = 0;
-  for (size_t k = check_errors_.size() - n; k < check_errors_.size(); ++k) {
-    squares += check_errors_[k] * check_errors_[k];
-  }
-  return squares <= static_cast<double>(n);
+  // The stop rule's calibration scale of the last checks is 1 (their mean square at most 1; any
+  // pseudo-errors give the same test).
+  const auto window = static_cast<int>(settings_.check_agree_window);
+  return std::min(check_errors_.size(), static_cast<size_t>(window)) >= 2 &&
+         CalibrationScale(check_errors_, window, 1.0) <= 1;
 }
 
 int64_t SearchState::CheckGap() const {
