@@ -15,9 +15,11 @@ table, over the seeds:
   stop        trials at the stop (median), and how the runs stopped
   oom         OOM trials / all trials, pooled over the seeds
   calibration (Thompson, over all tables of the suite) the mean P(an unmeasured configuration is
-              > 2% better) the stop rule claimed when it stopped (converged or
-              no_likely_improvement) against the fraction of those runs that stopped with regret
-              > 2%: an honest rule has the second no larger than the first
+              > 2% better) the stop rule claimed when it stopped (converged,
+              no_likely_improvement or noise_limited) against the fraction of those runs that
+              stopped with regret > 2%; and how likely that many runs above 2% (or more) would
+              be if each run's claim were true (the Poisson-binomial tail): "overconfident"
+              below 0.05
 
 Suites (--suite):
 
@@ -296,6 +298,21 @@ def report_today(t, evals, searchers):
     return verdict
 
 
+def tail_probability(claims, observed):
+    """P(at least `observed` of the runs end above 2%) when each run does so with the probability
+    it claimed (independently): the upper tail of the Poisson-binomial distribution, by dynamic
+    programming over the runs. Small (< 0.05) means the stop rule claims less doubt than its runs
+    show."""
+    dist = [1.0]  # dist[k]: P(k runs above 2%) over the runs so far
+    for p in claims:
+        nxt = [0.0] * (len(dist) + 1)
+        for k, q in enumerate(dist):
+            nxt[k] += q * (1 - p)
+            nxt[k + 1] += q * p
+        dist = nxt
+    return min(1.0, sum(dist[observed:]))
+
+
 def report_calibration(tables, evals):
     runs = [(t, e) for t in tables for e in evals.get((t.name, "thompson"), [])]
     stopped = [(t, e) for t, e in runs if e["stop"] in MODEL_STOPS]
@@ -305,12 +322,14 @@ def report_calibration(tables, evals):
         return
 
     def line(label, group):
-        claimed = statistics.fmean(e["p_improvement"] for _, e in group
-                                   if e["p_improvement"] is not None)
-        observed = sum(e["final"] > 0.02 + 1e-12 for _, e in group) / len(group)
+        claims = [e["p_improvement"] for _, e in group if e["p_improvement"] is not None]
+        claimed = statistics.fmean(claims)
+        above = sum(e["final"] > 0.02 + 1e-12 for _, e in group)
+        tail = tail_probability(claims, above)
         print(f"{label:16} {len(group):5d} stops  claimed P(>2% better unmeasured) "
-              f"{100 * claimed:5.2f}%  observed regret > 2% {100 * observed:5.1f}%"
-              + ("" if observed <= max(claimed, 1 / len(group)) else "  (overconfident)"))
+              f"{100 * claimed:5.2f}%  observed regret > 2% {100 * above / len(group):5.1f}% "
+              f"({above}, {sum(claims):.1f} expected, P(>= {above}) {tail:.3f})"
+              + ("  (overconfident)" if tail < 0.05 else ""))
     line("all", stopped)
     for fam in sorted({t.family for t in tables if t.family}):
         group = [(t, e) for t, e in stopped if t.family == fam]

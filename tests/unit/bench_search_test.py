@@ -101,6 +101,20 @@ class DumpTest(unittest.TestCase):
         self.assertFalse(tuning & set(bench.WORLD_SEEDS["held-out"]))
 
 
+class CalibrationTest(unittest.TestCase):
+    def test_the_tail_is_that_of_the_runs_own_claims(self):
+        self.assertEqual(bench.tail_probability([0.1, 0.2], 0), 1.0)
+        self.assertAlmostEqual(bench.tail_probability([0.5, 0.5], 1), 0.75)
+        self.assertAlmostEqual(bench.tail_probability([0.5, 0.5], 2), 0.25)
+        self.assertAlmostEqual(bench.tail_probability([0.1, 0.2, 0.3], 3), 0.006)
+        self.assertEqual(bench.tail_probability([0.0] * 5, 1), 0.0)
+
+    def test_more_misses_than_the_claims_allow_is_flagged(self):
+        # 200 stops claiming 1% each: 2 expected; 3 above 2% is well within it, 8 is not.
+        self.assertGreater(bench.tail_probability([0.01] * 200, 3), 0.3)
+        self.assertLess(bench.tail_probability([0.01] * 200, 8), 0.01)
+
+
 class OracleTest(unittest.TestCase):
     def test_rank_follows_the_structure_over_the_configurations_that_fit(self):
         # The structure puts a first, but a does not fit; b is its second and the table's best
