@@ -4,7 +4,8 @@ and the recommendation's spec text name one configuration by one key (etp left o
 where the experts follow tp, uneven stages 0 when not given), two configurations that differ only
 in etp or in their uneven stages have different keys, and a table with two rows of one key is
 refused rather than read as one configuration; --dump's record of a run, and the tuning world
-seeds kept apart from the held-out ones; scripts/world_oracle.py's rank of the first
+seeds kept apart from the held-out ones; the calibration's tail probability of the stop rule's
+misses under its own claims; scripts/world_oracle.py's rank of the first
 configuration within 2% of the best in the order of a world's structure.
 
 usage: bench_search_test.py SOURCE_DIR
