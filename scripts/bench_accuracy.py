@@ -426,7 +426,8 @@ def result_of(row, src, spec, world, est):
             "cluster": (row["gpu_norm"], world), "seq": int(row["seq_len"]), "metric": metric,
             "spec": spec, "measured": measured, "predicted": predicted,
             "err": (predicted - measured) / measured, "flops_ratio": ratio,
-            "uneven_or_etp": uneven_or_etp(row, spec)}
+            "uneven_or_etp": uneven_or_etp(row, spec),
+            "fits": est.get("fits", True), "peak_gib": est.get("peak_memory_gib")}
 
 
 def uneven_or_etp(row, spec):
@@ -536,6 +537,13 @@ def print_rows(results, skipped, total):
     if s["rows"]:
         print(f"MAPE: {100 * s['mape']:.1f}%   median APE: {100 * s['median']:.1f}%   "
               f"max APE: {100 * s['max']:.1f}%")
+    # The published runs ran: a configuration the model puts over the GPU's memory is a memory
+    # model (or a software stack) that differs from the source's there. Not for a one-layer
+    # timing (layer_ms), which the source may have taken from a model cut to fewer layers.
+    over = [r for r in results if not r["fits"] and r["metric"] != "layer_ms"]
+    if over:
+        print("the model puts over the GPU's memory (the source ran them): " + ", ".join(
+            f"{r['id']} {r['peak_gib']:.1f} GiB" for r in over))
     if skipped:
         print("skipped (the model cannot express them):")
         for row, reason in skipped:

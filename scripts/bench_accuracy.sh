@@ -6,8 +6,9 @@
 #   bench_accuracy.sh [CSV ...]   these calibration files instead (the same columns)
 #   bench_accuracy.sh --help      this text
 # Per row: id, source, model, config (--config SPEC), metric, measured, predicted, error. Per file:
-# rows predicted, MAPE, median and max APE, and each row skipped with the reason (a configuration
-# the source does not give, or one the model cannot express). Then per source, all rows, and each
+# rows predicted, MAPE, median and max APE, the rows the model puts over the GPU's memory (the
+# source ran them), and each row skipped with the reason (a configuration the source does not
+# give, or one the model cannot express). Then per source, all rows, and each
 # era: rows, skipped, MAPE, median, max, bias (signed mean error, + = the model predicts a faster
 # step), Kendall's tau-b inside groups of >= 2 rows sharing model, cluster, sequence length and
 # metric (the number of groups in brackets), and the source's FLOP count over the tool's.

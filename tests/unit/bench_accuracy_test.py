@@ -213,9 +213,12 @@ if layers == "7":
     sys.exit(2)
 if layers == "9":
     sys.exit(1)
+fits = layers != "10"  # exit 3: the estimate of a configuration the model says does not fit
 print(json.dumps({"configs": [{"step_time_s": 2.0, "model_tflops_per_gpu": 100.0, "mfu": 0.1,
+                               "fits": fits, "peak_memory_gib": 70.0 if fits else 95.5,
                                "breakdown": {"layer_forward_s": 0.001,
                                              "layer_backward_s": 0.002}}]}))
+sys.exit(0 if fits else 3)
 """
 
 
@@ -260,6 +263,13 @@ class WholeRun(unittest.TestCase):
         # The source's FLOPs over the tool's: F / (100 TFLOP/s · 2 s · 16).
         self.assertIn(f"{flops / (100e12 * 2.0 * 16):.2f}", out)
         self.assertRegex(out, r"MEGATRON_README_2024\s+2024\s+2\s+2 ")
+
+    def test_a_row_the_model_puts_over_the_memory_is_named(self):
+        code, out, _ = self.run_main([row(id="A1"), row(id="M1", layers="10", pp="2", dp="4")])
+        self.assertEqual(code, 0)
+        self.assertIn("rows predicted: 2 of 2", out)
+        self.assertIn("the model puts over the GPU's memory (the source ran them): M1 95.5 GiB",
+                      out)
 
     def test_an_unreadable_file_exits_2(self):
         err = io.StringIO()
