@@ -427,7 +427,7 @@ def result_of(row, src, spec, world, est):
             "spec": spec, "measured": measured, "predicted": predicted,
             "err": (predicted - measured) / measured, "flops_ratio": ratio,
             "uneven_or_etp": uneven_or_etp(row, spec),
-            "fits": est.get("fits", True), "peak_gib": est.get("peak_memory_gib")}
+            "fits": est["fits"], "peak_gib": est["peak_memory_gib"]}
 
 
 def uneven_or_etp(row, spec):

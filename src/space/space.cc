@@ -184,6 +184,11 @@ std::string ExpertReason(const ModelSpec& m, const ParallelConfig& c) {
   return {};
 }
 
+// A flag's value refused for `reason` (none when it is empty).
+void FailIf(const char* flag, const std::string& reason) {
+  if (!reason.empty()) throw InputError(flag, reason);
+}
+
 // --ep and --etp: positive, and only for a mixture-of-experts model whose experts they divide.
 void ValidateExpertOptions(const ModelSpec& m, const SpaceOptions& options) {
   for (int32_t ep : options.ep) {
@@ -204,19 +209,16 @@ void ValidateExpertOptions(const ModelSpec& m, const SpaceOptions& options) {
                                     " is dense: its MLP splits over tp (etp applies to "
                                     "mixture-of-experts models only)");
     }
-    if (std::string r = EtpReason(m, etp); !r.empty()) throw InputError("--etp", r);
+    FailIf("--etp", EtpReason(m, etp));
   }
 }
 }  // namespace
 
 void SearchSpace::ValidateOptions() const {
   const int64_t world = cluster_.world_size();
-  auto fail_if = [](const char* flag, const std::string& reason) {
-    if (!reason.empty()) throw InputError(flag, reason);
-  };
   for (int32_t tp : options_.tp) {
-    fail_if("--tp", tp < 1 ? "must be positive" : TpReason(model_, cluster_,
-                                                           options_.tp_across_nodes, tp));
+    FailIf("--tp",
+           tp < 1 ? "must be positive" : TpReason(model_, cluster_, options_.tp_across_nodes, tp));
   }
   for (int32_t pp : options_.pp) {
     if (splitter_ != nullptr) {  // uneven stages
@@ -237,17 +239,17 @@ void SearchSpace::ValidateOptions() const {
     }
   }
   for (int32_t cp : options_.cp) {
-    fail_if("--cp", cp < 1 ? "must be positive" : SeqSplitReason(train_, "cp", cp));
-    fail_if("--cp", WindowRingReason(model_, cp));
+    FailIf("--cp", cp < 1 ? "must be positive" : SeqSplitReason(train_, "cp", cp));
+    FailIf("--cp", WindowRingReason(model_, cp));
   }
   for (int32_t up : options_.up) {
-    fail_if("--up", up < 1 ? "must be positive" : SeqSplitReason(train_, "up", up));
+    FailIf("--up", up < 1 ? "must be positive" : SeqSplitReason(train_, "up", up));
     if (model_.num_attention_heads % up != 0) {
       throw InputError("--up", "up=" + Str(up) + " does not divide num_attention_heads=" +
                                    Str(model_.num_attention_heads));
     }
     // The kv heads per tp rank only shrink as tp grows: what fails at tp=1 fails everywhere.
-    fail_if("--up", UlyssesKvReason(model_, 1, up));
+    FailIf("--up", UlyssesKvReason(model_, 1, up));
   }
   ValidateExpertOptions(model_, options_);
   for (int32_t vpp : options_.vpp) {
@@ -267,11 +269,8 @@ void SearchSpace::ValidateOptions() const {
                                                  Str(train_.global_batch_size));
     }
   }
-  if (std::string r = RecomputeModulesReason(model_, train_, options_.recompute_modules);
-      !r.empty()) {
-    throw InputError("--recompute-modules", r);
-  }
-  fail_if("--moe-token-dispatcher-type", DispatcherReason(model_, options_.flex_dispatcher));
+  FailIf("--recompute-modules", RecomputeModulesReason(model_, train_, options_.recompute_modules));
+  FailIf("--moe-token-dispatcher-type", DispatcherReason(model_, options_.flex_dispatcher));
   for (int32_t n : options_.recompute_layers) {
     if (n < 0 || n > model_.num_layers) {
       throw InputError("--recompute-num-layers",
