@@ -239,7 +239,7 @@ const FlagGroup kTune = {
         // search::MakeSearcher names the searchers it knows.
         Text("--searcher", "thompson|random|grid|analytic", "(thompson)"),
         Number("--max-p-oom", "P",
-               "never propose a configuration at least this likely to OOM (0.9)"),
+               "never propose a configuration at least this likely to OOM (0.99)"),
         Duration("--budget", "S|90s|30m|8h", "wall-time budget (8h; 0: none)"),
         Int("--max-trials", "N", "(0: none)", 0),
         Duration("--trial-timeout", "S|30m", "per-trial deadline (600)"),

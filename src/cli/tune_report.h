@@ -24,7 +24,7 @@ struct TuneFlags {
   device::P2PSemantics p2p_semantics = device::P2PSemantics::kMpi;
   std::optional<std::string> replay_table;
   std::string searcher;
-  double max_p_oom = 0.9;
+  double max_p_oom = 0.99;
   int64_t top = 10;
   bool quiet = false;
   // The live status endpoint (rank 0): --status-addr, --status-port (0 picks a free port;

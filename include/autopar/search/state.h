@@ -73,7 +73,7 @@ struct SearchSettings {
   double modelled_non_tensor_gib = 0;
   // Candidates at or above this predicted P(OOM) are never proposed. Below it, Thompson sampling
   // weighs the risk itself (it draws the memory model too); the baselines take them as they come.
-  double max_p_oom = 0.9;
+  double max_p_oom = 0.99;
   int max_failures = 2;  // failures after which a configuration is never proposed again
   // Whether measured step times feed the time posterior (O(n²) per measurement). The baselines
   // that do not follow it (grid, random, analytic) turn it off: they record times all the same.
