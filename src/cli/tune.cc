@@ -99,7 +99,7 @@ TuneFlags ReadTuneFlags(Args& args) {
     throw InputError("--replay-table", "only with --backend replay");
   }
   f.searcher = args.Value("--searcher").value_or("thompson");
-  f.max_p_oom = Fraction(args, "--max-p-oom", 0.99, false);
+  f.max_p_oom = Fraction(args, "--max-p-oom", search::kDefaultMaxPOom, false);
   f.top = args.Int("--top", 10);
   f.quiet = args.Switch("--quiet");
   coord::TunerOptions& t = f.tuner;

@@ -11,6 +11,7 @@
 #include "autopar/coord/status_server.h"
 #include "autopar/coord/tuner.h"
 #include "autopar/perf/cost_model.h"
+#include "autopar/search/state.h"
 #include "proto/autopar.pb.h"
 
 namespace autopar::cli {
@@ -24,7 +25,7 @@ struct TuneFlags {
   device::P2PSemantics p2p_semantics = device::P2PSemantics::kMpi;
   std::optional<std::string> replay_table;
   std::string searcher;
-  double max_p_oom = 0.99;
+  double max_p_oom = search::kDefaultMaxPOom;
   int64_t top = 10;
   bool quiet = false;
   // The live status endpoint (rank 0): --status-addr, --status-port (0 picks a free port;

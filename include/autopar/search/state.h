@@ -65,6 +65,9 @@ struct Observation {
   double peak_memory_gib = std::numeric_limits<double>::quiet_NaN();  // used when > 0
 };
 
+// The default ceiling on a proposal's predicted P(OOM), `--max-p-oom` (docs/search.md §4).
+inline constexpr double kDefaultMaxPOom = 0.99;
+
 struct SearchSettings {
   TimePrior time_prior;
   MemoryPrior memory_prior;
@@ -73,7 +76,7 @@ struct SearchSettings {
   double modelled_non_tensor_gib = 0;
   // Candidates at or above this predicted P(OOM) are never proposed. Below it, Thompson sampling
   // weighs the risk itself (it draws the memory model too); the baselines take them as they come.
-  double max_p_oom = 0.99;
+  double max_p_oom = kDefaultMaxPOom;
   int max_failures = 2;  // failures after which a configuration is never proposed again
   // Whether measured step times feed the time posterior (O(n²) per measurement). The baselines
   // that do not follow it (grid, random, analytic) turn it off: they record times all the same.
