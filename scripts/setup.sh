@@ -11,7 +11,7 @@ packages=(
   libyaml-cpp-dev
   libopenblas-dev
   libgtest-dev libgmock-dev
-  python3 python3-matplotlib
+  python3 python3-matplotlib python3-numpy
   # scripts/format_check.sh and scripts/sanitize.sh: clang-format-diff, clang with its sanitizer
   # and libFuzzer runtimes; scripts/tidy_check.sh: clang-tidy.
   clang-format-14 clang-14 libclang-rt-14-dev clang-tidy-14

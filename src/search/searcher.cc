@@ -1,10 +1,12 @@
 #include "autopar/search/searcher.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 
 #include "autopar/common/errors.h"
+#include "autopar/search/math.h"
 #include "autopar/search/rng.h"
 
 namespace autopar::search {
@@ -24,6 +26,31 @@ int64_t EligibleArgmin(const SearchState& state, const std::vector<double>& t) {
   return best;
 }
 
+namespace {
+
+// E[max(τ − t, 0)] for t ~ N(mean, sd²): what measuring the candidate is expected to gain on τ.
+double ExpectedImprovement(double tau, double mean, double sd) {
+  if (!(sd > 0)) return std::max(tau - mean, 0.0);
+  const double z = (tau - mean) / sd;
+  return (tau - mean) * NormalCdf(z) + sd * NormalPdf(z);
+}
+
+// The `count` eligible candidates of lowest t (fewer where fewer are eligible), appended to *out.
+void AppendLowest(const SearchState& state, const std::vector<double>& t, int64_t count,
+                  std::vector<int64_t>* out) {
+  std::vector<int64_t> eligible;
+  eligible.reserve(static_cast<size_t>(state.eligible_count()));
+  for (int64_t i = 0; i < static_cast<int64_t>(t.size()); ++i) {
+    if (state.eligible(i) && std::isfinite(t[i])) eligible.push_back(i);
+  }
+  const auto by_time = [&](int64_t a, int64_t b) { return t[a] < t[b] || (t[a] == t[b] && a < b); };
+  const auto end = eligible.begin() + std::min<int64_t>(count, std::ssize(eligible));
+  std::nth_element(eligible.begin(), end, eligible.end(), by_time);
+  out->insert(out->end(), eligible.begin(), end);
+}
+
+}  // namespace
+
 std::optional<int64_t> ThompsonSearcher::Propose(const SearchState& state, uint64_t seed,
                                                  int64_t trial_index) const {
   // The repeats that tell the noise: the recommendation, once it has held over confirm_after,
@@ -36,10 +63,50 @@ std::optional<int64_t> ThompsonSearcher::Propose(const SearchState& state, uint6
     return incumbent;
   }
   Rng rng(seed, trial_index, Purpose::kProposal);
+  const bool check = state.IsCheckTrial(trial_index);
+  const std::optional<int64_t> drawn = ThompsonDraw(state, rng, check);
+  // A check, a repeat, or nothing measured yet to improve on: the draw decides.
+  if (check || settings.improvement_shortlist <= 0 || incumbent < 0 || !drawn ||
+      state.measured(*drawn)) {
+    return drawn;
+  }
+  // Otherwise the largest expected improvement on the recommendation among a shortlist: the
+  // candidates of lowest posterior mean and the picks of improvement_draws draws (docs/search.md
+  // §6). The Gaussian predictive of the model's value, weighted by the probability it fits.
+  const CandidateSet& cs = state.candidates();
+  std::vector<int64_t> shortlist{*drawn};
+  std::vector<double> t;
+  for (int64_t j = 1; j < settings.improvement_draws; ++j) {
+    std::vector<double> theta(static_cast<size_t>(state.time().dim()));
+    state.time().Draw(rng, theta.data());
+    cs.Predict(theta.data(), &t);
+    if (const int64_t pick = EligibleArgmin(state, t); pick >= 0) shortlist.push_back(pick);
+  }
+  cs.Predict(state.time().mean().data(), &t);
+  AppendLowest(state, t, settings.improvement_shortlist, &shortlist);
+  std::sort(shortlist.begin(), shortlist.end());
+  shortlist.erase(std::unique(shortlist.begin(), shortlist.end()), shortlist.end());
+  const double tau = state.Estimated(incumbent).mean_s;
+  int64_t best = *drawn;
+  double best_gain = -1;
+  for (int64_t i : shortlist) {
+    const double p_oom = state.POom(i);
+    if (i != *drawn && p_oom > settings.improvement_max_p_oom) continue;
+    const TimePosterior::Relative z = state.time().Predict(cs, i, /*with_noise=*/false);
+    const double nominal = cs.nominal_time_s(i);
+    const double gain =
+        (1 - p_oom) * ExpectedImprovement(tau, nominal * z.mean, nominal * std::sqrt(z.variance));
+    if (gain > best_gain || (gain == best_gain && i < best)) best = i, best_gain = gain;
+  }
+  return best;
+}
+
+std::optional<int64_t> ThompsonSearcher::ThompsonDraw(const SearchState& state, Rng& rng,
+                                                      bool check) {
+  const SearchSettings& settings = state.settings();
   std::vector<double> theta(static_cast<size_t>(state.time().dim()));
   // A check trial (state.h): from a draw check_temper times wider, so the errors of what it
   // measures test the posterior where its own picks do not go (the stop rule's calibration).
-  const bool check = state.IsCheckTrial(trial_index);
   state.time().Draw(rng, theta.data(), check && settings.check_any_hypothesis,
                     check ? settings.check_temper : 1.0);
   // A contender worth measuring again takes part with a draw of its estimate: it is

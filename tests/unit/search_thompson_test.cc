@@ -100,6 +100,53 @@ TEST(Thompson, MeasuresContendersAgainWhenMeasurementsAreNoisy) {
   EXPECT_GE(state.measurements(state.best()), 3);
 }
 
+// A trial that is neither a check nor a repeat measures, among the candidates of lowest posterior
+// mean, the one of largest expected improvement on the recommendation, E[max(τ − t, 0)]·P(fit)
+// (docs/search.md §6); with no shortlist it is Thompson's own pick.
+TEST(Thompson, AnOrdinaryTrialMeasuresTheLargestExpectedImprovement) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  const SyntheticTruth truth(cs, 4);
+  ThompsonSearcher ts;
+  SearchState state(cs, SearchSettings::Default(cs));
+  RunTrials(cs, ts, 5, truth.step_time_s, 12, &state);
+  int64_t trial = state.trials();
+  while (state.IsCheckTrial(trial)) ++trial;
+  ASSERT_GE(state.best(), 0);
+  const auto proposed = ts.Propose(state, 5, trial);
+  ASSERT_TRUE(proposed.has_value());
+  ASSERT_TRUE(state.eligible(*proposed));
+  const double tau = state.Estimated(state.best()).mean_s;
+  const auto improvement = [&](int64_t i) {
+    const TimePosterior::Relative z = state.time().Predict(cs, i, false);
+    const double mean = cs.nominal_time_s(i) * z.mean;
+    const double sd = cs.nominal_time_s(i) * std::sqrt(z.variance);
+    const double u = (tau - mean) / sd;
+    return (1 - state.POom(i)) * ((tau - mean) * 0.5 * std::erfc(-u / std::sqrt(2.0)) +
+                                  sd * std::exp(-0.5 * u * u) / std::sqrt(2 * M_PI));
+  };
+  std::vector<std::pair<double, int64_t>> by_mean;
+  for (int64_t i = 0; i < cs.size(); ++i) {
+    if (state.eligible(i)) by_mean.emplace_back(state.time().PredictMean(cs, i), i);
+  }
+  std::sort(by_mean.begin(), by_mean.end());
+  // The lowest 16 are in any shortlist of the default size or more.
+  constexpr int64_t kLowest = 16;
+  ASSERT_GT(std::ssize(by_mean), kLowest);
+  const double gain = improvement(*proposed);
+  EXPECT_GT(gain, 0);
+  for (int64_t k = 0; k < kLowest; ++k) {
+    EXPECT_LE(improvement(by_mean[k].second), gain * (1 + 1e-9)) << by_mean[k].second;
+  }
+  SearchSettings thompson_only = state.settings();
+  thompson_only.improvement_shortlist = 0;
+  SearchState plain(cs, thompson_only);
+  for (const Observation& o : state.history()) plain.Observe(o);
+  int agree = 0;
+  for (uint64_t seed = 0; seed < 20; ++seed) agree += ts.Propose(plain, seed, trial) == proposed;
+  EXPECT_LT(agree, 20) << "without a shortlist the pick is a draw's";
+}
+
 TEST(CandidateSet, LevelEffectsAreOneRelativeCoefficientPerKnobValue) {
   Llama7bCase c;
   const CandidateSet& cs = *c.candidates;

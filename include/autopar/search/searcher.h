@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "autopar/search/rng.h"
 #include "autopar/search/state.h"
 
 namespace autopar::search {
@@ -27,15 +28,22 @@ class Searcher {
 };
 
 // Thompson sampling (Thompson 1933; Russo et al. 2018, "A Tutorial on Thompson Sampling"): draw
-// θ from the posterior, predict every candidate with one matrix–vector product X·θ, propose the
-// eligible argmin. Exploration comes from the spread of the draw, nothing else: a configuration is
-// proposed with the posterior probability that it is the fastest eligible one.
+// θ from the posterior, predict every candidate with one matrix–vector product X·θ, take the
+// eligible argmin. The draw decides check trials, repeats and the first trial; any other trial
+// measures the largest expected improvement on the recommendation (Jones et al. 1998) of a
+// shortlist: the candidates of lowest posterior mean and the picks of a few draws
+// (docs/search.md §6).
 class ThompsonSearcher : public Searcher {
  public:
   const char* name() const override { return "thompson"; }
   bool uses_posterior() const override { return true; }
   std::optional<int64_t> Propose(const SearchState& state, uint64_t seed,
                                  int64_t trial_index) const override;
+
+ private:
+  // One Thompson draw's pick: the eligible argmin of a drawn θ that fits a drawn memory model, or
+  // a contender worth measuring again whose drawn estimate is lower (a check: the wider draw).
+  static std::optional<int64_t> ThompsonDraw(const SearchState& state, Rng& rng, bool check);
 };
 
 // Exhaustive sweep in the enumeration order of the space (or the rows of a replay table), as

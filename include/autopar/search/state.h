@@ -115,6 +115,15 @@ struct SearchSettings {
   // after the last one instead of `check_every` (0: always check_every).
   int64_t check_every_agreeing = 6;
   int64_t check_agree_window = 5;
+  // A trial that is not a check nor a repeat measures the candidate of largest expected
+  // improvement on the recommendation, E[max(τ − t, 0)]·P(fit), among a shortlist: the
+  // `improvement_shortlist` eligible candidates of lowest posterior mean and the picks of
+  // `improvement_draws` Thompson draws (0: Thompson's own pick, docs/search.md §6).
+  int64_t improvement_shortlist = 64;
+  int64_t improvement_draws = 1;
+  // Of the shortlist, only those at most this likely to run out of memory compete, and the draw's
+  // own pick (which took its risk in proportion to it).
+  double improvement_max_p_oom = 0.5;
 
   // Defaults for a candidate set: the time prior's θ₀ scale follows its median step time.
   static SearchSettings Default(const CandidateSet& candidates);
