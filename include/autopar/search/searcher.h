@@ -31,8 +31,7 @@ class Searcher {
 // θ from the posterior, predict every candidate with one matrix–vector product X·θ, take the
 // eligible argmin. The draw decides check trials, repeats and the first trial; any other trial
 // measures the largest expected improvement on the recommendation (Jones et al. 1998) of a
-// shortlist: the candidates of lowest posterior mean and the picks of a few draws
-// (docs/search.md §6).
+// shortlist: the candidates of lowest posterior mean and the draw's own pick (docs/search.md §6).
 class ThompsonSearcher : public Searcher {
  public:
   const char* name() const override { return "thompson"; }
