@@ -32,7 +32,6 @@ import argparse
 import math
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -150,9 +149,8 @@ def drawn_sds(binary, t):
 
 
 def summary(values):
-    v = sorted(x if x is not None else math.inf for x in values)
-    p90 = v[int(math.ceil(0.9 * len(v))) - 1]
-    return f"median {statistics.median(v):g} p90 {p90:g}"
+    v = [x if x is not None else math.inf for x in values]
+    return f"median {bench_search.median(v):g} p90 {bench_search.p90(v):g}"
 
 
 def main():

@@ -71,17 +71,11 @@ std::optional<int64_t> ThompsonSearcher::Propose(const SearchState& state, uint6
     return drawn;
   }
   // Otherwise the largest expected improvement on the recommendation among a shortlist: the
-  // candidates of lowest posterior mean and the picks of improvement_draws draws (docs/search.md
-  // §6). The Gaussian predictive of the model's value, weighted by the probability it fits.
+  // candidates of lowest posterior mean and the draw's pick (docs/search.md §6). The Gaussian
+  // predictive of the model's value, weighted by the probability it fits.
   const CandidateSet& cs = state.candidates();
   std::vector<int64_t> shortlist{*drawn};
   std::vector<double> t;
-  for (int64_t j = 1; j < settings.improvement_draws; ++j) {
-    std::vector<double> theta(static_cast<size_t>(state.time().dim()));
-    state.time().Draw(rng, theta.data());
-    cs.Predict(theta.data(), &t);
-    if (const int64_t pick = EligibleArgmin(state, t); pick >= 0) shortlist.push_back(pick);
-  }
   cs.Predict(state.time().mean().data(), &t);
   AppendLowest(state, t, settings.improvement_shortlist, &shortlist);
   std::sort(shortlist.begin(), shortlist.end());

@@ -117,11 +117,9 @@ struct SearchSettings {
   int64_t check_agree_window = 5;
   // A trial that is not a check nor a repeat measures the candidate of largest expected
   // improvement on the recommendation, E[max(τ − t, 0)]·P(fit), among a shortlist: the
-  // `improvement_shortlist` eligible candidates of lowest posterior mean and the picks of
-  // `improvement_draws` Thompson draws, the first the trial's own (docs/search.md §6). A
-  // shortlist of 0 leaves every trial to Thompson's pick.
+  // `improvement_shortlist` eligible candidates of lowest posterior mean and the trial's own
+  // Thompson pick (docs/search.md §6). A shortlist of 0 leaves every trial to Thompson's pick.
   int64_t improvement_shortlist = 64;
-  int64_t improvement_draws = 1;
   // Of the shortlist, only those at most this likely to run out of memory compete, and the draw's
   // own pick (which took its risk in proportion to it).
   double improvement_max_p_oom = 0.5;
