@@ -11,6 +11,9 @@ the checks that need it, never a silent pass):
   gpu_bench_kernel_np1.json        the same on the CUDA-core attention kernel (no speed targets)
   trial_1gpu.json, plan.json       the llama-7B-shaped trial and `autopar-tune plan` of that job
   trial_1gpu_fp8.json              that trial with --fp8-format hybrid
+  trial_1gpu_modules.json          that trial recomputing the layer norms and the MLP too
+  trial_1gpu_dropout.json          that trial with Megatron's hidden dropout of 0.1
+  trial_1gpu_moe.json              one Mixtral 8x7B layer on one GPU
   trial_<pp|cp|tp>2.json           the 2-GPU trials (trial_*.err: what they printed on stderr)
 
 Targets (the issue's, set for an H100; scaled by the GPU preset's dense bf16 peak over the H100's
@@ -25,9 +28,11 @@ Targets we set (the issue names none):
   every trial ends `ok` (the FP8 one "skipped" where the GPU has no fp8 tensor cores and the
   trial says so); the FP8 trial's step faster than the bf16 one's (speed-up > 1: a trial that
   makes FP8 look slower would rank FP8 configurations wrongly; Transformer Engine gains about
-  1.3x on such a model, the analytic model predicts its own figure, both shown); the gpu-labelled tests: none fails and more run than skip (on a GPU
-  machine a skip for want of a GPU means the tests did not see it); the benchmark entries: none
-  fails (those needing more GPUs than there are skip).
+  1.3x on such a model, the analytic model predicts its own figure, both shown); the trial that
+  recomputes the layer norms and the MLP too peaks below the bf16 one (core_attn alone); the MoE
+  trial's load-balancing loss > 0 (its router ran); the gpu-labelled tests: none fails and more
+  run than skip (on a GPU machine a skip for want of a GPU means the tests did not see it); the
+  benchmark entries: none fails (those needing more GPUs than there are skip).
 Attention backward TFLOP/s and the trials' step time against the model's prediction are reported
 with no target ("info"). Exit status 1 when any check is FAIL.
 """
@@ -276,6 +281,50 @@ def fp8_trial_checks(work, bf16):
     return out
 
 
+def peak(trial):
+    """A trial's peak over its ranks (GiB), or None."""
+    peaks = (trial or {}).get("peak_memory_gib") or []
+    return max(peaks) if peaks else None
+
+
+def feature_trial_checks(work, bf16):
+    """The 1-GPU trials of what a trial runs beyond the bf16 layer `bf16`: each ends ok with its
+    step time next to the model's; recomputing more modules lowers the peak below `bf16`'s;
+    hidden dropout's masks show as peak memory (info, next to the model's); the MoE layer's
+    router yields a load-balancing loss."""
+    out = []
+    features = (("1gpu_modules",
+                 "trial llama-7B-shaped, recompute_modules core_attn+layernorm+mlp"),
+                ("1gpu_dropout", "trial llama-7B-shaped, hidden dropout 0.1"),
+                ("1gpu_moe", "trial mixtral-8x7b-shaped 1 layer, 1 GPU"))
+    for tag, name in features:
+        t = load_json(os.path.join(work, f"trial_{tag}.json"))
+        if t is None or t.get("status") != "ok":
+            out.append(check(f"{name}: ends ok", t and t.get("status"), "ok", "FAIL", "",
+                             why_not(work, tag, t)))
+            continue
+        out.append(check(f"{name}: ends ok", "ok", "ok", "PASS", "", t.get("config", "")))
+        out.append(step_time_check(name, t))
+        own, base = peak(t), peak(bf16 if (bf16 or {}).get("status") == "ok" else None)
+        model = (t.get("predicted_peak_memory_gib", 0)
+                 - (bf16 or {}).get("predicted_peak_memory_gib", 0))  # against the bf16 trial
+        if tag == "1gpu_modules":
+            lower = own is not None and base is not None and own < base
+            out.append(check(f"{name}: peak below core_attn alone", own, "< the bf16 trial's",
+                             "PASS" if lower else "FAIL", "GiB",
+                             f"core_attn alone {base} GiB; the model says {model:+.2f} GiB"))
+        elif tag == "1gpu_dropout":
+            note = (f"the masks add {own - base:+.3f} GiB; the model says {model:+.3f} GiB"
+                    if own is not None and base is not None else "no peak to compare")
+            out.append(check(f"{name}: peak", own, None, "info", "GiB", note))
+        else:
+            aux = t.get("aux_loss")
+            out.append(check(f"{name}: load-balancing loss", aux, "> 0",
+                             "PASS" if isinstance(aux, (int, float)) and aux > 0 else "FAIL", "",
+                             "the router's auxiliary loss, as Megatron's --moe-aux-loss-coeff"))
+    return out
+
+
 def trial_checks(work, gpus):
     out = []
     trial = load_json(os.path.join(work, "trial_1gpu.json"))
@@ -306,6 +355,7 @@ def trial_checks(work, gpus):
         out.append(check(f"{name}: MFU", mfu, f">= {MFU_TARGET:.0%}",
                          "FAIL" if mfu is None or mfu < MFU_TARGET else "PASS", "", note))
     out += fp8_trial_checks(work, trial)
+    out += feature_trial_checks(work, trial)
     for tag in MULTI_GPU_TRIALS:
         name = f"trial {tag[:-1]}=2, 2 GPUs"
         if gpus < 2:

@@ -54,9 +54,11 @@ def bench_np1(preset=H100, fwd=(400.0, 380.0, 360.0), gemm=650.0, out_err=1e-3, 
     }
 
 
-def trial(step, status="ok", config="tp=1,pp=1,dp=1"):
+def trial(step, status="ok", config="tp=1,pp=1,dp=1", peak=37.0, predicted_peak=40.0, aux=0.0):
     return {"config": config, "status": status, "message": "", "step_time_s": step,
-            "predicted_step_time_s": 0.9, "tokens_per_s": 32768 / step}
+            "predicted_step_time_s": 0.9, "tokens_per_s": 32768 / step,
+            "peak_memory_gib": [peak], "predicted_peak_memory_gib": predicted_peak,
+            "aux_loss": aux}
 
 
 # 494.5 TFLOP per step on one 989 TFLOP/s GPU: 0.5 s is 100% MFU, 1.0 s is 50%.
@@ -89,6 +91,9 @@ class ReportTest(unittest.TestCase):
         self.put("gpu_bench_kernel_np1.json", bench_np1(fwd=(100.0, 90.0), engine="kernel"))
         self.put("trial_1gpu.json", trial(1.0))
         self.put("trial_1gpu_fp8.json", trial(0.8))
+        self.put("trial_1gpu_modules.json", trial(1.1, peak=35.0, predicted_peak=37.7))
+        self.put("trial_1gpu_dropout.json", trial(1.0, peak=37.25, predicted_peak=40.3))
+        self.put("trial_1gpu_moe.json", trial(0.5, peak=30.0, aux=0.02))
         self.put("plan.json", PLAN)
         if gpus >= 2:
             self.put("gpu_bench_np2.json",
@@ -166,6 +171,37 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(checks[f"{name}: ends ok"]["verdict"], "FAIL")
         self.assertEqual(checks[f"{name}: speed-up over bf16"]["verdict"], "FAIL")
         self.assertEqual(rc, 1)
+
+    def test_the_feature_trials_end_ok_and_show_what_they_run(self):
+        self.healthy()
+        rc, _, checks, text = self.run_report()
+        self.assertEqual(rc, 0, text)
+        modules = "trial llama-7B-shaped, recompute_modules core_attn+layernorm+mlp"
+        dropout = "trial llama-7B-shaped, hidden dropout 0.1"
+        moe = "trial mixtral-8x7b-shaped 1 layer, 1 GPU"
+        for name in (modules, dropout, moe):
+            self.assertEqual(checks[f"{name}: ends ok"]["verdict"], "PASS")
+            self.assertEqual(checks[f"{name}: step time"]["verdict"], "info")
+        self.assertEqual(checks[f"{modules}: peak below core_attn alone"]["verdict"], "PASS")
+        self.assertIn("the model says -2.30 GiB",
+                      checks[f"{modules}: peak below core_attn alone"]["note"])
+        self.assertIn("the masks add +0.250 GiB; the model says +0.300 GiB",
+                      checks[f"{dropout}: peak"]["note"])
+        self.assertEqual(checks[f"{moe}: load-balancing loss"]["verdict"], "PASS")
+
+        # Recomputing more modules that keeps as much as core_attn alone did not drop them.
+        self.put("trial_1gpu_modules.json", trial(1.1, peak=37.0))
+        # A router that never ran has no load-balancing loss.
+        self.put("trial_1gpu_moe.json", trial(0.5, aux=0.0))
+        os.remove(os.path.join(self.work, "trial_1gpu_dropout.json"))
+        self.put("trial_1gpu_dropout.err", "autopar-tune trial: cuda: out of memory\n")
+        rc, _, checks, _ = self.run_report()
+        self.assertEqual(rc, 1)
+        self.assertEqual(checks[f"{modules}: peak below core_attn alone"]["verdict"], "FAIL")
+        self.assertEqual(checks[f"{moe}: load-balancing loss"]["verdict"], "FAIL")
+        self.assertEqual(checks[f"{dropout}: ends ok"]["verdict"], "FAIL")
+        self.assertEqual(checks[f"{dropout}: ends ok"]["note"],
+                         "autopar-tune trial: cuda: out of memory")
 
     def test_targets_on_an_h100(self):
         self.healthy()
