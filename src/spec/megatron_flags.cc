@@ -335,7 +335,8 @@ void CompleteModel(const std::set<std::string>& given, bool from_scratch, const 
 bool MegatronFlagAccountedFor(const std::string& flag) {
   // Whole families by prefix: optimizer hyper-parameters, schedules, data, tokenizer files,
   // logging, evaluation, checkpoints, profiling, initialisation, the FP8 scaling recipe's
-  // bookkeeping, the router's loss terms, kernels' fusions the model's efficiencies include,
+  // bookkeeping, the router's loss terms and its forced balance (the model assumes balance and
+  // trials force it: docs/trial.md §8), kernels' fusions the model's efficiencies include,
   // grouped expert GEMMs, and torchrun's own flags (the cluster's shape is read from them apart).
   static const char* const kPrefixes[] = {"--lr",
                                           "--min-lr",
@@ -373,6 +374,7 @@ bool MegatronFlagAccountedFor(const std::string& flag) {
                                           "--moe-aux-loss-coeff",
                                           "--moe-z-loss-coeff",
                                           "--moe-router-load-balancing-type",
+                                          "--moe-router-force-load-balancing",
                                           "--rotary-",
                                           "--use-checkpoint-args",
                                           "--num-workers",

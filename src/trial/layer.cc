@@ -154,7 +154,8 @@ Status StageProgram::MlpForward(const LayerWeights& w, const LayerActs& a, MoeAc
     // sums, so the tp reduction below completes both parts.
     const int64_t rows = T / s_.tp, first = g_.at.tp * rows * h;
     AUTOPAR_RETURN_IF_ERROR(moe_->Forward(w, moe, y2.Slice(first, rows * h),
-                                          partial_.Slice(first, rows * h), count_aux));
+                                          partial_.Slice(first, rows * h), count_aux,
+                                          RoutingDraws()));
   }
   return ReduceRows(partial_, reduced_);
 }

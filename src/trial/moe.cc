@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "kernels/init.h"
 #include "src/trial/linear.h"
 
 namespace autopar::trial {
@@ -79,11 +80,44 @@ StatusOr<std::vector<int32_t>> MoeLayer::ShareCounts(const std::vector<int32_t>&
   return dev_.Download<int32_t>(all_counts_.Slice(0, s_.etp * n));
 }
 
+namespace {
+
+// A standard normal draw, element `index` of the stream `seed` (Box-Muller on two 53-bit uniforms,
+// the first in (0, 1]).
+double HashNormal(uint64_t seed, uint64_t index) {
+  using kernels::ref::SplitMix64;
+  const uint64_t stream = SplitMix64(seed);
+  const double u1 = static_cast<double>((SplitMix64(stream + 2 * index) >> 11) + 1) * 0x1p-53;
+  const double u2 = static_cast<double>(SplitMix64(stream + 2 * index + 1) >> 11) * 0x1p-53;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+}  // namespace
+
+void MoeLayer::DrawLogits(const RandomLogits& random, std::vector<float>& logits) const {
+  const int64_t Tr = s_.tokens / s_.tp, E = s_.experts, mbs = s_.mbs;
+  // Row r of the tensor-parallel region is (s, b) = (r / mbs, r % mbs), s this rank's position
+  // of the sequence (GlobalPosition), b the micro-batch's sample; this tp rank routes rows
+  // [tp·Tr, (tp + 1)·Tr).
+  for (int64_t t = 0; t < Tr; ++t) {
+    const int64_t r = g_.at.tp * Tr + t;
+    const int64_t token =
+        (random.first_sample + r % mbs) * s_.seq + GlobalPosition(s_, g_.at, r / mbs);
+    for (int64_t e = 0; e < E; ++e) {
+      logits[t * E + e] =
+          static_cast<float>(HashNormal(random.layer_seed, static_cast<uint64_t>(token * E + e)));
+    }
+  }
+}
+
 // Router logits, top-k gates and the samples' load statistics.
-Status MoeLayer::Route(const LayerWeights& w, MoeActs& a, Tensor x, bool count_aux) {
+Status MoeLayer::Route(const LayerWeights& w, MoeActs& a, Tensor x, bool count_aux,
+                       const std::optional<RandomLogits>& random) {
   const int64_t Tr = s_.tokens / s_.tp, E = s_.experts, k = s_.topk, mbs = s_.mbs;
+  // Megatron computes the gating before it replaces the logits, and so does this.
   AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(Tr, E, s_.hidden), x, w.router, logits_));
-  AUTOPAR_ASSIGN_OR_RETURN(const std::vector<float> logits, dev_.Download<float>(logits_));
+  AUTOPAR_ASSIGN_OR_RETURN(std::vector<float> logits, dev_.Download<float>(logits_));
+  if (random) DrawLogits(*random, logits);
   a.choice.assign(Tr * k, 0);
   a.gate.assign(Tr * k, 0.0f);
   a.probs.assign(Tr * E, 0.0f);
@@ -377,8 +411,9 @@ Status MoeLayer::ExpertsBackward(const LayerWeights& w, MoeActs& a, Tensor dy, T
   return OkStatus();
 }
 
-Status MoeLayer::Forward(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out, bool count_aux) {
-  AUTOPAR_RETURN_IF_ERROR(Route(w, a, x, count_aux));
+Status MoeLayer::Forward(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out, bool count_aux,
+                         const std::optional<RandomLogits>& random) {
+  AUTOPAR_RETURN_IF_ERROR(Route(w, a, x, count_aux, random));
   if (s_.flex) return ForwardFlex(w, a, x, out);
   AUTOPAR_RETURN_IF_ERROR(Exchange(a));
   const int64_t Tr = s_.tokens / s_.tp, k = s_.topk, h = s_.hidden, R = a.all_received;

@@ -28,7 +28,9 @@
 // reduce-scatter pad each rank's block to the largest count in the etp group.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "src/trial/rows.h"
@@ -60,6 +62,16 @@ struct MoeActs {
   Tensor row_gates;
 };
 
+// Megatron's --moe-router-force-load-balancing (its RandomSTE, what its MoE benchmarks run): the
+// forward replaces the router's logits by standard normal draws, and the backward passes the
+// logits' gradient straight through to the router. The draw of (token, expert) is a pure function
+// of the layer's stream and the token's place in the global batch (its sample and position), so
+// every layout, and a recomputed forward, routes alike; training cannot unbalance it.
+struct RandomLogits {
+  uint64_t layer_seed = 0;   // the global layer's stream, the same on every rank
+  int64_t first_sample = 0;  // the micro-batch's first sample in the global batch
+};
+
 class MoeLayer {
  public:
   // The load-balancing loss coefficient (Megatron's --moe-aux-loss-coeff; 1e-2 as in Switch).
@@ -70,8 +82,10 @@ class MoeLayer {
 
   // Routes this tp rank's rows x [Tr, h] and adds the gate-weighted expert outputs into out
   // [Tr, h]. Adds the layer's load-balancing loss of the samples to the running sum when
-  // `count_aux` (not on a full-recompute rerun), on one rank per sample.
-  Status Forward(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out, bool count_aux);
+  // `count_aux` (not on a full-recompute rerun), on one rank per sample. With `random`, the
+  // routing is forced to balance (RandomLogits).
+  Status Forward(const LayerWeights& w, MoeActs& a, Tensor x, Tensor out, bool count_aux,
+                 const std::optional<RandomLogits>& random = std::nullopt);
   // From dy [Tr, h], the gradient at `out`: the experts' weight gradients, the gradient reaching x
   // through the experts (kept for BackwardRouter) and the router logits' gradient.
   Status BackwardExperts(const LayerWeights& w, MoeActs& a, Tensor dy);
@@ -84,7 +98,10 @@ class MoeLayer {
  private:
   MoeLayer(Device& d, const Shapes& s, ProcessGroups& g, double samples)
       : dev_(d), s_(s), g_(g), etp_(s.etp == s.tp ? g.tp : g.etp), samples_per_step_(samples) {}
-  Status Route(const LayerWeights& w, MoeActs& a, Tensor x, bool count_aux);
+  Status Route(const LayerWeights& w, MoeActs& a, Tensor x, bool count_aux,
+               const std::optional<RandomLogits>& random);
+  // RandomLogits' draws for this rank's rows, in place of the router's [Tr·E] logits.
+  void DrawLogits(const RandomLogits& random, std::vector<float>& logits) const;
   // Row counts, `count.size() / ep` for each ep rank, through the ep all-to-all and the etp
   // all-gather: what each etp rank of the group received from each ep rank, [etp][ep][n].
   StatusOr<std::vector<int32_t>> ShareCounts(const std::vector<int32_t>& count);

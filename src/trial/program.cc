@@ -130,15 +130,22 @@ Status StageProgram::AllocateMasks(std::span<LayerActs> layers, Buffer& masks) {
   return OkStatus();
 }
 
-void StageProgram::SetDropoutSeed(int microbatch, int chunk, size_t layer_in_chunk) {
+void StageProgram::SetLayerDraws(int microbatch, int chunk, size_t layer_in_chunk) {
   using kernels::ref::SplitMix64;
+  const int64_t layer = s_.GlobalLayer(chunk, static_cast<int64_t>(layer_in_chunk));
   uint64_t h = SplitMix64(data_.seed ^ 0xD207ull);
   for (const int64_t v : {int64_t{g_.at.tp}, int64_t{g_.at.up}, int64_t{g_.at.cp},
-                          int64_t{g_.at.dp}, int64_t{g_.at.pp}, int64_t{microbatch},
-                          s_.GlobalLayer(chunk, static_cast<int64_t>(layer_in_chunk))}) {
+                          int64_t{g_.at.dp}, int64_t{g_.at.pp}, int64_t{microbatch}, layer}) {
     h = SplitMix64(h + static_cast<uint64_t>(v));
   }
   dropout_seed_ = h;
+  random_logits_.layer_seed = SplitMix64(SplitMix64(data_.seed ^ 0x40E7ull) + layer);
+  random_logits_.first_sample = FirstSample(microbatch);
+}
+
+std::optional<RandomLogits> StageProgram::RoutingDraws() const {
+  if (!data_.moe_force_load_balancing) return std::nullopt;
+  return random_logits_;
 }
 
 // The one-layer work area: the activations a fully recomputed layer rebuilds, or what selective
@@ -264,7 +271,7 @@ Status StageProgram::LoadTokens(int microbatch) {
   if (loaded_microbatch_ == microbatch) return OkStatus();
   const int64_t T = s_.tokens;
   std::vector<int32_t> ids(T), targets(T), positions(s_.local_tokens);
-  const int64_t first_sample = g_.at.dp * data_.samples_per_replica + int64_t{microbatch} * s_.mbs;
+  const int64_t first_sample = FirstSample(microbatch);
   // Row (s, b) holds the token at this rank's s-th position of the sequence (GlobalPosition).
   for (int64_t local = 0; local < s_.seq_local; ++local) {
     const int64_t pos = GlobalPosition(s_, g_.at, local);
@@ -368,7 +375,7 @@ Status StageProgram::Forward(int microbatch, int chunk) {
     const LayerActs acts = recomputed ? work_ : ActsOf(slot, j, w.moe);
     MoeActs& moe = recomputed ? work_moe_ : MoeActsOf(slot, j, w.moe);
     AUTOPAR_RETURN_IF_ERROR(w_.AwaitParams(g_, w_.LayerUnit(chunk, static_cast<int64_t>(j))));
-    SetDropoutSeed(microbatch, chunk, j);
+    SetLayerDraws(microbatch, chunk, j);
     AUTOPAR_RETURN_IF_ERROR(LayerForward(w, acts, moe, x, next, true));
     // Under moe recompute the layer's routed activations are dropped (Megatron's checkpoint keeps
     // the input alone) and rebuilt before its backward.
@@ -399,9 +406,11 @@ Status StageProgram::Backward(int microbatch, int chunk) {
   for (size_t j = weights.layers.size(); j-- > 0;) {
     LayerActs acts = ActsOf(slot, j, weights.layers[j].moe);
     MoeActs* moe = &MoeActsOf(slot, j, weights.layers[j].moe);
+    // A recompute's rerun (full, or the modules selective recompute reruns) draws what the
+    // forward drew.
+    SetLayerDraws(microbatch, chunk, j);
     if (Recomputed(static_cast<int>(j))) {
       // Full recompute: rebuild this layer's activations (and dropout masks) from its saved input.
-      SetDropoutSeed(microbatch, chunk, j);
       AUTOPAR_RETURN_IF_ERROR(
           LayerForward(weights.layers[j], work_, work_moe_, slot.layers[j].x, scratch_, false));
       acts = work_;

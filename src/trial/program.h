@@ -41,6 +41,7 @@ struct DataSpec {
   int64_t samples_per_replica = 0;  // global batch / dp
   double tokens_per_step = 0;       // the loss is the mean over these
   float hidden_dropout = 0;         // TrialOptions::hidden_dropout
+  bool moe_force_load_balancing = false;  // TrialOptions::moe_force_load_balancing
 };
 
 class StageProgram {
@@ -165,10 +166,17 @@ class StageProgram {
   Tensor ids_, targets_, positions_;
   Tensor forward_out_, backward_out_;  // a stage's outputs until the exchange after their op
   int loaded_microbatch_ = -1;
-  // Hidden dropout's seed for the layer LayerForward runs next (SetDropoutSeed): a full
-  // recompute's rerun draws the masks of the first forward again.
+  // The draws of the layer LayerForward (or a rerun) runs next (SetLayerDraws): hidden dropout's
+  // seed, from the rank's coordinates, and the forced routing's logits (RandomLogits), from the
+  // global layer and the micro-batch's samples alone. A recompute's rerun draws the same again.
   uint64_t dropout_seed_ = 0;
-  void SetDropoutSeed(int microbatch, int chunk, size_t layer_in_chunk);
+  RandomLogits random_logits_;
+  void SetLayerDraws(int microbatch, int chunk, size_t layer_in_chunk);
+  // The micro-batch's first sample in the global batch.
+  int64_t FirstSample(int microbatch) const {
+    return g_.at.dp * data_.samples_per_replica + int64_t{microbatch} * s_.mbs;
+  }
+  std::optional<RandomLogits> RoutingDraws() const;
   double loss_sum_ = 0;
 };
 

@@ -230,6 +230,7 @@ Status RunOnRank(device::Platform& platform, const device::Group& world, const M
   data.samples_per_replica = train.global_batch_size / c.dp;
   data.tokens_per_step = static_cast<double>(run_microbatches) * c.mbs * train.seq_length * c.dp;
   data.hidden_dropout = options.hidden_dropout;
+  data.moe_force_load_balancing = options.moe_force_load_balancing;
   auto program_or = StageProgram::Create(dev, shapes, c, groups, shard, data,
                                          SlotsBySize(ops, shapes.chunk_layers));
   AUTOPAR_RETURN_IF_ERROR(

@@ -26,12 +26,12 @@ using testing::NumericOptions;
 TrainSpec Train() { return testing::SmallTrain(Precision::kFP32); }
 
 // The single-rank reference: every rank runs it alone on a group of its own.
-TrialMeasurement Reference(const ModelSpec& model) {
+TrialMeasurement Reference(const ModelSpec& model, const TrialOptions& options = NumericOptions()) {
   auto self = World().Split(World().rank(), 0);
   EXPECT_TRUE(self.ok());
   ParallelConfig one;
   one.dp = 1;
-  return RunTrial(TestPlatform(), *self, model, Train(), one, NumericOptions());
+  return RunTrial(TestPlatform(), *self, model, Train(), one, options);
 }
 
 void ExpectClose(double got, double want, const std::string& what) {
@@ -67,15 +67,13 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& param) {
   return name;
 }
 
-class Equivalence : public ::testing::TestWithParam<Case> {};
-
-TEST_P(Equivalence, LossAndUpdatedWeightsMatchOneRank) {
-  const ModelSpec model = ModelOf(GetParam());
-  const TrialMeasurement ref = Reference(model);
+// The case's loss, updated weights and load-balancing loss against one rank's.
+void ExpectMatchesOneRank(const Case& param, const TrialOptions& options) {
+  const ModelSpec model = ModelOf(param);
+  const TrialMeasurement ref = Reference(model, options);
   ASSERT_EQ(ref.outcome, Outcome::kOk) << ref.message;
-  const ParallelConfig c = Complete(ParseSpec(GetParam().spec), World().size());
-  const TrialMeasurement got =
-      RunTrial(TestPlatform(), World(), model, Train(), c, NumericOptions());
+  const ParallelConfig c = Complete(ParseSpec(param.spec), World().size());
+  const TrialMeasurement got = RunTrial(TestPlatform(), World(), model, Train(), c, options);
   ASSERT_EQ(got.outcome, Outcome::kOk) << got.message;
   ExpectClose(got.loss, ref.loss, "loss");
   ExpectClose(got.weight_sum, ref.weight_sum, "sum of the updated weights");
@@ -87,6 +85,28 @@ TEST_P(Equivalence, LossAndUpdatedWeightsMatchOneRank) {
     EXPECT_GT(ref.aux_loss, 0.0);
   }
 }
+
+class Equivalence : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Equivalence, LossAndUpdatedWeightsMatchOneRank) {
+  ExpectMatchesOneRank(GetParam(), NumericOptions());
+}
+
+// MoE cases route by random logits there (TrialOptions::moe_force_load_balancing); by the
+// router's own logits too, the layouts agree.
+class LearnedRouterEquivalence : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LearnedRouterEquivalence, LossAndUpdatedWeightsMatchOneRank) {
+  TrialOptions o = NumericOptions();
+  o.moe_force_load_balancing = false;
+  ExpectMatchesOneRank(GetParam(), o);
+}
+
+INSTANTIATE_TEST_SUITE_P(Trial, LearnedRouterEquivalence,
+                         ::testing::Values(Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"},
+                                           Case{"tiny-moe", "cp=2,dp=2,ep=4,dispatcher=flex"},
+                                           Case{"tiny-moe", "pp=2,dp=2,ep=2,recompute=full"}),
+                         CaseName);
 
 INSTANTIATE_TEST_SUITE_P(
     Trial, Equivalence,
@@ -608,6 +628,53 @@ TEST_P(MoeGradient, MatchesCentralDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Trial, MoeGradient,
                          ::testing::Combine(::testing::Values(1.0f, 0.0f), ::testing::Bool()));
+
+// Megatron's --moe-router-force-load-balancing (RandomLogits, what trials run by default): a
+// router that sends every token to expert 0 routes them there by its own logits, and evenly once
+// forced, the same tokens to the same experts whatever its weights (training cannot move it).
+TEST(MoeForcedBalance, RoutesEvenlyWhateverTheRouterWeights) {
+  Device& dev = TestPlatform().device();
+  const Shapes s = testing::OneRankMoe(512, 8, 8, 2, 4, /*flex=*/false);
+  ProcessGroups g;  // one rank: every group is unconnected
+  const int64_t T = s.tokens, h = s.hidden, E = s.experts, k = s.topk, f = s.expert_ffn;
+  auto moe = MoeLayer::Create(dev, s, g, /*samples_per_step=*/2.0);
+  ASSERT_TRUE(moe.ok()) << moe.status().ToString();
+  const int64_t router = E * h, params = router + E * (2 * f * h + h * f);
+  auto buffer = dev.Allocate(2 * params + 2 * T * h, device::DType::kF32);
+  ASSERT_TRUE(buffer.ok());
+  const Tensor all = buffer->tensor();
+  const LayerWeights lw = testing::MoeWeights(s, all.Slice(0, params), all.Slice(params, params));
+  const Tensor x = all.Slice(2 * params, T * h), out = all.Slice(2 * params + T * h, T * h);
+  // Inputs of positive entries and a router whose row 0 is large: expert 0 wins every token.
+  std::vector<float> host(static_cast<size_t>(all.numel), 0.0f);
+  for (int64_t i = 0; i < params; ++i) host[i] = 0.1f * kernels::ref::HashUniform(41, i);
+  for (int64_t i = 0; i < h; ++i) host[i] = 1.0f;
+  for (int64_t i = 0; i < T * h; ++i)
+    host[2 * params + i] = 1.5f + kernels::ref::HashUniform(42, i);
+  const RandomLogits draws{kernels::ref::SplitMix64(7), /*first_sample=*/0};
+  auto route = [&](const std::optional<RandomLogits>& random) {
+    MoeActs acts;
+    EXPECT_TRUE(dev.Upload(all, host).ok());
+    EXPECT_TRUE((*moe)->Forward(lw, acts, x, out, true, random).ok());
+    (*moe)->TakeAuxLoss();
+    return acts;
+  };
+  const MoeActs learned = route(std::nullopt);
+  EXPECT_EQ(learned.expert_rows[0], T) << "the router's own logits: every token to expert 0";
+  const MoeActs forced = route(draws);
+  const double share = static_cast<double>(T * k) / E;  // 256 rows each
+  for (int64_t e = 0; e < E; ++e) {
+    EXPECT_NEAR(forced.expert_rows[e], share, 0.25 * share) << "expert " << e;
+  }
+  // Other router weights (expert 7 now wins), the same forced routing.
+  for (int64_t i = 0; i < h; ++i) std::swap(host[i], host[(E - 1) * h + i]);
+  EXPECT_EQ(route(std::nullopt).expert_rows[E - 1], T);
+  const MoeActs moved = route(draws);
+  EXPECT_EQ(moved.choice, forced.choice);
+  EXPECT_EQ(moved.gate, forced.gate);
+  // Another layer's stream routes otherwise.
+  EXPECT_NE(route(RandomLogits{kernels::ref::SplitMix64(8), 0}).choice, forced.choice);
+}
 
 // Hidden dropout (Megatron's --hidden-dropout, TrialOptions::hidden_dropout): a recomputed forward
 // draws the masks the first forward drew, so full and selective recompute update the weights as

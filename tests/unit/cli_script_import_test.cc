@@ -122,7 +122,8 @@ TEST(CliScriptImport, Qwen3MoeRecipeReadsItsSplitAndRecomputeModules) {
       "--expert-tensor-parallel-size 1 --account-for-embedding-in-pipeline-split "
       "--account-for-loss-in-pipeline-split --sequence-parallel --use-distributed-optimizer "
       "--micro-batch-size 1 --global-batch-size 256 --recompute-granularity selective "
-      "--recompute-modules layernorm moe --bf16 --attention-dropout 0.0 --hidden-dropout 0.0";
+      "--recompute-modules layernorm moe --bf16 --attention-dropout 0.0 --hidden-dropout 0.0 "
+      "--moe-router-force-load-balancing";
   const Result csv = RunCli(
       {"predict", "--megatron-args", recipe, "--gpu", "h100", "--nnodes", "32", "--format", "csv"});
   ASSERT_TRUE(csv.code == kExitOk || csv.code == kExitInfeasible) << csv.err;
@@ -132,6 +133,8 @@ TEST(CliScriptImport, Qwen3MoeRecipeReadsItsSplitAndRecomputeModules) {
                   "recompute_modules=layernorm+moe,dist_opt=on"))
       << csv.out;
   EXPECT_FALSE(Has(csv.err, "--recompute-modules")) << csv.err;  // not among the ignored
+  // The zoo's "forced balance" rows ran it; the model assumes balance and trials force it.
+  EXPECT_FALSE(Has(csv.err, "--moe-router-force-load-balancing")) << csv.err;
   // 96 counted layers over 32 model chunks of 3: the first and the last stage 11 layers.
   EXPECT_TRUE(Has(csv.err, "uneven pipeline stages of 11|12|12|12|12|12|12|11 layers")) << csv.err;
   const Result flags = RunCli({"predict", "--megatron-args", recipe, "--gpu", "h100", "--nnodes",

@@ -56,6 +56,13 @@ struct TrialOptions {
   // Megatron's --hidden-dropout: each block's output (attention, MLP) is dropped elementwise with
   // this probability before its residual add, the masks kept for backward; 0 = none.
   float hidden_dropout = 0;
+  // Megatron's --moe-router-force-load-balancing, as its MoE benchmarks run: the router's logits
+  // replaced by random draws (src/trial/moe.h, RandomLogits), so every expert gets its share of
+  // the tokens however training moves the router. A trial times the step of a job in training,
+  // whose router its load-balancing loss keeps near balance; a freshly drawn router updated at
+  // this trial's learning rate instead collapses onto a few experts within three steps (docs/
+  // trial.md §8). false: the router's own logits (the numerical checks of its gradient).
+  bool moe_force_load_balancing = true;
 };
 
 // What a trial runs when the stack keeps dropout (StackOptions::dropout, which records whether,
