@@ -20,6 +20,8 @@
 #      with --fp8-format hybrid, and `autopar-tune plan` of the same job for the model's FLOPs
 #      per step and the GPU's peak; the same trial recomputing the layer norms and the MLP too
 #      (Megatron's --recompute-modules), with hidden dropout, and one Mixtral 8x7B layer (MoE);
+#      the llama-7B-shaped and the MoE trial again with all 8 micro-batches run, against the
+#      step extrapolated from 2;
 #   5. with 2 GPUs or more, the pp=2, cp=2 and tp=2 trials of that model on 2 GPUs;
 #   6. scripts/gpu_check_report.py: every figure with its target and PASS/FAIL (targets and how
 #      they scale to GPUs other than the H100 are in its docstring) into gpu_check.json
@@ -35,10 +37,10 @@
 # minute (cuDNN attention ~0.45 PFLOP over the three shapes' 13 forward+backward rounds, about a
 # second at 400+ TFLOP/s, plus plan building; the CUDA-core kernel's comparison at 4k and 8k
 # only, ~6 TFLOP per round at ~10 TFLOP/s: ~10 s; the GEMM, ~14 TFLOP; each entry capped at
-# 90 s, all at 120 s), the five 1-GPU trials under a minute together (8 llama-7B layers or one
-# Mixtral layer, 2 micro-batches, 7 iterations; capped at 120 s and 60 s each), `plan` a second;
-# a hang in every step would take 180 + 120 + 120 + 4 x 60 = 660 s, more than the budget, which
-# then leaves the last trials unrun (FAIL). Measured on one H200: steps 2-5 in 111 s with two
+# 90 s, all at 120 s), the seven 1-GPU trials about a minute together (8 llama-7B layers or one
+# Mixtral layer, 2 micro-batches or all 8, 7 iterations; capped at 120 s and 60 s each), `plan`
+# a second; a hang in every step would take 180 + 120 + 120 + 6 x 60 = 780 s, more than the
+# budget, which then leaves the last trials unrun (FAIL). Measured on one H200: steps 2-5 in 111 s with two
 # trials (2026-11-26); 116 s with two and 128 s with all five (2026-11-28), the call 2.6 min. With 2 GPUs or more the three 2-GPU trials (each capped at 90 s) share what is
 # left; raise the budget there.
 #
@@ -187,7 +189,11 @@ trial 1gpu_dropout 1 mbs=1,recompute=selective 60 --hidden-dropout 0.1 --attenti
 dense=("${job[@]}")
 job=(--model mixtral-8x7b --num-layers 1 "${dense[@]:4}")
 trial 1gpu_moe 1 mbs=1,recompute=selective 60
+# A trial runs 2 of the job's 8 micro-batches and extrapolates (docs/trial.md §9): the same two
+# trials with every micro-batch run say whether the extrapolation holds.
+trial 1gpu_moe_all 1 mbs=1,recompute=selective 60 --max-microbatches -1
 job=("${dense[@]}")
+trial 1gpu_all 1 mbs=1,recompute=selective 60 --max-microbatches -1
 if ((gpus >= 2)); then
   for dim in pp cp tp; do trial "${dim}2" 2 "$dim=2,mbs=1,recompute=selective" 90; done
 fi

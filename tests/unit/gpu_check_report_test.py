@@ -58,7 +58,7 @@ def trial(step, status="ok", config="tp=1,pp=1,dp=1", peak=37.0, predicted_peak=
     return {"config": config, "status": status, "message": "", "step_time_s": step,
             "predicted_step_time_s": 0.9, "tokens_per_s": 32768 / step,
             "peak_memory_gib": [peak], "predicted_peak_memory_gib": predicted_peak,
-            "aux_loss": aux}
+            "aux_loss": aux, "iteration_times_s": [0.98 * step, step, 1.03 * step]}
 
 
 # 494.5 TFLOP per step on one 989 TFLOP/s GPU: 0.5 s is 100% MFU, 1.0 s is 50%.
@@ -94,6 +94,8 @@ class ReportTest(unittest.TestCase):
         self.put("trial_1gpu_modules.json", trial(1.1, peak=35.0, predicted_peak=37.7))
         self.put("trial_1gpu_dropout.json", trial(1.0, peak=37.25, predicted_peak=40.3))
         self.put("trial_1gpu_moe.json", trial(0.5, peak=30.0, aux=0.02))
+        self.put("trial_1gpu_all.json", trial(1.02))
+        self.put("trial_1gpu_moe_all.json", trial(0.48, peak=30.0, aux=0.02))
         self.put("plan.json", PLAN)
         if gpus >= 2:
             self.put("gpu_bench_np2.json",
@@ -202,6 +204,27 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(checks[f"{dropout}: ends ok"]["verdict"], "FAIL")
         self.assertEqual(checks[f"{dropout}: ends ok"]["note"],
                          "autopar-tune trial: cuda: out of memory")
+
+    def test_the_extrapolated_step_must_match_the_step_with_every_micro_batch(self):
+        self.healthy()
+        rc, _, checks, text = self.run_report()
+        self.assertEqual(rc, 0, text)
+        dense = "trial llama-7B-shaped 8 layers, 1 GPU: step from 2 of 8 micro-batches / all 8"
+        moe = "trial mixtral-8x7b-shaped 1 layer, 1 GPU: step from 2 of 8 micro-batches / all 8"
+        self.assertEqual(checks[dense]["verdict"], "PASS")
+        self.assertAlmostEqual(checks[dense]["value"], 1.0 / 1.02)
+        self.assertIn("(iterations 0.980-1.030)", checks[dense]["note"])
+        self.assertEqual(checks[moe]["verdict"], "PASS")
+        # What one H200 measured before (docs/trial.md §14.1): 0.509 s from 2, 0.424 s from 8.
+        self.put("trial_1gpu_moe.json", trial(0.509))
+        self.put("trial_1gpu_moe_all.json", trial(0.424))
+        os.remove(os.path.join(self.work, "trial_1gpu_all.json"))
+        self.put("trial_1gpu_all.err", "autopar-tune trial: timeout\n")
+        rc, _, checks, _ = self.run_report()
+        self.assertEqual(rc, 1)
+        self.assertEqual(checks[moe]["verdict"], "FAIL")
+        self.assertEqual(checks[dense]["verdict"], "FAIL")
+        self.assertEqual(checks[dense]["note"], "autopar-tune trial: timeout")
 
     def test_targets_on_an_h100(self):
         self.healthy()
