@@ -82,30 +82,42 @@ StatusOr<std::vector<int32_t>> MoeLayer::ShareCounts(const std::vector<int32_t>&
 
 namespace {
 
-// A standard normal draw, element `index` of the stream `seed` (Box-Muller on two 53-bit uniforms,
-// the first in (0, 1]).
-double HashNormal(uint64_t seed, uint64_t index) {
-  using kernels::ref::SplitMix64;
-  const uint64_t stream = SplitMix64(seed);
-  const double u1 = static_cast<double>((SplitMix64(stream + 2 * index) >> 11) + 1) * 0x1p-53;
-  const double u2 = static_cast<double>(SplitMix64(stream + 2 * index + 1) >> 11) * 0x1p-53;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+// Standard normal draws 2·pair and 2·pair + 1 of the stream (Box-Muller on the two 24-bit halves of
+// one hash, the first in (0, 1]: |z| ≤ 5.8). One hash, one log and one sine and cosine for two:
+// the host draws a logit per (token, expert) while the device waits.
+void NormalPair(uint64_t stream, uint64_t pair, float* first, float* second) {
+  const uint64_t h = kernels::ref::SplitMix64(stream + pair);
+  const float u1 = static_cast<float>((h >> 40) + 1) * 0x1p-24f;
+  const float u2 = static_cast<float>(h & 0xFFFFFF) * 0x1p-24f;
+  const float r = std::sqrt(-2.0f * std::log(u1));
+  const float angle = 6.28318530717958647692f * u2;
+  *first = r * std::cos(angle);
+  *second = r * std::sin(angle);
 }
 
 }  // namespace
 
 void MoeLayer::DrawLogits(const RandomLogits& random, std::vector<float>& logits) const {
   const int64_t Tr = s_.tokens / s_.tp, E = s_.experts, mbs = s_.mbs;
+  const uint64_t stream = kernels::ref::SplitMix64(random.layer_seed);
   // Row r of the tensor-parallel region is (s, b) = (r / mbs, r % mbs), s this rank's position
   // of the sequence (GlobalPosition), b the micro-batch's sample; this tp rank routes rows
-  // [tp·Tr, (tp + 1)·Tr).
+  // [tp·Tr, (tp + 1)·Tr). Draw i = token·E + e is the first or second of pair i / 2.
   for (int64_t t = 0; t < Tr; ++t) {
     const int64_t r = g_.at.tp * Tr + t;
     const int64_t token =
         (random.first_sample + r % mbs) * s_.seq + GlobalPosition(s_, g_.at, r / mbs);
-    for (int64_t e = 0; e < E; ++e) {
-      logits[t * E + e] =
-          static_cast<float>(HashNormal(random.layer_seed, static_cast<uint64_t>(token * E + e)));
+    float* row = logits.data() + t * E;
+    for (int64_t e = 0; e < E;) {
+      const auto i = static_cast<uint64_t>(token * E + e);
+      float even = 0, odd = 0;
+      NormalPair(stream, i / 2, &even, &odd);
+      if (i % 2 == 1) {
+        row[e++] = odd;
+        continue;
+      }
+      row[e++] = even;
+      if (e < E) row[e++] = odd;
     }
   }
 }
@@ -124,14 +136,19 @@ Status MoeLayer::Route(const LayerWeights& w, MoeActs& a, Tensor x, bool count_a
   std::vector<float> stats(2 * mbs * E, 0.0f);  // per sample: token counts, probability sums
   const int64_t row0 = g_.at.tp * Tr;
   std::vector<int32_t> order(E);
+  // exp(z − max z), each once: the host's work, while the device waits.
+  std::vector<double> scaled(E);
   for (int64_t t = 0; t < Tr; ++t) {
     const float* z = logits.data() + t * E;
     const double z_max = *std::max_element(z, z + E);
     double total = 0;
-    for (int64_t e = 0; e < E; ++e) total += std::exp(z[e] - z_max);
+    for (int64_t e = 0; e < E; ++e) {
+      scaled[e] = std::exp(z[e] - z_max);
+      total += scaled[e];
+    }
     const int64_t b = (row0 + t) % mbs;
     for (int64_t e = 0; e < E; ++e) {
-      a.probs[t * E + e] = static_cast<float>(std::exp(z[e] - z_max) / total);
+      a.probs[t * E + e] = static_cast<float>(scaled[e] / total);
       stats[mbs * E + b * E + e] += a.probs[t * E + e];
     }
     // The k largest logits (ties to the lower expert), and a softmax over them.
@@ -139,10 +156,10 @@ Status MoeLayer::Route(const LayerWeights& w, MoeActs& a, Tensor x, bool count_a
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
                       [z](int32_t i, int32_t j) { return z[i] > z[j] || (z[i] == z[j] && i < j); });
     double top_total = 0;
-    for (int64_t j = 0; j < k; ++j) top_total += std::exp(z[order[j]] - z_max);
+    for (int64_t j = 0; j < k; ++j) top_total += scaled[order[j]];
     for (int64_t j = 0; j < k; ++j) {
       a.choice[t * k + j] = order[j];
-      a.gate[t * k + j] = static_cast<float>(std::exp(z[order[j]] - z_max) / top_total);
+      a.gate[t * k + j] = static_cast<float>(scaled[order[j]] / top_total);
       stats[b * E + order[j]] += 1.0f;
     }
   }
