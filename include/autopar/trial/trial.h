@@ -60,7 +60,7 @@ struct TrialOptions {
   // replaced by random draws (src/trial/moe.h, RandomLogits), so every expert gets its share of
   // the tokens however training moves the router. A trial times the step of a job in training,
   // whose router its load-balancing loss keeps near balance; a freshly drawn router updated at
-  // this trial's learning rate instead collapses onto a few experts within three steps (docs/
+  // this trial's learning rate instead collapses onto a few experts within two steps (docs/
   // trial.md §8). false: the router's own logits (the numerical checks of its gradient).
   bool moe_force_load_balancing = true;
 };
