@@ -40,9 +40,10 @@
 # 90 s, all at 120 s), the seven 1-GPU trials about a minute together (8 llama-7B layers or one
 # Mixtral layer, 2 micro-batches or all 8, 7 iterations; capped at 120 s and 60 s each), `plan`
 # a second; a hang in every step would take 180 + 120 + 120 + 6 x 60 = 780 s, more than the
-# budget, which then leaves the last trials unrun (FAIL). Measured on one H200: steps 2-5 in 111 s with two
-# trials (2026-11-26); 116 s with two and 128 s with all five (2026-11-28), the call 2.6 min. With 2 GPUs or more the three 2-GPU trials (each capped at 90 s) share what is
-# left; raise the budget there.
+# budget, which then leaves the last trials unrun (FAIL). Measured on one H200: steps 2-5 in
+# 111 s with two trials (2026-11-26); 116 s with two and 128 s with five (2026-11-28; the seventh
+# and sixth, every micro-batch, not yet run there). With 2 GPUs or more the three 2-GPU trials
+# (each capped at 90 s) share what is left; raise the budget there.
 #
 # Tests and benchmarks are found by their ctest labels only. AUTOPAR_GPU names the GPU preset when
 # the device's name does not map to one (see `gpu_check_report.py preset`).
