@@ -107,6 +107,20 @@ def why_not(work, tag, result):
     return said[0][:300] if said else "no output"
 
 
+def ended_ok(trial):
+    """Whether a trial's JSON (None: it printed none) says it ended ok."""
+    return trial is not None and trial.get("status") == "ok"
+
+
+def ends_ok_check(name, work, tag, trial, note=None):
+    """`{name}: ends ok`: PASS with the trial's configuration (or `note`), else FAIL saying why."""
+    if ended_ok(trial):
+        return check(f"{name}: ends ok", "ok", "ok", "PASS", "",
+                     trial.get("config", "") if note is None else note)
+    return check(f"{name}: ends ok", trial and trial.get("status"), "ok", "FAIL", "",
+                 why_not(work, tag, trial))
+
+
 def load_json(path):
     """The JSON object in `path` (its last line that parses), or None."""
     try:
@@ -262,16 +276,15 @@ def fp8_trial_checks(work, bf16):
     its step is shorter than the bf16 trial's `bf16` (the speed-up, next to the model's)."""
     name = "trial llama-7B-shaped 8 layers, 1 GPU, fp8 hybrid"
     fp8 = load_json(os.path.join(work, "trial_1gpu_fp8.json"))
-    if fp8 is None or fp8.get("status") != "ok":
-        why = why_not(work, "1gpu_fp8", fp8)
+    ends = ends_ok_check(name, work, "1gpu_fp8", fp8)
+    if not ended_ok(fp8):
+        why = ends["note"]
         if "has no fp8" in why:  # the trial's refusal (exit 2) on a GPU without fp8
             return [check(f"{name}: ends ok", None, "ok", "skipped", "", why)]
-        return [check(f"{name}: ends ok", fp8 and fp8.get("status"), "ok", "FAIL", "", why),
-                check(f"{name}: speed-up over bf16", None, "> 1", "FAIL", "x", why)]
-    out = [check(f"{name}: ends ok", "ok", "ok", "PASS", "", fp8.get("config", "")),
-           step_time_check(name, fp8)]
+        return [ends, check(f"{name}: speed-up over bf16", None, "> 1", "FAIL", "x", why)]
+    out = [ends, step_time_check(name, fp8)]
     step, predicted = fp8["step_time_s"], fp8.get("predicted_step_time_s", 0)
-    if bf16 is None or bf16.get("status") != "ok":
+    if not ended_ok(bf16):
         out.append(check(f"{name}: speed-up over bf16", None, "> 1", "FAIL", "x",
                          "the bf16 trial did not end ok"))
         return out
@@ -303,13 +316,11 @@ def feature_trial_checks(work, bf16):
                 ("1gpu_moe", "trial mixtral-8x7b-shaped 1 layer, 1 GPU"))
     for tag, name in features:
         t = load_json(os.path.join(work, f"trial_{tag}.json"))
-        if t is None or t.get("status") != "ok":
-            out.append(check(f"{name}: ends ok", t and t.get("status"), "ok", "FAIL", "",
-                             why_not(work, tag, t)))
+        out.append(ends_ok_check(name, work, tag, t))
+        if not ended_ok(t):
             continue
-        out.append(check(f"{name}: ends ok", "ok", "ok", "PASS", "", t.get("config", "")))
         out.append(step_time_check(name, t))
-        own, base = peak(t), peak(bf16 if (bf16 or {}).get("status") == "ok" else None)
+        own, base = peak(t), peak(bf16 if ended_ok(bf16) else None)
         model = (t.get("predicted_peak_memory_gib", 0)
                  - (bf16 or {}).get("predicted_peak_memory_gib", 0))  # against the bf16 trial
         if tag == "1gpu_modules":
@@ -338,19 +349,19 @@ def extrapolation_checks(work):
         check_name = f"{name}: step from 2 of 8 micro-batches / all 8"
         part = load_json(os.path.join(work, f"trial_{tag}.json"))
         full = load_json(os.path.join(work, f"trial_{tag}_all.json"))
-        if not all(t is not None and t.get("status") == "ok" for t in (part, full)):
-            why = why_not(work, f"{tag}_all", full) if part and part.get("status") == "ok" else \
-                why_not(work, tag, part)
+        if not (ended_ok(part) and ended_ok(full)):
+            failed = (tag, part) if not ended_ok(part) else (f"{tag}_all", full)
+            why = why_not(work, *failed)
             out.append(check(check_name, None, f"1 +- {EXTRAPOLATION_TOLERANCE:g}", "FAIL", "x",
                              why))
             continue
         ratio = part["step_time_s"] / full["step_time_s"]
         ok = abs(ratio - 1) <= EXTRAPOLATION_TOLERANCE
+        times = part["iteration_times_s"]
         out.append(check(check_name, ratio, f"1 +- {EXTRAPOLATION_TOLERANCE:g}",
                          "PASS" if ok else "FAIL", "x",
-                         f"{part['step_time_s']:.4f} s from 2 (iterations "
-                         f"{min(part['iteration_times_s']):.3f}-{max(part['iteration_times_s']):.3f}"
-                         f"), {full['step_time_s']:.4f} s with all 8"))
+                         f"{part['step_time_s']:.4f} s from 2 (iterations {min(times):.3f}-"
+                         f"{max(times):.3f}), {full['step_time_s']:.4f} s with all 8"))
     return out
 
 
@@ -359,12 +370,11 @@ def trial_checks(work, gpus):
     trial = load_json(os.path.join(work, "trial_1gpu.json"))
     plan = load_json(os.path.join(work, "plan.json"))
     name = "trial llama-7B-shaped 8 layers, 1 GPU"
-    if trial is None or trial.get("status") != "ok":
-        why = why_not(work, "1gpu", trial)
-        out.append(check(f"{name}: ends ok", trial and trial.get("status"), "ok", "FAIL", "", why))
-        out.append(check(f"{name}: MFU", None, f">= {MFU_TARGET:.0%}", "FAIL", "", why))
+    out.append(ends_ok_check(name, work, "1gpu", trial))
+    if not ended_ok(trial):
+        out.append(check(f"{name}: MFU", None, f">= {MFU_TARGET:.0%}", "FAIL", "",
+                         out[-1]["note"]))
     else:
-        out.append(check(f"{name}: ends ok", "ok", "ok", "PASS", "", trial.get("config", "")))
         mfu = None
         note = "no plan output: model FLOPs unknown"
         configs = (plan or {}).get("configs") or []
@@ -392,14 +402,11 @@ def trial_checks(work, gpus):
             out.append(check(f"{name}: ends ok", None, "ok", "skipped", "", f"{gpus} GPU"))
             continue
         t = load_json(os.path.join(work, f"trial_{tag}.json"))
-        if t is None or t.get("status") != "ok":
-            why = why_not(work, tag, t)
-            out.append(check(f"{name}: ends ok", t and t.get("status"), "ok", "FAIL", "", why))
-            continue
-        predicted = t.get("predicted_step_time_s", 0)
-        out.append(check(f"{name}: ends ok", "ok", "ok", "PASS", "",
-                         f"{t.get('config', '')}; step {t['step_time_s']:.4f} s, model "
-                         f"{predicted:.4f} s"))
+        note = None
+        if ended_ok(t):
+            note = (f"{t.get('config', '')}; step {t['step_time_s']:.4f} s, model "
+                    f"{t.get('predicted_step_time_s', 0):.4f} s")
+        out.append(ends_ok_check(name, work, tag, t, note))
     return out
 
 

@@ -100,24 +100,20 @@ void NormalPair(uint64_t stream, uint64_t pair, float* first, float* second) {
 void MoeLayer::DrawLogits(const RandomLogits& random, std::vector<float>& logits) const {
   const int64_t Tr = s_.tokens / s_.tp, E = s_.experts, mbs = s_.mbs;
   const uint64_t stream = kernels::ref::SplitMix64(random.layer_seed);
+  const int64_t pairs = (E + 1) / 2;  // per token: experts 2j and 2j + 1 share pair j
+  logits.resize(static_cast<size_t>(Tr * E));
   // Row r of the tensor-parallel region is (s, b) = (r / mbs, r % mbs), s this rank's position
   // of the sequence (GlobalPosition), b the micro-batch's sample; this tp rank routes rows
-  // [tp·Tr, (tp + 1)·Tr). Draw i = token·E + e is the first or second of pair i / 2.
+  // [tp·Tr, (tp + 1)·Tr).
   for (int64_t t = 0; t < Tr; ++t) {
     const int64_t r = g_.at.tp * Tr + t;
     const int64_t token =
         (random.first_sample + r % mbs) * s_.seq + GlobalPosition(s_, g_.at, r / mbs);
     float* row = logits.data() + t * E;
-    for (int64_t e = 0; e < E;) {
-      const auto i = static_cast<uint64_t>(token * E + e);
-      float even = 0, odd = 0;
-      NormalPair(stream, i / 2, &even, &odd);
-      if (i % 2 == 1) {
-        row[e++] = odd;
-        continue;
-      }
-      row[e++] = even;
-      if (e < E) row[e++] = odd;
+    for (int64_t e = 0; e < E; e += 2) {
+      float second = 0;
+      NormalPair(stream, static_cast<uint64_t>(token * pairs + e / 2), &row[e], &second);
+      if (e + 1 < E) row[e + 1] = second;
     }
   }
 }
@@ -126,10 +122,15 @@ void MoeLayer::DrawLogits(const RandomLogits& random, std::vector<float>& logits
 Status MoeLayer::Route(const LayerWeights& w, MoeActs& a, Tensor x, bool count_aux,
                        const std::optional<RandomLogits>& random) {
   const int64_t Tr = s_.tokens / s_.tp, E = s_.experts, k = s_.topk, mbs = s_.mbs;
-  // Megatron computes the gating before it replaces the logits, and so does this.
+  // Megatron computes the gating before it replaces the logits, and so does this; the replaced
+  // logits need not come to the host.
   AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(Tr, E, s_.hidden), x, w.router, logits_));
-  AUTOPAR_ASSIGN_OR_RETURN(std::vector<float> logits, dev_.Download<float>(logits_));
-  if (random) DrawLogits(*random, logits);
+  std::vector<float> logits;
+  if (random) {
+    DrawLogits(*random, logits);
+  } else {
+    AUTOPAR_ASSIGN_OR_RETURN(logits, dev_.Download<float>(logits_));
+  }
   a.choice.assign(Tr * k, 0);
   a.gate.assign(Tr * k, 0.0f);
   a.probs.assign(Tr * E, 0.0f);

@@ -100,7 +100,7 @@ class MoeLayer {
       : dev_(d), s_(s), g_(g), etp_(s.etp == s.tp ? g.tp : g.etp), samples_per_step_(samples) {}
   Status Route(const LayerWeights& w, MoeActs& a, Tensor x, bool count_aux,
                const std::optional<RandomLogits>& random);
-  // RandomLogits' draws for this rank's rows, in place of the router's [Tr·E] logits.
+  // RandomLogits' draws for this rank's rows, in place of the router's: `logits` becomes [Tr·E].
   void DrawLogits(const RandomLogits& random, std::vector<float>& logits) const;
   // Row counts, `count.size() / ep` for each ep rank, through the ep all-to-all and the etp
   // all-gather: what each etp rank of the group received from each ep rank, [etp][ep][n].
