@@ -64,7 +64,18 @@ std::optional<int64_t> ThompsonSearcher::Propose(const SearchState& state, uint6
   }
   Rng rng(seed, trial_index, Purpose::kProposal);
   const bool check = state.IsCheckTrial(trial_index);
-  const std::optional<int64_t> drawn = ThompsonDraw(state, rng, check);
+  std::optional<int64_t> drawn = ThompsonDraw(state, rng, check);
+  // A repeat picked by the draw gives way, with probability 1 − β, to the challenger: the pick of
+  // a fresh draw that is not it (top-two Thompson sampling, Russo 2016; state.h).
+  if (!check && drawn && state.measured(*drawn) && rng.Uniform() >= settings.top_two_beta) {
+    for (int64_t k = 0; k < settings.top_two_redraws; ++k) {
+      const std::optional<int64_t> challenger = ThompsonDraw(state, rng, /*check=*/false);
+      if (challenger && *challenger != *drawn) {
+        drawn = challenger;
+        break;
+      }
+    }
+  }
   // A check, a repeat, or nothing measured yet to improve on: the draw decides.
   if (check || settings.improvement_shortlist <= 0 || incumbent < 0 || !drawn ||
       state.measured(*drawn)) {

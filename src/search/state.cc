@@ -119,6 +119,10 @@ SearchState::SearchState(const CandidateSet& candidates, SearchSettings settings
         "check_every, check_every_agreeing and check_from must be >= 0, check_agree_window >= 1, "
         "check_temper >= 1");
   }
+  if (!(settings_.top_two_beta >= 0 && settings_.top_two_beta <= 1) ||
+      settings_.top_two_redraws < 0) {
+    throw std::invalid_argument("top_two_beta must be in [0, 1], top_two_redraws >= 0");
+  }
   if (settings_.check_every > 0) next_check_ = settings_.check_from + settings_.check_every - 1;
   const size_t n = static_cast<size_t>(candidates_.size());
   flags_.assign(n, 0);

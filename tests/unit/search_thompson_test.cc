@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -98,6 +99,52 @@ TEST(Thompson, MeasuresContendersAgainWhenMeasurementsAreNoisy) {
   EXPECT_GT(state.repeats(), state.settings().confirm_repeats + 5);
   EXPECT_NEAR(state.measurement_noise_sd(), 0.05, 0.02);
   EXPECT_GE(state.measurements(state.best()), 3);
+}
+
+// Top-two Thompson sampling (state.h, docs/search.md §7a): where the draw picks a contender to
+// measure again, the trial measures it with probability top_two_beta and otherwise the
+// challenger, the pick of a fresh draw that is not it. β = 1 is the plain draw.
+TEST(Thompson, ARepeatGivesWayToTheChallengerWithProbabilityOneMinusBeta) {
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  const SyntheticTruth truth(cs, 5, /*noise=*/0.0);
+  SearchState state(cs, SearchSettings::Default(cs));
+  ThompsonSearcher ts;
+  std::mt19937_64 gen(7);
+  std::normal_distribution<double> normal;
+  for (int t = 0; t < 60; ++t) {
+    const auto next = ts.Propose(state, 1, t);
+    ASSERT_TRUE(next.has_value());
+    const double y = truth.step_time_s[*next] * std::exp(0.05 * normal(gen));
+    state.Observe({*next, Outcome::kOk, y, cs.nominal_memory_gib(*next)});
+  }
+  const auto with_beta = [&](double beta) {
+    SearchSettings settings = SearchSettings::Default(cs);
+    settings.top_two_beta = beta;
+    auto replayed = std::make_unique<SearchState>(cs, settings);
+    for (const Observation& o : state.history()) replayed->Observe(o);
+    return replayed;
+  };
+  const auto plain = with_beta(1), always = with_beta(0);
+  int repeats = 0, challenged = 0, kept = 0;
+  for (int64_t t = 60; t < 400; ++t) {
+    if (state.IsCheckTrial(t)) continue;
+    const auto pick = ts.Propose(*plain, 1, t);
+    ASSERT_TRUE(pick.has_value());
+    if (!plain->measured(*pick)) {
+      // Where the draw picks something new, β changes nothing.
+      EXPECT_EQ(ts.Propose(state, 1, t), pick);
+      continue;
+    }
+    ++repeats;
+    challenged += ts.Propose(*always, 1, t) != pick;
+    kept += ts.Propose(state, 1, t) == pick;
+  }
+  // A challenger is found unless the contender wins every redraw too (top_two_redraws).
+  ASSERT_GE(repeats, 40);
+  EXPECT_GE(challenged, 0.6 * repeats) << repeats << " repeats";
+  EXPECT_GT(kept, 0.3 * repeats) << repeats << " repeats";
+  EXPECT_LT(kept, 0.75 * repeats) << repeats << " repeats";
 }
 
 // A trial that is neither a check nor a repeat measures, among the candidates of lowest posterior

@@ -123,6 +123,14 @@ struct SearchSettings {
   // Of the shortlist, only those at most this likely to run out of memory compete, and the draw's
   // own pick (which took its risk in proportion to it).
   double improvement_max_p_oom = 0.5;
+  // Top-two Thompson sampling (Russo 2016) on repeats: where a trial's draw picks a measured
+  // contender, with probability 1 − top_two_beta the trial measures instead the challenger, the
+  // pick of a fresh draw that differs from it (up to `top_two_redraws` draws; none found: the
+  // repeat). A contender that stays the likeliest fastest is then measured about half the time,
+  // not on every trial, and the rest goes to what could still beat it (docs/search.md §7a).
+  // 1 turns it off.
+  double top_two_beta = 0.5;
+  int64_t top_two_redraws = 4;
 
   // Defaults for a candidate set: the time prior's θ₀ scale follows its median step time.
   static SearchSettings Default(const CandidateSet& candidates);
