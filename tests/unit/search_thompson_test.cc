@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -137,14 +138,19 @@ TEST(Thompson, ARepeatGivesWayToTheChallengerWithProbabilityOneMinusBeta) {
       continue;
     }
     ++repeats;
-    challenged += ts.Propose(*always, 1, t) != pick;
-    kept += ts.Propose(state, 1, t) == pick;
+    // With β = 0 the trial measures the challenger, unless the contender won every redraw too
+    // (top_two_redraws); with β = 0.5 it measures either, the pick about half the time.
+    const auto challenger = ts.Propose(*always, 1, t);
+    const auto either = ts.Propose(state, 1, t);
+    EXPECT_TRUE(either == pick || either == challenger);
+    if (challenger == pick) continue;
+    ++challenged;
+    kept += either == pick;
   }
-  // A challenger is found unless the contender wins every redraw too (top_two_redraws).
   ASSERT_GE(repeats, 40);
-  EXPECT_GE(challenged, 0.6 * repeats) << repeats << " repeats";
-  EXPECT_GT(kept, 0.3 * repeats) << repeats << " repeats";
-  EXPECT_LT(kept, 0.75 * repeats) << repeats << " repeats";
+  ASSERT_GE(challenged, 0.4 * repeats) << repeats << " repeats";
+  EXPECT_GT(kept, 0.3 * challenged) << challenged << " challenged";
+  EXPECT_LT(kept, 0.7 * challenged) << challenged << " challenged";
 }
 
 // A trial that is neither a check nor a repeat measures, among the candidates of lowest posterior
@@ -157,11 +163,18 @@ TEST(Thompson, AnOrdinaryTrialMeasuresTheLargestExpectedImprovement) {
   ThompsonSearcher ts;
   SearchState state(cs, SearchSettings::Default(cs));
   RunTrials(cs, ts, 5, truth.step_time_s, 12, &state);
+  // The first trial after them that is neither a check nor a repeat (a repeat is measured).
+  std::optional<int64_t> proposed;
   int64_t trial = state.trials();
-  while (state.IsCheckTrial(trial)) ++trial;
+  for (;; ++trial) {
+    if (state.IsCheckTrial(trial)) continue;
+    proposed = ts.Propose(state, 5, trial);
+    ASSERT_TRUE(proposed.has_value());
+    if (!state.measured(*proposed)) break;
+    state.Observe({*proposed, Outcome::kOk, truth.step_time_s[*proposed],
+                   cs.nominal_memory_gib(*proposed)});
+  }
   ASSERT_GE(state.best(), 0);
-  const auto proposed = ts.Propose(state, 5, trial);
-  ASSERT_TRUE(proposed.has_value());
   ASSERT_TRUE(state.eligible(*proposed));
   const double tau = state.Estimated(state.best()).mean_s;
   const auto improvement = [&](int64_t i) {
@@ -183,7 +196,10 @@ TEST(Thompson, AnOrdinaryTrialMeasuresTheLargestExpectedImprovement) {
   const double gain = improvement(*proposed);
   EXPECT_GT(gain, 0);
   for (int64_t k = 0; k < kLowest; ++k) {
-    EXPECT_LE(improvement(by_mean[k].second), gain * (1 + 1e-9)) << by_mean[k].second;
+    // Those likelier than improvement_max_p_oom to run out of memory do not compete.
+    const int64_t i = by_mean[k].second;
+    if (state.POom(i) > state.settings().improvement_max_p_oom) continue;
+    EXPECT_LE(improvement(i), gain * (1 + 1e-9)) << i;
   }
   SearchSettings thompson_only = state.settings();
   thompson_only.improvement_shortlist = 0;
