@@ -31,6 +31,28 @@ std::vector<int64_t> RunTrials(const CandidateSet& cs, const Searcher& searcher,
   return proposed;
 }
 
+// A study of 60 Thompson trials (seed 1) whose measurements carry 5% lognormal noise.
+struct NoisyStudy {
+  NoisyStudy() {
+    std::mt19937_64 gen(7);
+    std::normal_distribution<double> normal;
+    for (int t = 0; t < 60; ++t) {
+      const auto next = ts.Propose(state, 1, t);
+      if (!next) {
+        ADD_FAILURE() << "no proposal at trial " << t;
+        return;
+      }
+      const double y = truth.step_time_s[*next] * std::exp(0.05 * normal(gen));
+      state.Observe({*next, Outcome::kOk, y, cs.nominal_memory_gib(*next)});
+    }
+  }
+  Llama7bCase c;
+  const CandidateSet& cs = *c.candidates;
+  const SyntheticTruth truth{cs, 5, /*noise=*/0.0};
+  ThompsonSearcher ts;
+  SearchState state{cs, SearchSettings::Default(cs)};
+};
+
 TEST(Thompson, SameSeedSameProposalsDifferentSeedDifferent) {
   Llama7bCase c;
   const CandidateSet& cs = *c.candidates;
@@ -84,19 +106,8 @@ TEST(Thompson, LearnsAMisSpecifiedModelAndFindsTheOptimum) {
 // With 5% measurement noise the same search measures its contenders again: the recommendation is
 // a mean of several measurements and the study learns the noise.
 TEST(Thompson, MeasuresContendersAgainWhenMeasurementsAreNoisy) {
-  Llama7bCase c;
-  const CandidateSet& cs = *c.candidates;
-  const SyntheticTruth truth(cs, 5, /*noise=*/0.0);
-  SearchState state(cs, SearchSettings::Default(cs));
-  ThompsonSearcher ts;
-  std::mt19937_64 gen(7);
-  std::normal_distribution<double> normal;
-  for (int t = 0; t < 60; ++t) {
-    const auto next = ts.Propose(state, 1, t);
-    ASSERT_TRUE(next.has_value());
-    const double y = truth.step_time_s[*next] * std::exp(0.05 * normal(gen));
-    state.Observe({*next, Outcome::kOk, y, cs.nominal_memory_gib(*next)});
-  }
+  const NoisyStudy study;
+  const SearchState& state = study.state;
   EXPECT_GT(state.repeats(), state.settings().confirm_repeats + 5);
   EXPECT_NEAR(state.measurement_noise_sd(), 0.05, 0.02);
   EXPECT_GE(state.measurements(state.best()), 3);
@@ -106,19 +117,10 @@ TEST(Thompson, MeasuresContendersAgainWhenMeasurementsAreNoisy) {
 // measure again, the trial measures it with probability top_two_beta and otherwise the
 // challenger, the pick of a fresh draw that is not it. β = 1 is the plain draw.
 TEST(Thompson, ARepeatGivesWayToTheChallengerWithProbabilityOneMinusBeta) {
-  Llama7bCase c;
-  const CandidateSet& cs = *c.candidates;
-  const SyntheticTruth truth(cs, 5, /*noise=*/0.0);
-  SearchState state(cs, SearchSettings::Default(cs));
-  ThompsonSearcher ts;
-  std::mt19937_64 gen(7);
-  std::normal_distribution<double> normal;
-  for (int t = 0; t < 60; ++t) {
-    const auto next = ts.Propose(state, 1, t);
-    ASSERT_TRUE(next.has_value());
-    const double y = truth.step_time_s[*next] * std::exp(0.05 * normal(gen));
-    state.Observe({*next, Outcome::kOk, y, cs.nominal_memory_gib(*next)});
-  }
+  const NoisyStudy study;
+  const CandidateSet& cs = study.cs;
+  const SearchState& state = study.state;
+  const ThompsonSearcher& ts = study.ts;
   const auto with_beta = [&](double beta) {
     SearchSettings settings = SearchSettings::Default(cs);
     settings.top_two_beta = beta;
@@ -171,8 +173,8 @@ TEST(Thompson, AnOrdinaryTrialMeasuresTheLargestExpectedImprovement) {
     proposed = ts.Propose(state, 5, trial);
     ASSERT_TRUE(proposed.has_value());
     if (!state.measured(*proposed)) break;
-    state.Observe({*proposed, Outcome::kOk, truth.step_time_s[*proposed],
-                   cs.nominal_memory_gib(*proposed)});
+    state.Observe(
+        {*proposed, Outcome::kOk, truth.step_time_s[*proposed], cs.nominal_memory_gib(*proposed)});
   }
   ASSERT_GE(state.best(), 0);
   ASSERT_TRUE(state.eligible(*proposed));
