@@ -29,9 +29,11 @@ class Searcher {
 
 // Thompson sampling (Thompson 1933; Russo et al. 2018, "A Tutorial on Thompson Sampling"): draw
 // θ from the posterior, predict every candidate with one matrix–vector product X·θ, take the
-// eligible argmin. The draw decides check trials, repeats and the first trial; any other trial
-// measures the largest expected improvement on the recommendation (Jones et al. 1998) of a
-// shortlist: the candidates of lowest posterior mean and the draw's own pick (docs/search.md §6).
+// eligible argmin. The draw decides check trials, repeats and the first trial; a repeat it picks
+// gives way with probability 1 − top_two_beta to a fresh draw's other pick (top-two sampling,
+// docs/search.md §7a). Any other trial measures the largest expected improvement on the
+// recommendation (Jones et al. 1998) of a shortlist: the candidates of lowest posterior mean and
+// the draw's own pick (docs/search.md §6).
 class ThompsonSearcher : public Searcher {
  public:
   const char* name() const override { return "thompson"; }
