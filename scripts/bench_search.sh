@@ -13,8 +13,9 @@
 # Other arguments go to the helper: --seeds N, --jobs N, --only TERM[,TERM] (model, family or
 # seed), --searchers LIST, --max-trials N (worlds: 300), --cpu-table FILE, --dump FILE (one JSON
 # line per run).
-# A full held-out suite is 72 tables and 2,952 studies: 13-19 minutes with --jobs 2 on 2 cores shared
-# with other work (--only and --seeds make a quicker look).
+# A full held-out suite is 72 tables and 2,952 studies: about 100 minutes with --jobs 2 on 2 cores
+# (session 27: Thompson's 1,440 runs 66 minutes, many at the 300-trial cap; random and
+# analytic-only 37); --only and --seeds make a quicker look.
 # Exit status 1 when a target is missed (see scripts/bench_search.py).
 set -euo pipefail
 source "$(dirname "$0")/autopar_bin.sh"
