@@ -18,15 +18,20 @@ namespace {
 using autopar::testing::Llama7bCase;
 using autopar::testing::SyntheticTruth;
 
-// Runs `trials` proposals of `searcher` against `truth`; returns the proposed candidates.
+// Runs `trials` proposals of `searcher` against `truth`, each measurement times exp(noise_sd·ε)
+// (ε standard normal, one fixed stream; exact at 0); returns the proposed candidates.
 std::vector<int64_t> RunTrials(const CandidateSet& cs, const Searcher& searcher, uint64_t seed,
-                               const std::vector<double>& truth, int trials, SearchState* state) {
+                               const std::vector<double>& truth, int trials, SearchState* state,
+                               double noise_sd = 0) {
+  std::mt19937_64 gen(7);
+  std::normal_distribution<double> normal;
   std::vector<int64_t> proposed;
   for (int t = 0; t < trials; ++t) {
     const auto next = searcher.Propose(*state, seed, t);
     if (!next) break;
     proposed.push_back(*next);
-    state->Observe({*next, Outcome::kOk, truth[*next], cs.nominal_memory_gib(*next)});
+    const double y = truth[*next] * (noise_sd > 0 ? std::exp(noise_sd * normal(gen)) : 1.0);
+    state->Observe({*next, Outcome::kOk, y, cs.nominal_memory_gib(*next)});
   }
   return proposed;
 }
@@ -34,17 +39,8 @@ std::vector<int64_t> RunTrials(const CandidateSet& cs, const Searcher& searcher,
 // A study of 60 Thompson trials (seed 1) whose measurements carry 5% lognormal noise.
 struct NoisyStudy {
   NoisyStudy() {
-    std::mt19937_64 gen(7);
-    std::normal_distribution<double> normal;
-    for (int t = 0; t < 60; ++t) {
-      const auto next = ts.Propose(state, 1, t);
-      if (!next) {
-        ADD_FAILURE() << "no proposal at trial " << t;
-        return;
-      }
-      const double y = truth.step_time_s[*next] * std::exp(0.05 * normal(gen));
-      state.Observe({*next, Outcome::kOk, y, cs.nominal_memory_gib(*next)});
-    }
+    EXPECT_EQ(RunTrials(cs, ts, 1, truth.step_time_s, 60, &state, 0.05).size(), 60u)
+        << "a trial without a proposal";
   }
   Llama7bCase c;
   const CandidateSet& cs = *c.candidates;
