@@ -249,9 +249,9 @@ const FlagGroup kTune = {
                "time more iterations (up to 100) until they add up to S (0.5)"),
         // Each stop check draws this many posterior samples over every candidate: bounded work.
         Int("--stop-draws", "N", "stop rule (200)", 1, 1'000'000),
-        Number("--stop-fraction", "F", "stop rule (0.95)"),
+        Number("--stop-fraction", "F", "stop rule (0.99)"),
         Number("--stop-epsilon", "E", "stop rule (0.02)"),
-        Number("--stop-delta", "D", "stop rule (0.01)"),
+        Number("--stop-delta", "D", "stop rule (0.002)"),
         Int("--min-measured", "N", "stop rule (5)"),
         Int("--top", "K", "rows of the final table (10)"),
         Switch("--quiet", "no progress lines"),

@@ -114,10 +114,11 @@ TuneFlags ReadTuneFlags(Args& args) {
   t.stop.max_trials = args.Int("--max-trials", 0);
   // Each stop check draws this many posterior samples over every candidate: bounded work.
   t.stop.draws = static_cast<int>(args.Int("--stop-draws", 200));
-  t.stop.converged_fraction = Fraction(args, "--stop-fraction", 0.95, true);
-  t.stop.epsilon = args.Double("--stop-epsilon", 0.02);
+  const search::StopSettings defaults;
+  t.stop.converged_fraction = Fraction(args, "--stop-fraction", defaults.converged_fraction, true);
+  t.stop.epsilon = args.Double("--stop-epsilon", defaults.epsilon);
   if (t.stop.epsilon >= 1) throw InputError("--stop-epsilon", "expected a number in [0, 1)");
-  t.stop.delta = Fraction(args, "--stop-delta", 0.01, true);
+  t.stop.delta = Fraction(args, "--stop-delta", defaults.delta, true);
   t.stop.min_measured = args.Int("--min-measured", 5);
   return f;
 }
