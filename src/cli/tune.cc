@@ -112,14 +112,15 @@ TuneFlags ReadTuneFlags(Args& args) {
   }
   t.stop.budget_s = args.Duration("--budget", "8h");
   t.stop.max_trials = args.Int("--max-trials", 0);
-  // Each stop check draws this many posterior samples over every candidate: bounded work.
-  t.stop.draws = static_cast<int>(args.Int("--stop-draws", 200));
+  // The stop rules' defaults are StopSettings' (docs/search.md §8).
   const search::StopSettings defaults;
+  // Each stop check draws this many posterior samples over every candidate: bounded work.
+  t.stop.draws = static_cast<int>(args.Int("--stop-draws", defaults.draws));
   t.stop.converged_fraction = Fraction(args, "--stop-fraction", defaults.converged_fraction, true);
   t.stop.epsilon = args.Double("--stop-epsilon", defaults.epsilon);
   if (t.stop.epsilon >= 1) throw InputError("--stop-epsilon", "expected a number in [0, 1)");
   t.stop.delta = Fraction(args, "--stop-delta", defaults.delta, true);
-  t.stop.min_measured = args.Int("--min-measured", 5);
+  t.stop.min_measured = args.Int("--min-measured", defaults.min_measured);
   return f;
 }
 
