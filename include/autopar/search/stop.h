@@ -77,9 +77,9 @@ struct StopSettings {
   double next_trial_s = 0;
   int draws = 200;
   // A study stops more than ε from the best about as often as its claim at the stop says (the
-  // rule is calibrated, docs/search.md §8): at 0.95 / 1% that was 1.6% of studies, 27 of 1,336 on
-  // the held-out worlds with 20 seeds, up to 13% off; at 0.99 / 0.2% it is 0.35%, for studies
-  // about 40% longer (§11, session 28).
+  // rule is calibrated, docs/search.md §8): on the held-out worlds with 20 seeds, at 0.95 / 1%
+  // 27 of 1,336 posterior stops (up to 13% off), at 0.99 / 0.2% 7 of 1,230, for studies about
+  // 40% longer (§11, session 28).
   double converged_fraction = 0.99;
   double epsilon = 0.02;
   double delta = 0.002;
