@@ -9,8 +9,8 @@ PredictionSpread SpreadOf(const TrainSpec& train, const StackOptions& stack) {
   // Megatron's FP32 cross-entropy passes; the H100 NeMo source's flash-attn 2; the asynchronous
   // tensor-parallel backward, off for the runs that predate it; session 16: the fused attention's
   // dropout cost, measured; session 18: the MoE model zoo's Qwen3 rows, expressed with the flex
-  // dispatcher; session 29: that source's --tp-comm-overlap and fused cross-entropy) (docs/models.md
-  // §5.1 has the per-source table).
+  // dispatcher; session 29: that source's --tp-comm-overlap and fused cross-entropy)
+  // (docs/models.md §5.1 has the per-source table).
   if (train.precision == Precision::kFP32) return {};  // the CPU backend: no published runs
   if (!stack.flash_attention) {
     return {0.036, 35, "Megatron-LM runs of 2020-2022 (unfused attention, fp16)"};
