@@ -10,8 +10,12 @@ with S_i the scaled structure (`make-replay-table --world scaled --noise 0`, sam
 d_i the row's own deviation. The searcher here is given everything but the draws: S_i exactly,
 which configurations fit, the per-row sd, and the cells' prior, either as the world has it
 (`--pairs true`: the four pairs at their drawn sd) or as a tuner could know it (`--pairs knobs`:
-every pair of the knobs of §3 that vary, at an even share of the same total variance). It keeps the
-exact Gaussian posterior of the cells and proposes by a policy:
+every pair of the knobs of §3 that vary, at an even share of the same total variance), or as a
+tuner could learn it (`--pairs learn`: every such pair may interact, a priori with probability
+`--inclusion-prior`, its cells then N(0, τ²) with τ one of 0.05, 0.1, 0.2; the indicators and τ
+are drawn by Gibbs sampling given the measurements, and the improvement is averaged over the
+draws; policy ei only). It keeps the exact Gaussian posterior of the cells and proposes by a
+policy:
 
   thompson  the argmin of one joint draw (cells and deviations) over the unmeasured that fit
   ei        the largest expected improvement on the best measured time (the exact predictive)
@@ -23,6 +27,7 @@ A run's trials to 2% is the first trial whose best measurement is within 2% of t
 same worlds: it knows what §3 must learn (S's component scales, the scales, which pairs matter).
 
   scripts/world_bayes_bound.py --bin build-dev/autopar-tune --pairs knobs --seeds 3
+  scripts/world_bayes_bound.py --bin build-dev/autopar-tune --pairs learn --policies ei --seeds 2
 
 Needs numpy: the system's /usr/bin/python3 (its shebang) with python3-numpy, which
 scripts/setup.sh installs.
@@ -137,6 +142,85 @@ def trials_to_2pct(world, policy, seed, max_trials=300):
     return None
 
 
+# --pairs learn: the scales an interacting pair's cells may have, and the Gibbs schedule.
+LEARN_SCALES = (0.05, 0.1, 0.2)
+GIBBS_SWEEPS, GIBBS_KEPT = 12, 8
+
+
+def same_cell(world, a, b):
+    """pairs × |a| × |b|: whether rows a and b share each pair's cell."""
+    return world.cells[a].T[:, :, None] == world.cells[b].T[:, None, :]
+
+
+def log_evidence(same, v, r):
+    """log N(r; 0, Σ_p v_p·S_p + ROW_SD²·I) up to a constant, S_p = same[p]."""
+    chol = np.linalg.cholesky(np.tensordot(v, same, axes=1) + ROW_SD ** 2 * np.eye(len(r)))
+    a = np.linalg.solve(chol, r)
+    return -0.5 * a @ a - np.log(np.diag(chol)).sum()
+
+
+def inclusion_draws(world, measured, rng, prior):
+    """Per-pair cell variances, one vector per kept sweep of a Gibbs sampler over which pairs
+    interact (each a priori with probability `prior`) and their scale (uniform over
+    LEARN_SCALES), given the measured rows; from the prior before any measurement."""
+    pairs = world.cells.shape[1]
+    if not measured:
+        return [(rng.random(pairs) < prior) * rng.choice(LEARN_SCALES) ** 2
+                for _ in range(GIBBS_KEPT)]
+    rows = np.array(measured)
+    r = world.log_t[rows] - world.log_s[rows]
+    same = same_cell(world, rows, rows).astype(float)
+    on, tau, draws = np.zeros(pairs, dtype=bool), LEARN_SCALES[0], []
+    for sweep in range(GIBBS_SWEEPS):
+        for p in rng.permutation(pairs):
+            ll = []
+            for value in (False, True):
+                on[p] = value
+                ll.append(log_evidence(same, on * tau ** 2, r)
+                          + math.log(prior if value else 1 - prior))
+            on[p] = rng.random() < 1 / (1 + math.exp(min(700.0, ll[0] - ll[1])))
+        ll = np.array([log_evidence(same, on * t ** 2, r) for t in LEARN_SCALES])
+        w = np.exp(ll - ll.max())
+        tau = LEARN_SCALES[rng.choice(len(LEARN_SCALES), p=w / w.sum())]
+        if sweep >= GIBBS_SWEEPS - GIBBS_KEPT:
+            draws.append(on * tau ** 2)
+    return draws
+
+
+def trials_to_2pct_learned(world, seed, prior, max_trials=300):
+    """trials_to_2pct's exact expected improvement, averaged over inclusion_draws."""
+    rng = np.random.default_rng(seed)
+    unmeasured, measured = world.fits.copy(), []
+    goal = world.log_t[world.fits].min() + math.log(1.02)
+    best = math.inf
+    for trial in range(1, max_trials + 1):
+        cand = np.flatnonzero(unmeasured)
+        score = np.zeros(len(cand))
+        rows = np.array(measured, dtype=np.int64)
+        r = world.log_t[rows] - world.log_s[rows]
+        same_mm = same_cell(world, rows, rows).astype(float)
+        same_cm = same_cell(world, cand, rows).astype(float)
+        for v in inclusion_draws(world, measured, rng, prior):
+            mu, var = world.log_s[cand].copy(), np.full(len(cand), v.sum() + ROW_SD ** 2)
+            if measured:
+                chol = np.linalg.cholesky(np.tensordot(v, same_mm, axes=1)
+                                          + ROW_SD ** 2 * np.eye(len(rows)))
+                a = np.linalg.solve(chol, np.tensordot(v, same_cm, axes=1).T)
+                mu += a.T @ np.linalg.solve(chol, r)
+                var -= (a * a).sum(0)
+            sd = np.sqrt(np.maximum(var, 1e-12))
+            z = ((best if best < math.inf else mu.min()) - mu) / sd
+            cdf = 0.5 * (1 + np.array([math.erf(x / SQRT2) for x in z]))
+            score += sd * (z * cdf + np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))
+        i = cand[np.argmax(score)]
+        unmeasured[i] = False
+        measured.append(i)
+        best = min(best, world.log_t[i])
+        if best <= goal:
+            return trial
+    return None
+
+
 def drawn_sds(binary, t):
     """The table's four pair sds, from make-replay-table's summary line."""
     cmd = [binary, "make-replay-table", *t.flags.split(), "--truth-seed", str(t.truth_seed),
@@ -157,7 +241,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", required=True)
     ap.add_argument("--world-seeds", choices=sorted(bench_search.WORLD_SEEDS), default="held-out")
-    ap.add_argument("--pairs", choices=["true", "knobs"], default="knobs")
+    ap.add_argument("--pairs", choices=["true", "knobs", "learn"], default="knobs")
+    ap.add_argument("--inclusion-prior", type=float, default=0.15,
+                    help="--pairs learn: a pair's prior probability of interacting")
     ap.add_argument("--policies", default="thompson,ei,mcei4")
     ap.add_argument("--seeds", type=int, default=3)
     a = ap.parse_args()
@@ -165,6 +251,10 @@ def main():
     for p in policies:
         if p not in ("thompson", "ei", "eis") and not re.fullmatch(r"mcei[1-9][0-9]*", p):
             sys.exit(f"--policies: '{p}' is not one of thompson, ei, eis, mceiJ (J draws, J >= 1)")
+    if a.pairs == "learn" and policies != ["ei"]:
+        sys.exit("--pairs learn: --policies must be ei (the improvement over the Gibbs draws)")
+    if not 0 < a.inclusion_prior < 1:
+        sys.exit(f"--inclusion-prior: must be in (0, 1), got {a.inclusion_prior}")
     runs = {p: [] for p in policies}
     with tempfile.TemporaryDirectory() as work:
         for t in bench_search.world_tables(work, a.world_seeds):
@@ -178,14 +268,15 @@ def main():
             keys = list(twin.time)
             sds = drawn_sds(a.bin, t)
             pairs = WORLD_PAIRS
-            if a.pairs == "knobs":
+            if a.pairs in ("knobs", "learn"):
                 knobs = varying_knobs(keys)
                 pairs = [(x, y) for i, x in enumerate(knobs) for y in knobs[i + 1:]]
                 sds = [math.sqrt(sum(s * s for s in sds) / len(pairs))] * len(pairs)
             world = World(keys, twin.time, t.time, pairs, sds)
             line = []
             for p in policies:
-                r = [trials_to_2pct(world, p, s) for s in range(1, a.seeds + 1)]
+                r = [trials_to_2pct_learned(world, s, a.inclusion_prior) if a.pairs == "learn"
+                     else trials_to_2pct(world, p, s) for s in range(1, a.seeds + 1)]
                 runs[p] += r
                 line.append(f"{p} {' '.join(str(x) if x else '-' for x in r)}")
             print(f"{t.name:40} {len(pairs):3} pairs  " + "  ".join(line), flush=True)

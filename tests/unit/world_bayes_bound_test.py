@@ -2,7 +2,8 @@
 """scripts/world_bayes_bound.py: a row's cells (one per pair of knob values, recompute with its
 layer count), the knobs it counts as varying, and the searcher's trials to 2% on made-up worlds:
 a world whose structure is its truth is solved by the first proposal, and a cell learnt from one
-configuration moves the prediction of every configuration that shares it.
+configuration moves the prediction of every configuration that shares it; with --pairs learn, the
+pair that explains the measurements is the one drawn as interacting.
 
 usage: world_bayes_bound_test.py SOURCE_DIR   (needs numpy)
 """
@@ -80,6 +81,29 @@ class SearchTest(unittest.TestCase):
         self.assertIsNotNone(trials)
         self.assertLess(trials, len(keys) // 2)
         self.assertTrue(math.isclose(world.log_t[keys.index(best)], math.log(table[best])))
+
+
+class LearnedPairsTest(unittest.TestCase):
+    """--pairs learn: which pairs interact is drawn from the measurements."""
+
+    def test_the_pair_that_explains_the_measurements_is_drawn_as_interacting(self):
+        # tp×pp's cell tp=4,pp=4 runs 30% faster than the structure; mbs interacts with nothing.
+        keys = [key(tp, pp, mbs) for tp in (1, 2, 4) for pp in (1, 2, 4) for mbs in (1, 2, 4)]
+        structure = {k: 1.0 + 0.01 * i for i, k in enumerate(keys)}
+        table = {k: t * (0.7 if k[0] == "4" and k[1] == "4" else 1.0) for k, t in structure.items()}
+        pairs = [("tp", "pp"), ("tp", "mbs"), ("pp", "mbs")]
+        world = bound.World(keys, structure, table, pairs, [0.1] * 3)
+        measured = list(range(len(keys)))  # every row: the data say which pair it is
+        draws = bound.inclusion_draws(world, measured, bound.np.random.default_rng(5), 0.3)
+        mean = bound.np.mean(draws, axis=0)
+        self.assertGreater(mean[0], 5 * max(mean[1], mean[2], 1e-9))
+
+    def test_the_learning_searcher_never_proposes_a_row_that_does_not_fit(self):
+        keys = [key(1, 1), key(2, 1), key(4, 1)]
+        structure = {keys[0]: 1.0, keys[1]: 2.0, keys[2]: 3.0}
+        table = {keys[1]: 2.0, keys[2]: 3.0}  # keys[0] runs out of memory
+        world = bound.World(keys, structure, table, bound.WORLD_PAIRS, [0.05] * 4)
+        self.assertEqual(bound.trials_to_2pct_learned(world, seed=1, prior=0.15), 1)
 
 
 if __name__ == "__main__":
