@@ -84,6 +84,14 @@ class World:
             self.weight[j] = sds[p]
 
 
+def expected_improvement(mu, sd, best):
+    """E[max(0, best − t)] for t ~ N(mu, sd²) (log times); before any measurement, on the lowest
+    mean."""
+    z = ((best if best < math.inf else mu.min()) - mu) / sd
+    cdf = 0.5 * (1 + np.array([math.erf(x / SQRT2) for x in z]))
+    return sd * (z * cdf + np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))
+
+
 def trials_to_2pct(world, policy, seed, max_trials=300):
     """The first trial within 2% of the best that fits; None when max_trials do not get there."""
     rng = np.random.default_rng(seed)
@@ -114,12 +122,7 @@ def trials_to_2pct(world, policy, seed, max_trials=300):
             for p in range(cells.shape[1]):
                 for q in range(cells.shape[1]):
                     var += w[:, p] * w[:, q] * covariance[cells[:, p], cells[:, q]]
-            sd = np.sqrt(var)
-            ref = best if best < math.inf else mu.min()
-            z = (ref - mu) / sd
-            cdf = 0.5 * (1 + np.array([math.erf(x / SQRT2) for x in z]))
-            score = sd * (z * cdf + np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))
-            i = cand[np.argmax(score)]
+            i = cand[np.argmax(expected_improvement(mu, np.sqrt(var), best))]
         else:
             draws = 1 if policy == "thompson" else int(policy[4:])
             root = np.linalg.cholesky(covariance)
@@ -208,10 +211,7 @@ def trials_to_2pct_learned(world, seed, prior, max_trials=300):
                 a = np.linalg.solve(chol, np.tensordot(v, same_cm, axes=1).T)
                 mu += a.T @ np.linalg.solve(chol, r)
                 var -= (a * a).sum(0)
-            sd = np.sqrt(np.maximum(var, 1e-12))
-            z = ((best if best < math.inf else mu.min()) - mu) / sd
-            cdf = 0.5 * (1 + np.array([math.erf(x / SQRT2) for x in z]))
-            score += sd * (z * cdf + np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))
+            score += expected_improvement(mu, np.sqrt(np.maximum(var, 1e-12)), best)
         i = cand[np.argmax(score)]
         unmeasured[i] = False
         measured.append(i)
