@@ -92,18 +92,32 @@ def expected_improvement(mu, sd, best):
     return sd * (z * cdf + np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))
 
 
-def trials_to_2pct(world, policy, seed, max_trials=300):
-    """The first trial within 2% of the best that fits; None when max_trials do not get there."""
-    rng = np.random.default_rng(seed)
-    k = len(world.weight)
-    precision, shift = np.eye(k), np.zeros(k)  # prior N(0, I) on the cells
+def first_within_2pct(world, propose, observe, max_trials=300):
+    """The first trial whose best measurement is within 2% of the best that fits; None when
+    max_trials do not get there. `propose(cand, best)` picks one of the unmeasured rows that fit
+    (`cand`, indices into the world) given the best log time so far; `observe(i)` learns row i."""
     unmeasured = world.fits.copy()
     goal = world.log_t[world.fits].min() + math.log(1.02)
     best = math.inf
     for trial in range(1, max_trials + 1):
+        i = propose(np.flatnonzero(unmeasured), best)
+        unmeasured[i] = False
+        best = min(best, world.log_t[i])
+        if best <= goal:
+            return trial
+        observe(i)
+    return None
+
+
+def trials_to_2pct(world, policy, seed, max_trials=300):
+    """first_within_2pct under the exact Gaussian posterior of the cells, proposing by `policy`."""
+    rng = np.random.default_rng(seed)
+    k = len(world.weight)
+    precision, shift = np.eye(k), np.zeros(k)  # prior N(0, I) on the cells
+
+    def propose(cand, best):
         covariance = np.linalg.inv(precision)
         mean = covariance @ shift
-        cand = np.flatnonzero(unmeasured)
         cells, w = world.cells[cand], world.weight[world.cells[cand]]
         if policy == "eis":
             # The 64 of lowest posterior mean and the picks of 4 draws (the search's rule, §6).
@@ -122,27 +136,25 @@ def trials_to_2pct(world, policy, seed, max_trials=300):
             for p in range(cells.shape[1]):
                 for q in range(cells.shape[1]):
                     var += w[:, p] * w[:, q] * covariance[cells[:, p], cells[:, q]]
-            i = cand[np.argmax(expected_improvement(mu, np.sqrt(var), best))]
-        else:
-            draws = 1 if policy == "thompson" else int(policy[4:])
-            root = np.linalg.cholesky(covariance)
-            t = np.array([world.log_s[cand] + (w * (mean + root @ rng.standard_normal(k))[cells]).sum(1)
-                          + ROW_SD * rng.standard_normal(len(cand)) for _ in range(draws)])
-            if policy == "thompson":
-                i = cand[np.argmin(t[0])]
-            else:
-                ref = best if best < math.inf else t.min(axis=1, keepdims=True)
-                gain = np.maximum(0.0, ref - t).mean(axis=0)
-                i = cand[np.argmax(gain)] if gain.max() > 0 else cand[np.argmin(t.mean(axis=0))]
-        unmeasured[i] = False
-        best = min(best, world.log_t[i])
-        if best <= goal:
-            return trial
+            return cand[np.argmax(expected_improvement(mu, np.sqrt(var), best))]
+        draws = 1 if policy == "thompson" else int(policy[4:])
+        root = np.linalg.cholesky(covariance)
+        t = np.array([world.log_s[cand] + (w * (mean + root @ rng.standard_normal(k))[cells]).sum(1)
+                      + ROW_SD * rng.standard_normal(len(cand)) for _ in range(draws)])
+        if policy == "thompson":
+            return cand[np.argmin(t[0])]
+        ref = best if best < math.inf else t.min(axis=1, keepdims=True)
+        gain = np.maximum(0.0, ref - t).mean(axis=0)
+        return cand[np.argmax(gain)] if gain.max() > 0 else cand[np.argmin(t.mean(axis=0))]
+
+    def observe(i):
+        nonlocal precision, shift
         a = np.zeros(k)
         np.add.at(a, world.cells[i], world.weight[world.cells[i]])
         precision += np.outer(a, a) / ROW_SD ** 2
         shift += a * (world.log_t[i] - world.log_s[i]) / ROW_SD ** 2
-    return None
+
+    return first_within_2pct(world, propose, observe, max_trials)
 
 
 # --pairs learn: the scales an interacting pair's cells may have, and the Gibbs schedule.
@@ -191,13 +203,11 @@ def inclusion_draws(world, measured, rng, prior):
 
 
 def trials_to_2pct_learned(world, seed, prior, max_trials=300):
-    """trials_to_2pct's exact expected improvement, averaged over inclusion_draws."""
+    """first_within_2pct by the exact expected improvement, averaged over inclusion_draws."""
     rng = np.random.default_rng(seed)
-    unmeasured, measured = world.fits.copy(), []
-    goal = world.log_t[world.fits].min() + math.log(1.02)
-    best = math.inf
-    for trial in range(1, max_trials + 1):
-        cand = np.flatnonzero(unmeasured)
+    measured = []
+
+    def propose(cand, best):
         score = np.zeros(len(cand))
         rows = np.array(measured, dtype=np.int64)
         r = world.log_t[rows] - world.log_s[rows]
@@ -212,13 +222,9 @@ def trials_to_2pct_learned(world, seed, prior, max_trials=300):
                 mu += a.T @ np.linalg.solve(chol, r)
                 var -= (a * a).sum(0)
             score += expected_improvement(mu, np.sqrt(np.maximum(var, 1e-12)), best)
-        i = cand[np.argmax(score)]
-        unmeasured[i] = False
-        measured.append(i)
-        best = min(best, world.log_t[i])
-        if best <= goal:
-            return trial
-    return None
+        return cand[np.argmax(score)]
+
+    return first_within_2pct(world, propose, measured.append, max_trials)
 
 
 def drawn_sds(binary, t):
