@@ -56,19 +56,23 @@ cudaError_t SumSquares(cudaStream_t stream, Storage t, const void* x, std::int64
 cudaError_t FindNonfinite(cudaStream_t stream, Storage t, const void* x, std::int64_t n,
                           unsigned long long* first_bad);
 
-// ---- norms.cu (x, gamma, beta, y, dy, dx: Storage t; statistics and dgamma/dbeta: float) ----
-cudaError_t RmsNormForward(cudaStream_t stream, Storage t, const void* x, const void* gamma,
-                           std::int64_t rows, std::int64_t hidden, float eps, void* y, float* rstd);
-cudaError_t RmsNormBackward(cudaStream_t stream, Storage t, const void* dy, const void* x,
-                            const void* gamma, const float* rstd, std::int64_t rows,
-                            std::int64_t hidden, void* dx, float* dgamma);
-cudaError_t LayerNormForward(cudaStream_t stream, Storage t, const void* x, const void* gamma,
-                             const void* beta, std::int64_t rows, std::int64_t hidden, float eps,
-                             void* y, float* mean, float* rstd);
-cudaError_t LayerNormBackward(cudaStream_t stream, Storage t, const void* dy, const void* x,
-                              const void* gamma, const float* mean, const float* rstd,
-                              std::int64_t rows, std::int64_t hidden, void* dx, float* dgamma,
-                              float* dbeta);
+// ---- norms.cu (ref::NormLayout semantics; strides resolved. x, gamma, beta, y, dy, dx: Storage t;
+// statistics, rows * vectors of them, and dgamma/dbeta: float) ----
+struct NormArgs {
+  std::int64_t rows, hidden, vectors, x_stride, y_stride;
+};
+cudaError_t RmsNormForward(cudaStream_t stream, Storage t, const NormArgs& args, const void* x,
+                           const void* gamma, float eps, void* y, float* rstd);
+// dx may alias dy (the same layout).
+cudaError_t RmsNormBackward(cudaStream_t stream, Storage t, const NormArgs& args, const void* dy,
+                            const void* x, const void* gamma, const float* rstd, void* dx,
+                            float* dgamma);
+cudaError_t LayerNormForward(cudaStream_t stream, Storage t, const NormArgs& args, const void* x,
+                             const void* gamma, const void* beta, float eps, void* y, float* mean,
+                             float* rstd);
+cudaError_t LayerNormBackward(cudaStream_t stream, Storage t, const NormArgs& args, const void* dy,
+                              const void* x, const void* gamma, const float* mean,
+                              const float* rstd, void* dx, float* dgamma, float* dbeta);
 
 // ---- rope.cu (ref::RopeShape semantics; rotary_dim and row_stride resolved) ----
 struct RopeArgs {

@@ -1,6 +1,8 @@
 #include "src/device/validate.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 namespace autopar::device {
@@ -105,6 +107,80 @@ StatusOr<RopeDesc> ResolveRope(const RopeDesc& desc) {
   AUTOPAR_CHECK_ARG(d.row_stride >= d.heads * d.head_dim, "Rope: row_stride < heads * head_dim");
   AUTOPAR_CHECK_ARG(d.base > 0.0f, "Rope: base must be positive");
   return d;
+}
+
+StatusOr<NormDesc> ResolveNorm(const char* op, const NormDesc& desc) {
+  NormDesc d = desc;
+  AUTOPAR_RETURN_IF_ERROR(CheckPositive(op, {d.rows, d.hidden}));
+  AUTOPAR_CHECK_ARG(d.vectors >= 1, std::string(op) + ": vectors is " + std::to_string(d.vectors) +
+                                        ", must be at least 1");
+  const std::int64_t width = d.vectors * d.hidden;
+  auto narrow = [&](const char* name, std::int64_t stride) {
+    return std::string(op) + ": " + name + " " + std::to_string(stride) + " < vectors * hidden " +
+           std::to_string(width);
+  };
+  if (d.x_stride == 0) d.x_stride = width;
+  if (d.y_stride == 0) d.y_stride = width;
+  AUTOPAR_CHECK_ARG(d.x_stride >= width, narrow("x_stride", d.x_stride));
+  AUTOPAR_CHECK_ARG(d.y_stride >= width, narrow("y_stride", d.y_stride));
+  return d;
+}
+
+std::int64_t NormExtent(const NormDesc& d, std::int64_t stride) {
+  return MatrixExtent(d.rows, d.vectors * d.hidden, stride);
+}
+
+namespace {
+
+// Floor and ceiling of n / d for d > 0.
+std::int64_t FloorDiv(std::int64_t n, std::int64_t d) {
+  return n >= 0 ? n / d : -((-n + d - 1) / d);
+}
+std::int64_t CeilDiv(std::int64_t n, std::int64_t d) { return -FloorDiv(-n, d); }
+
+// True when a row of one block of `rows` rows of `width` bytes, `a_pitch` bytes apart from a,
+// shares a byte with a row of the other (`b_pitch` apart from b). Both pitches are at least width.
+bool RowBlocksOverlap(const void* a, std::int64_t a_pitch, const void* b, std::int64_t b_pitch,
+                      std::int64_t rows, std::int64_t width) {
+  if (rows == 0 || width == 0) return false;
+  const auto a0 = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(a));
+  const auto b0 = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(b));
+  const std::int64_t a_end = a0 + (rows - 1) * a_pitch + width;
+  const std::int64_t b_end = b0 + (rows - 1) * b_pitch + width;
+  if (a_end <= b0 || b_end <= a0) return false;  // the spans are apart: the usual case
+  // Row i of a, [off, off + width) from b, meets row j of b when off - width < j * b_pitch <
+  // off + width.
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const std::int64_t off = a0 + i * a_pitch - b0;
+    const std::int64_t first = std::max<std::int64_t>(FloorDiv(off - width, b_pitch) + 1, 0);
+    const std::int64_t last = std::min<std::int64_t>(CeilDiv(off + width, b_pitch) - 1, rows - 1);
+    if (first <= last) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Status CheckCopyRows(const Tensor& dst, std::int64_t dst_stride, const Tensor& src,
+                     std::int64_t src_stride, std::int64_t rows, std::int64_t cols) {
+  AUTOPAR_CHECK_ARG(rows >= 0 && cols >= 0, "CopyRows: negative rows or cols (" +
+                                                std::to_string(rows) + ", " + std::to_string(cols) +
+                                                ")");
+  AUTOPAR_CHECK_ARG(dst_stride >= cols, "CopyRows: dst_stride " + std::to_string(dst_stride) +
+                                            " < cols " + std::to_string(cols));
+  AUTOPAR_CHECK_ARG(src_stride >= cols, "CopyRows: src_stride " + std::to_string(src_stride) +
+                                            " < cols " + std::to_string(cols));
+  AUTOPAR_CHECK_ARG(
+      dst.dtype == src.dtype,
+      std::string("CopyRows: dst is ") + DTypeName(dst.dtype) + ", src " + DTypeName(src.dtype));
+  AUTOPAR_RETURN_IF_ERROR(
+      CheckArgs("CopyRows", {{"dst", dst, src.dtype, MatrixExtent(rows, cols, dst_stride)},
+                             {"src", src, src.dtype, MatrixExtent(rows, cols, src_stride)}}));
+  const auto size = static_cast<std::int64_t>(DTypeSize(src.dtype));
+  AUTOPAR_CHECK_ARG(!RowBlocksOverlap(dst.data, dst_stride * size, src.data, src_stride * size,
+                                      rows, cols * size),
+                    "CopyRows: source and destination blocks overlap");
+  return OkStatus();
 }
 
 bool Overlaps(const Tensor& a, const Tensor& b) {

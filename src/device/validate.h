@@ -70,4 +70,16 @@ std::int64_t AttentionKvExtent(const AttentionDesc& d);
 // A RopeDesc with rotary_dim and row_stride resolved and checked.
 StatusOr<RopeDesc> ResolveRope(const RopeDesc& desc);
 
+// A NormDesc with x_stride and y_stride resolved (0: packed, vectors * hidden) and checked: rows,
+// hidden and vectors positive, each stride at least vectors * hidden. Messages name `op`.
+StatusOr<NormDesc> ResolveNorm(const char* op, const NormDesc& desc);
+
+// Elements of an operand with rows `stride` apart that a norm (resolved desc) touches.
+std::int64_t NormExtent(const NormDesc& d, std::int64_t stride);
+
+// Device::CopyRows's arguments: valid views of one dtype, rows and cols not negative, strides at
+// least cols, both blocks inside their views and sharing no byte.
+Status CheckCopyRows(const Tensor& dst, std::int64_t dst_stride, const Tensor& src,
+                     std::int64_t src_stride, std::int64_t rows, std::int64_t cols);
+
 }  // namespace autopar::device

@@ -240,11 +240,12 @@ TEST(EmulatedKernels, NormsMatchReference) {
   std::vector<float> dgamma = Random(5, hidden), dbeta = Random(6, hidden);
   std::vector<float> want_y = y, want_dx = dx, want_rstd = rstd, want_mean = mean;
   std::vector<float> want_dgamma = dgamma, want_dbeta = dbeta;
-  ASSERT_EQ(emulated::RmsNormForward(nullptr, Storage::kF32, x.data(), gamma.data(), rows, hidden,
-                                     1e-5f, y.data(), rstd.data()),
+  const NormArgs args{rows, hidden, 1, hidden, hidden};
+  ASSERT_EQ(emulated::RmsNormForward(nullptr, Storage::kF32, args, x.data(), gamma.data(), 1e-5f,
+                                     y.data(), rstd.data()),
             cudaSuccess);
-  ASSERT_EQ(emulated::RmsNormBackward(nullptr, Storage::kF32, dy.data(), x.data(), gamma.data(),
-                                      rstd.data(), rows, hidden, dx.data(), dgamma.data()),
+  ASSERT_EQ(emulated::RmsNormBackward(nullptr, Storage::kF32, args, dy.data(), x.data(),
+                                      gamma.data(), rstd.data(), dx.data(), dgamma.data()),
             cudaSuccess);
   ref::RmsNormForward(x.data(), gamma.data(), rows, hidden, 1e-5f, want_y.data(), want_rstd.data());
   ref::RmsNormBackward(dy.data(), x.data(), gamma.data(), want_rstd.data(), rows, hidden,
@@ -253,13 +254,13 @@ TEST(EmulatedKernels, NormsMatchReference) {
   EXPECT_TRUE(Close(dx, ToDouble(want_dx), 1e-5, 1e-5));
   EXPECT_TRUE(Close(dgamma, ToDouble(want_dgamma), 1e-5, 1e-6));
 
-  ASSERT_EQ(emulated::LayerNormForward(nullptr, Storage::kF32, x.data(), gamma.data(), beta.data(),
-                                       rows, hidden, 1e-5f, y.data(), mean.data(), rstd.data()),
+  ASSERT_EQ(emulated::LayerNormForward(nullptr, Storage::kF32, args, x.data(), gamma.data(),
+                                       beta.data(), 1e-5f, y.data(), mean.data(), rstd.data()),
             cudaSuccess);
-  ASSERT_EQ(emulated::LayerNormBackward(nullptr, Storage::kF32, dy.data(), x.data(), gamma.data(),
-                                        mean.data(), rstd.data(), rows, hidden, dx.data(),
-                                        dgamma.data(), dbeta.data()),
-            cudaSuccess);
+  ASSERT_EQ(
+      emulated::LayerNormBackward(nullptr, Storage::kF32, args, dy.data(), x.data(), gamma.data(),
+                                  mean.data(), rstd.data(), dx.data(), dgamma.data(), dbeta.data()),
+      cudaSuccess);
   ref::LayerNormForward(x.data(), gamma.data(), beta.data(), rows, hidden, 1e-5f, want_y.data(),
                         want_mean.data(), want_rstd.data());
   ref::LayerNormBackward(dy.data(), x.data(), gamma.data(), want_mean.data(), want_rstd.data(),
@@ -270,6 +271,76 @@ TEST(EmulatedKernels, NormsMatchReference) {
   EXPECT_TRUE(Close(dgamma, ToDouble(want_dgamma), 1e-5, 1e-6));
   EXPECT_TRUE(Close(dbeta, ToDouble(want_dbeta), 1e-5, 1e-6));
 }
+
+// qk-layernorm's layout: 22 rows of 3 heads of 40 (not a multiple of a warp), x rows 130 apart and
+// y (dy, dx) rows 150 apart; 66 vectors, so the parameter-gradient kernel runs two slices. The
+// backward runs in place, dx over dy, as on the fused QKV buffer's gradient.
+class EmulatedNorms : public ::testing::TestWithParam<Storage> {};
+
+TEST_P(EmulatedNorms, StridedHeadsMatchReferenceAndKeepThePadding) {
+  const Storage st = GetParam();
+  const double tol = st == Storage::kF32 ? 1e-5 : 2e-2;
+  const std::int64_t rows = 22, vectors = 3, hidden = 40, x_stride = 130, y_stride = 150;
+  const std::int64_t width = vectors * hidden, count = rows * vectors;
+  const ref::NormLayout layout{vectors, x_stride, y_stride};
+  const NormArgs args{rows, hidden, vectors, x_stride, y_stride};
+  const std::vector<float> x = Stored(st, Random(1, rows * x_stride, 2.0f, 0.3f));
+  const std::vector<float> gamma = Stored(st, Random(2, hidden, 0.1f, 1.0f));
+  const std::vector<float> beta = Stored(st, Random(3, hidden));
+  const std::vector<float> dy = Stored(st, Random(4, rows * y_stride));
+  const std::vector<float> y0 = Stored(st, Random(5, rows * y_stride));
+  const std::vector<float> acc = Random(6, hidden);
+  const std::vector<double> xd = ToDouble(x), gd = ToDouble(gamma), bd = ToDouble(beta);
+  for (bool layernorm : {false, true}) {
+    SCOPED_TRACE(layernorm ? "LayerNorm" : "RMSNorm");
+    Buf bx(st, x), bg(st, gamma), bb(st, beta), by(st, y0), bdx(st, dy);
+    std::vector<float> mean(count), rstd(count), dgamma = acc, dbeta = acc;
+    std::vector<double> want_y = ToDouble(y0), want_dx = ToDouble(dy), want_mean(count),
+                        want_rstd(count), want_dgamma = ToDouble(acc), want_dbeta = want_dgamma;
+    if (layernorm) {
+      ASSERT_EQ(emulated::LayerNormForward(nullptr, st, args, bx.data(), bg.data(), bb.data(),
+                                           1e-5f, by.data(), mean.data(), rstd.data()),
+                cudaSuccess);
+      ASSERT_EQ(emulated::LayerNormBackward(nullptr, st, args, bdx.data(), bx.data(), bg.data(),
+                                            mean.data(), rstd.data(), bdx.data(), dgamma.data(),
+                                            dbeta.data()),
+                cudaSuccess);
+      ref::LayerNormForward(xd.data(), gd.data(), bd.data(), rows, hidden, 1e-5, want_y.data(),
+                            want_mean.data(), want_rstd.data(), layout);
+      ref::LayerNormBackward(want_dx.data(), xd.data(), gd.data(), want_mean.data(),
+                             want_rstd.data(), rows, hidden, want_dx.data(), want_dgamma.data(),
+                             want_dbeta.data(), layout);
+      EXPECT_TRUE(Close(mean, want_mean, 1e-5, 1e-6));
+      EXPECT_TRUE(Close(dbeta, want_dbeta, 1e-5, 1e-5));
+    } else {
+      ASSERT_EQ(emulated::RmsNormForward(nullptr, st, args, bx.data(), bg.data(), 1e-5f, by.data(),
+                                         rstd.data()),
+                cudaSuccess);
+      ASSERT_EQ(emulated::RmsNormBackward(nullptr, st, args, bdx.data(), bx.data(), bg.data(),
+                                          rstd.data(), bdx.data(), dgamma.data()),
+                cudaSuccess);
+      ref::RmsNormForward(xd.data(), gd.data(), rows, hidden, 1e-5, want_y.data(), want_rstd.data(),
+                          layout);
+      ref::RmsNormBackward(want_dx.data(), xd.data(), gd.data(), want_rstd.data(), rows, hidden,
+                           want_dx.data(), want_dgamma.data(), layout);
+    }
+    const std::vector<float> y = by.Get(), dx = bdx.Get();
+    EXPECT_TRUE(Close(y, want_y, tol, tol * 1e-1));
+    EXPECT_TRUE(Close(rstd, want_rstd, 1e-5, 1e-6));
+    EXPECT_TRUE(Close(dx, want_dx, tol, tol));
+    EXPECT_TRUE(Close(dgamma, want_dgamma, 1e-5, 1e-5));
+    for (std::int64_t i = 0; i < rows * y_stride; ++i) {
+      if (i % y_stride < width) continue;
+      ASSERT_EQ(y[i], y0[i]) << "y's padding at " << i;
+      ASSERT_EQ(dx[i], dy[i]) << "dx's padding at " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Storages, EmulatedNorms, ::testing::Values(Storage::kF32, Storage::kBF16),
+                         [](const ::testing::TestParamInfo<Storage>& param_info) {
+                           return param_info.param == Storage::kBF16 ? "bf16" : "f32";
+                         });
 
 TEST(EmulatedKernels, CrossEntropyPiecesMatchReference) {
   const std::int64_t rows = 3, vocab = 300, start = 300;

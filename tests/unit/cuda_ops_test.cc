@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/activations.h"
@@ -209,6 +210,112 @@ TEST_P(CudaTypedTest, NormsMatchReference) {
   // Wrong dtypes are the caller's bug.
   const Tensor int_gamma = PutI32(std::vector<std::int32_t>(d.hidden, 1));
   EXPECT_EQ(dev().RmsNormForward(d, tx, int_gamma, ty, tr).outcome(), Outcome::kInvalid);
+}
+
+// Megatron's qk-layernorm: a norm over each of 6 heads of 128 inside rows of a fused QKV buffer
+// (y, dy, dx rows 1027 apart) from a saved copy of the pre-norm values (x rows 773 apart); the
+// backward in place over the buffer's gradient. 402 vectors: several parameter-gradient slices.
+TEST_P(CudaTypedTest, StridedNormsOverHeadsMatchReferenceAndKeepThePadding) {
+  const DType dt = GetParam();
+  const auto tol = TolFor(dt, 2e-5, 2e-2);
+  NormDesc d{67, 128, 1e-5f};
+  d.vectors = 6;
+  d.x_stride = 6 * 128 + 5;
+  d.y_stride = 8 * 128 + 3;
+  const kernels::ref::NormLayout layout{d.vectors, d.x_stride, d.y_stride};
+  const std::int64_t nx = d.rows * d.x_stride, ny = d.rows * d.y_stride;
+  const std::int64_t width = d.vectors * d.hidden, stats = d.rows * d.vectors;
+  const std::vector<float> x = Stored(dt, Random(1, nx, 2.0f, 0.3f));
+  const std::vector<float> gamma = Stored(dt, Random(2, d.hidden, 0.1f, 1.0f));
+  const std::vector<float> beta = Stored(dt, Random(3, d.hidden));
+  const std::vector<float> dy = Stored(dt, Random(4, ny)), y0 = Stored(dt, Random(5, ny));
+  const std::vector<float> acc = Random(6, d.hidden);
+  const std::vector<double> xd = ToDouble(x), gd = ToDouble(gamma), bd = ToDouble(beta);
+  const Tensor tx = Put(dt, x), tg = Put(dt, gamma), tb = Put(dt, beta);
+  for (bool layernorm : {false, true}) {
+    SCOPED_TRACE(layernorm ? "LayerNorm" : "RMSNorm");
+    const Tensor ty = Put(dt, y0), tdx = Put(dt, dy), tm = Zeros(DType::kF32, stats);
+    const Tensor tr = Zeros(DType::kF32, stats);
+    const Tensor tdg = Put(DType::kF32, acc), tdb = Put(DType::kF32, acc);
+    std::vector<double> y = ToDouble(y0), dx = ToDouble(dy), mean(stats), rstd(stats);
+    std::vector<double> dgamma = ToDouble(acc), dbeta = dgamma;
+    if (layernorm) {
+      ASSERT_TRUE(dev().LayerNormForward(d, tx, tg, tb, ty, tm, tr).ok());
+      ASSERT_TRUE(dev().LayerNormBackward(d, tdx, tx, tg, tm, tr, tdx, tdg, tdb).ok());
+      kernels::ref::LayerNormForward(xd.data(), gd.data(), bd.data(), d.rows, d.hidden,
+                                     double{d.eps}, y.data(), mean.data(), rstd.data(), layout);
+      kernels::ref::LayerNormBackward(dx.data(), xd.data(), gd.data(), mean.data(), rstd.data(),
+                                      d.rows, d.hidden, dx.data(), dgamma.data(), dbeta.data(),
+                                      layout);
+      EXPECT_TRUE(Close(Get(tm), mean, 1e-5, 1e-5));
+      EXPECT_TRUE(Close(Get(tdb), dbeta, 1e-5, 1e-5));
+    } else {
+      ASSERT_TRUE(dev().RmsNormForward(d, tx, tg, ty, tr).ok());
+      ASSERT_TRUE(dev().RmsNormBackward(d, tdx, tx, tg, tr, tdx, tdg).ok());
+      kernels::ref::RmsNormForward(xd.data(), gd.data(), d.rows, d.hidden, double{d.eps}, y.data(),
+                                   rstd.data(), layout);
+      kernels::ref::RmsNormBackward(dx.data(), xd.data(), gd.data(), rstd.data(), d.rows, d.hidden,
+                                    dx.data(), dgamma.data(), layout);
+    }
+    const std::vector<float> got_y = Get(ty), got_dx = Get(tdx);
+    EXPECT_TRUE(Close(got_y, y, tol.rtol, tol.atol));
+    EXPECT_TRUE(Close(Get(tr), rstd, 1e-5, 1e-5));
+    EXPECT_TRUE(Close(got_dx, dx, tol.rtol, tol.atol));
+    EXPECT_TRUE(Close(Get(tdg), dgamma, 1e-5, 1e-5));
+    for (std::int64_t i = 0; i < ny; ++i) {
+      if (i % d.y_stride < width) continue;
+      ASSERT_EQ(got_y[i], y0[i]) << "y's padding at " << i;
+      ASSERT_EQ(got_dx[i], dy[i]) << "dx's padding at " << i;
+    }
+  }
+  // The views must reach the last vector's end; stats are one per vector.
+  EXPECT_EQ(dev()
+                .RmsNormForward(d, tx.Slice(0, nx - d.x_stride + width - 1), tg, Zeros(dt, ny),
+                                Zeros(DType::kF32, stats))
+                .outcome(),
+            Outcome::kInvalid);
+  EXPECT_EQ(dev().RmsNormForward(d, tx, tg, Zeros(dt, ny), Zeros(DType::kF32, d.rows)).outcome(),
+            Outcome::kInvalid);
+  NormDesc narrow = d;
+  narrow.y_stride = width - 1;
+  EXPECT_EQ(
+      dev().RmsNormForward(narrow, tx, tg, Zeros(dt, ny), Zeros(DType::kF32, stats)).outcome(),
+      Outcome::kInvalid);
+}
+
+// CopyRows: a [300, 100] block from rows 130 apart into rows 117 apart, 7 elements in; the rest of
+// the destination is left alone. Then i32 (any dtype) and the argument checks.
+TEST_P(CudaTypedTest, CopyRowsMovesABlockBetweenStrides) {
+  const DType dt = GetParam();
+  const std::int64_t rows = 300, cols = 100, src_stride = 130, dst_stride = 117;
+  const std::vector<float> src = Stored(dt, Random(1, rows * src_stride));
+  const std::vector<float> dst0 = Stored(dt, Random(2, 7 + rows * dst_stride));
+  const Tensor tsrc = Put(dt, src), tdst = Put(dt, dst0);
+  ASSERT_TRUE(
+      dev()
+          .CopyRows(tdst.Slice(7, rows * dst_stride), dst_stride, tsrc, src_stride, rows, cols)
+          .ok());
+  std::vector<float> want = dst0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) want[7 + r * dst_stride + c] = src[r * src_stride + c];
+  }
+  EXPECT_EQ(Get(tdst), want);
+
+  const Tensor ids = PutI32({1, 2, 3, 4, 5, 6}), out = PutI32(std::vector<std::int32_t>(8, -1));
+  ASSERT_TRUE(dev().CopyRows(out, 3, ids, 2, 3, 2).ok());
+  StatusOr<std::vector<std::int32_t>> got = dev().Download<std::int32_t>(out);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, (std::vector<std::int32_t>{1, 2, -1, 3, 4, -1, 5, 6}));
+
+  EXPECT_TRUE(dev().CopyRows(tdst, dst_stride, tsrc, src_stride, 0, cols).ok());
+  EXPECT_EQ(dev().CopyRows(tdst, cols - 1, tsrc, src_stride, rows, cols).outcome(),
+            Outcome::kInvalid);
+  EXPECT_EQ(dev().CopyRows(tdst, dst_stride, tsrc.Slice(0, 1000), src_stride, rows, cols).outcome(),
+            Outcome::kInvalid);
+  EXPECT_EQ(dev().CopyRows(out, 3, tsrc, src_stride, 2, 2).outcome(), Outcome::kInvalid);
+  EXPECT_EQ(dev().CopyRows(tsrc.Slice(1, 1000), 130, tsrc, 130, 5, 100).outcome(),
+            Outcome::kInvalid);  // the blocks overlap
+  EXPECT_TRUE(dev().Synchronize().ok());
 }
 
 TEST_P(CudaTypedTest, RopeWithOffsetPartialRotationAndFusedRowsMatchesReference) {

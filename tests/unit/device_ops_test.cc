@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "autopar/device/platform.h"
@@ -90,6 +91,127 @@ TEST_F(DeviceOps, NormsMatchReference) {
 
   const Status bad = dev().RmsNormForward(NormDesc{4, 32, 1e-5f}, tx, tg, ty, tr);
   EXPECT_EQ(bad.outcome(), Outcome::kInvalid);
+}
+
+// qk-layernorm's layout through the Device API: 2 heads of 8 per row, x rows 20 apart, y (dy, dx)
+// rows 28 apart, dx over dy; and the layout's argument checks.
+TEST_F(DeviceOps, StridedNormsMatchReferenceAndCheckTheirLayout) {
+  NormDesc d{5, 8, 1e-5f};
+  d.vectors = 2;
+  d.x_stride = 20;
+  d.y_stride = 28;
+  const kernels::ref::NormLayout layout{2, 20, 28};
+  const std::int64_t nx = 5 * 20, ny = 5 * 28, stats = 10;
+  const std::vector<float> x = Random(11, nx, 2.0f), gamma = Random(12, 8, 0.1f, 1.0f);
+  const std::vector<float> beta = Random(13, 8), dy = Random(14, ny), y0 = Random(15, ny);
+  const Tensor tx = Put(x), tg = Put(gamma), tb = Put(beta), ty = Put(y0), tdy = Put(dy);
+  const Tensor tm = Zeros(stats), tr = Zeros(stats), tdg = Zeros(8), tdb = Zeros(8);
+  std::vector<float> y = y0, dx = dy, mean(stats), rstd(stats), dgamma(8, 0.0f), dbeta(8, 0.0f);
+
+  ASSERT_TRUE(dev().LayerNormForward(d, tx, tg, tb, ty, tm, tr).ok());
+  ASSERT_TRUE(dev().LayerNormBackward(d, tdy, tx, tg, tm, tr, tdy, tdg, tdb).ok());  // in place
+  kernels::ref::LayerNormForward(x.data(), gamma.data(), beta.data(), 5, 8, 1e-5f, y.data(),
+                                 mean.data(), rstd.data(), layout);
+  kernels::ref::LayerNormBackward(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), 5, 8,
+                                  dx.data(), dgamma.data(), dbeta.data(), layout);
+  EXPECT_EQ(Get(ty), y);
+  EXPECT_EQ(Get(tm), mean);
+  EXPECT_EQ(Get(tr), rstd);
+  EXPECT_EQ(Get(tdy), dx);
+  EXPECT_EQ(Get(tdg), dgamma);
+  EXPECT_EQ(Get(tdb), dbeta);
+  const std::vector<float> got_y = Get(ty);
+  for (std::int64_t i = 0; i < ny; ++i) {
+    if (i % 28 >= 16) {
+      EXPECT_EQ(got_y[i], y0[i]) << "y's padding at " << i;
+    }
+  }
+
+  const Tensor tdx = Put(y0);
+  std::fill(dgamma.begin(), dgamma.end(), 0.0f);
+  dx = y0;
+  ASSERT_TRUE(dev().Fill(tdg, 0.0f).ok());
+  ASSERT_TRUE(dev().RmsNormForward(d, tx, tg, ty, tr).ok());
+  ASSERT_TRUE(dev().RmsNormBackward(d, Put(dy), tx, tg, tr, tdx, tdg).ok());
+  kernels::ref::RmsNormForward(x.data(), gamma.data(), 5, 8, 1e-5f, y.data(), rstd.data(), layout);
+  kernels::ref::RmsNormBackward(dy.data(), x.data(), gamma.data(), rstd.data(), 5, 8, dx.data(),
+                                dgamma.data(), layout);
+  EXPECT_EQ(Get(ty), y);
+  EXPECT_EQ(Get(tr), rstd);
+  EXPECT_EQ(Get(tdx), dx);
+  EXPECT_EQ(Get(tdg), dgamma);
+
+  // Each failure is kInvalid and names the op and what is wrong.
+  auto expect_invalid = [](const Status& status, const std::string& what) {
+    EXPECT_EQ(status.outcome(), Outcome::kInvalid) << what;
+    EXPECT_NE(status.message().find(what), std::string::npos) << status.message();
+  };
+  NormDesc bad = d;
+  bad.vectors = 0;
+  expect_invalid(dev().RmsNormForward(bad, tx, tg, ty, tr), "RmsNormForward: vectors is 0");
+  bad = d;
+  bad.x_stride = 15;  // < 2 heads of 8
+  expect_invalid(dev().LayerNormForward(bad, tx, tg, tb, ty, tm, tr),
+                 "LayerNormForward: x_stride 15 < vectors * hidden 16");
+  bad = d;
+  bad.y_stride = -28;
+  expect_invalid(dev().RmsNormBackward(bad, tdy, tx, tg, tr, tdx, tdg),
+                 "RmsNormBackward: y_stride -28");
+  // The views must hold the last element reached: (rows - 1) * stride + vectors * hidden.
+  expect_invalid(dev().RmsNormForward(d, tx.Slice(0, 4 * 20 + 15), tg, ty, tr),
+                 "`x` has 95 elements, needs 96");
+  EXPECT_TRUE(dev().RmsNormForward(d, tx.Slice(0, 4 * 20 + 16), tg, ty, tr).ok());
+  expect_invalid(
+      dev().LayerNormBackward(d, tdy, tx, tg, tm, tr, tdx.Slice(0, 4 * 28 + 15), tdg, tdb),
+      "`dx` has 127 elements, needs 128");
+  // Statistics: one per vector.
+  expect_invalid(dev().LayerNormForward(d, tx, tg, tb, ty, tm.Slice(0, 5), tr),
+                 "`mean` has 5 elements, needs 10");
+}
+
+TEST_F(DeviceOps, CopyRowsCopiesABlockBetweenStridesAndLeavesTheRestAlone) {
+  // A [3, 4] block from rows 6 apart into rows 5 apart, starting one element in.
+  const std::vector<float> src = Random(21, 18), dst0 = Random(22, 16);
+  const Tensor tsrc = Put(src), tdst = Put(dst0);
+  ASSERT_TRUE(dev().CopyRows(tdst.Slice(1, 14), 5, tsrc, 6, 3, 4).ok());
+  std::vector<float> want = dst0;
+  for (int r = 0; r < 3; ++r) {
+    for (int c = 0; c < 4; ++c) want[1 + r * 5 + c] = src[r * 6 + c];
+  }
+  EXPECT_EQ(Get(tdst), want);
+
+  // Any dtype, like Copy: i32 rows packed into rows 3 apart.
+  const std::vector<std::int32_t> ids = {1, 2, 3, 4, 5, 6};
+  const Tensor tids = Put(ids), tout = Put(std::vector<std::int32_t>(8, -1));
+  ASSERT_TRUE(dev().CopyRows(tout, 3, tids, 2, 3, 2).ok());
+  StatusOr<std::vector<std::int32_t>> out = dev().Download<std::int32_t>(tout);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(*out, (std::vector<std::int32_t>{1, 2, -1, 3, 4, -1, 5, 6}));
+
+  // Interleaved blocks of one buffer that share no element (columns 0-1 to columns 2-3).
+  ASSERT_TRUE(dev().CopyRows(tsrc.Slice(2, 16), 6, tsrc, 6, 3, 2).ok());
+  const std::vector<float> moved = Get(tsrc);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(moved[r * 6 + 2], src[r * 6]);
+    EXPECT_EQ(moved[r * 6 + 3], src[r * 6 + 1]);
+  }
+  EXPECT_TRUE(dev().CopyRows(tdst, 5, tsrc, 6, 0, 4).ok());  // nothing to copy
+
+  auto expect_invalid = [](const Status& status, const std::string& what) {
+    EXPECT_EQ(status.outcome(), Outcome::kInvalid) << what;
+    EXPECT_NE(status.message().find(what), std::string::npos) << status.message();
+  };
+  expect_invalid(dev().CopyRows(tdst, 3, tsrc, 6, 3, 4), "CopyRows: dst_stride 3 < cols 4");
+  expect_invalid(dev().CopyRows(tdst, 5, tsrc, 2, 3, 4), "CopyRows: src_stride 2 < cols 4");
+  expect_invalid(dev().CopyRows(tdst, 5, tsrc, 6, -1, 4), "CopyRows: negative rows or cols");
+  expect_invalid(dev().CopyRows(tdst, 5, tids, 2, 3, 2), "CopyRows: dst is f32, src i32");
+  expect_invalid(dev().CopyRows(tdst.Slice(0, 13), 5, tsrc, 6, 3, 4),
+                 "`dst` has 13 elements, needs 14");
+  expect_invalid(dev().CopyRows(tdst, 5, tsrc.Slice(0, 15), 6, 3, 4),
+                 "`src` has 15 elements, needs 16");
+  // Blocks sharing elements: destination rows [2, 5) and [6, 9), source rows [1, 4) and [5, 8).
+  expect_invalid(dev().CopyRows(tsrc.Slice(2, 16), 4, tsrc.Slice(1, 17), 4, 2, 3),
+                 "CopyRows: source and destination blocks overlap");
 }
 
 TEST_F(DeviceOps, RopeInPlaceInsideAFusedRowAndInverse) {

@@ -105,6 +105,56 @@ TEST(KernelsGradcheck, LayerNorm) {
              "dbeta");
 }
 
+// Norms per head inside fused rows (qk-layernorm): 2 rows of 3 vectors of 4, x rows 14 apart and
+// y (dy, dx) rows 17 apart. dx lies in y's layout; x's padding gets no gradient and dx's padding
+// is not written.
+TEST(KernelsGradcheck, StridedNormsOverHeads) {
+  const std::int64_t rows = 2, vectors = 3, hidden = 4, x_stride = 14, y_stride = 17;
+  const std::int64_t width = vectors * hidden;
+  const NormLayout layout{vectors, x_stride, y_stride};
+  const double eps = 1e-5;
+  const Vec x = Random(10, rows * x_stride, 2.0, 0.3), gamma = Random(11, hidden, 0.2, 1.0);
+  const Vec beta = Random(12, hidden, 0.1), w = Random(13, rows * y_stride);
+  for (bool layernorm : {false, true}) {
+    SCOPED_TRACE(layernorm ? "LayerNorm" : "RMSNorm");
+    Vec mean(rows * vectors), rstd(rows * vectors);
+    auto forward = [&](const Vec& xx, const Vec& gg, const Vec& bb) {
+      Vec y(rows * y_stride, 0.0);
+      if (layernorm) {
+        LayerNormForward(xx.data(), gg.data(), bb.data(), rows, hidden, eps, y.data(), mean.data(),
+                         rstd.data(), layout);
+      } else {
+        RmsNormForward(xx.data(), gg.data(), rows, hidden, eps, y.data(), rstd.data(), layout);
+      }
+      return Dot(w, y);
+    };
+    forward(x, gamma, beta);  // the statistics of x, for the backward
+    Vec dx(rows * y_stride, 0.0), dgamma(hidden, 0.0), dbeta(hidden, 0.0);
+    if (layernorm) {
+      LayerNormBackward(w.data(), x.data(), gamma.data(), mean.data(), rstd.data(), rows, hidden,
+                        dx.data(), dgamma.data(), dbeta.data(), layout);
+    } else {
+      RmsNormBackward(w.data(), x.data(), gamma.data(), rstd.data(), rows, hidden, dx.data(),
+                      dgamma.data(), layout);
+    }
+    const Vec numeric = NumericGrad(x, [&](const Vec& v) { return forward(v, gamma, beta); });
+    Vec dx_at_x(x.size(), 0.0);  // dx moved to x's layout, zero on its padding
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t j = 0; j < width; ++j) dx_at_x[r * x_stride + j] = dx[r * y_stride + j];
+      for (std::int64_t j = width; j < y_stride; ++j) {
+        EXPECT_EQ(dx[r * y_stride + j], 0.0) << "dx's padding at row " << r << ", " << j;
+      }
+    }
+    ExpectNear(dx_at_x, numeric, 1e-7, "dx");
+    ExpectNear(dgamma, NumericGrad(gamma, [&](const Vec& v) { return forward(x, v, beta); }), 1e-7,
+               "dgamma");
+    if (layernorm) {
+      ExpectNear(dbeta, NumericGrad(beta, [&](const Vec& v) { return forward(x, gamma, v); }), 1e-7,
+                 "dbeta");
+    }
+  }
+}
+
 TEST(KernelsGradcheck, RopePartialRotaryStridedWithOffset) {
   RopeShape shape;
   shape.seq = 3;

@@ -1,5 +1,6 @@
 // Reference kernels against hand computations and against themselves under sharding: the
-// properties the parallel trial runner relies on (vocab shards combine, chunked attention merges).
+// properties the parallel trial runner relies on (vocab shards combine, chunked attention merges,
+// strided norms norm each vector as the packed norm does).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
 #include "kernels/init.h"
+#include "kernels/norms.h"
 
 namespace autopar::kernels::ref {
 namespace {
@@ -128,6 +130,89 @@ TEST(KernelsEmbedding, ShardsSumToTheFullLookupAndBackwardAccumulates) {
   EXPECT_EQ(dtable[5 * hidden], 2.5f);  // two lookups of id 5 on top of 0.5
   EXPECT_EQ(dtable[1 * hidden], 0.5f);  // id 1 unused
   EXPECT_EQ(dtable[3 * hidden], 1.5f);
+}
+
+// ---- norms over strided vectors (Megatron's qk-layernorm: a norm per head inside fused rows) ----
+
+// The norm's results: statistics, y and dx in their (strided) buffers, the accumulated weights.
+struct NormResult {
+  std::vector<double> y, mean, rstd, dx, dgamma, dbeta;
+};
+
+// RMSNorm (layernorm = false) or LayerNorm forward, then backward with dy, over `rows` rows laid
+// out as `layout` says. y and dx start as `y_init` (their padding must keep it), dgamma and dbeta
+// as `acc`; in_place runs the backward with dx on dy's own storage.
+NormResult RunNorm(bool layernorm, const std::vector<double>& x, const std::vector<double>& dy,
+                   const std::vector<double>& gamma, const std::vector<double>& beta,
+                   std::int64_t rows, std::int64_t hidden, const NormLayout& layout,
+                   const std::vector<double>& y_init, const std::vector<double>& acc,
+                   bool in_place = false) {
+  const auto stats = static_cast<std::size_t>(rows * layout.vectors);
+  NormResult r{
+      y_init, std::vector<double>(stats), std::vector<double>(stats), in_place ? dy : y_init, acc,
+      acc};
+  const double* pdy = in_place ? r.dx.data() : dy.data();
+  if (layernorm) {
+    LayerNormForward(x.data(), gamma.data(), beta.data(), rows, hidden, 1e-5, r.y.data(),
+                     r.mean.data(), r.rstd.data(), layout);
+    LayerNormBackward(pdy, x.data(), gamma.data(), r.mean.data(), r.rstd.data(), rows, hidden,
+                      r.dx.data(), r.dgamma.data(), r.dbeta.data(), layout);
+  } else {
+    RmsNormForward(x.data(), gamma.data(), rows, hidden, 1e-5, r.y.data(), r.rstd.data(), layout);
+    RmsNormBackward(pdy, x.data(), gamma.data(), r.rstd.data(), rows, hidden, r.dx.data(),
+                    r.dgamma.data(), layout);
+  }
+  return r;
+}
+
+TEST(KernelsNorms, StridedVectorsAreNormedExactlyAsPackedOnesAndPaddingIsKept) {
+  // 3 rows of 4 vectors of 6, x rows 29 apart, y (dy, dx) rows 37 apart.
+  const std::int64_t rows = 3, vectors = 4, hidden = 6, x_stride = 29, y_stride = 37;
+  const std::int64_t width = vectors * hidden;
+  const NormLayout layout{vectors, x_stride, y_stride};
+  const std::vector<double> x = RandomD(1, rows * x_stride), dy = RandomD(2, rows * y_stride);
+  const std::vector<double> gamma = RandomD(3, hidden), beta = RandomD(4, hidden);
+  const std::vector<double> acc = RandomD(5, hidden);  // the weight gradients accumulate onto it
+  const std::vector<double> y_init(rows * y_stride, 1234.5);
+  // The vectors of a strided buffer, packed [rows * vectors, hidden].
+  auto gather = [&](const std::vector<double>& buf, std::int64_t stride) {
+    std::vector<double> packed;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      packed.insert(packed.end(), buf.begin() + r * stride, buf.begin() + r * stride + width);
+    }
+    return packed;
+  };
+  for (bool layernorm : {false, true}) {
+    SCOPED_TRACE(layernorm ? "LayerNorm" : "RMSNorm");
+    const NormResult want =
+        RunNorm(layernorm, gather(x, x_stride), gather(dy, y_stride), gamma, beta, rows * vectors,
+                hidden, NormLayout{}, std::vector<double>(rows * width), acc);
+    const NormResult got =
+        RunNorm(layernorm, x, dy, gamma, beta, rows, hidden, layout, y_init, acc);
+    EXPECT_EQ(got.mean, want.mean);
+    EXPECT_EQ(got.rstd, want.rstd);
+    EXPECT_EQ(gather(got.y, y_stride), want.y);
+    EXPECT_EQ(gather(got.dx, y_stride), want.dx);
+    EXPECT_EQ(got.dgamma, want.dgamma);
+    EXPECT_EQ(got.dbeta, want.dbeta);
+    for (std::int64_t i = 0; i < rows * y_stride; ++i) {
+      if (i % y_stride < width) continue;
+      EXPECT_EQ(got.y[i], y_init[i]) << "y's padding at " << i;
+      EXPECT_EQ(got.dx[i], y_init[i]) << "dx's padding at " << i;
+    }
+
+    // dx over dy (the fused buffer's gradient in place): every element of dy is read before it
+    // is overwritten, so dx and the weight gradients equal the out-of-place ones.
+    const NormResult in_place =
+        RunNorm(layernorm, x, dy, gamma, beta, rows, hidden, layout, y_init, acc, true);
+    std::vector<double> want_dx = dy;  // dy's padding stays
+    for (std::int64_t i = 0; i < rows * y_stride; ++i) {
+      if (i % y_stride < width) want_dx[i] = got.dx[i];
+    }
+    EXPECT_EQ(in_place.dx, want_dx);
+    EXPECT_EQ(in_place.dgamma, got.dgamma);
+    EXPECT_EQ(in_place.dbeta, got.dbeta);
+  }
 }
 
 TEST(KernelsAdam, MatchesHandComputationOverTwoSteps) {

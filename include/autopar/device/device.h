@@ -75,6 +75,10 @@ class Device {
   virtual Status CopyFromHost(Tensor dst, const void* src, std::size_t bytes) = 0;
   virtual Status CopyToHost(void* dst, Tensor src, std::size_t bytes) = 0;
   virtual Status Copy(Tensor dst, Tensor src) = 0;  // same dtype and numel
+  // Copies a [rows, cols] block whose rows lie dst_stride and src_stride elements apart (same
+  // dtype; the strides at least cols; neither block may overlap the other).
+  virtual Status CopyRows(Tensor dst, std::int64_t dst_stride, Tensor src, std::int64_t src_stride,
+                          std::int64_t rows, std::int64_t cols) = 0;
   virtual Status Fill(Tensor x, float value) = 0;
   virtual Status FillHash(Tensor x, const HashFill& fill) = 0;
   virtual Status Add(Tensor a, Tensor b, Tensor out) = 0;    // out = a + b; may alias

@@ -56,11 +56,20 @@ struct GemmDesc {
   bool fp8_b_is_weight = false;
 };
 
-// RMSNorm and LayerNorm over the last dimension of x [rows, hidden].
+// RMSNorm and LayerNorm over vectors of `hidden` elements: rows × vectors of them, the statistics
+// (mean, rstd) of vector v of row r at index r * vectors + v, gamma and beta [hidden] shared by
+// all. Element i of that vector lies at r * stride + v * hidden + i, with x_stride for x and
+// y_stride for y, dy and dx (0: packed, vectors * hidden). The defaults are the plain norm of
+// x [rows, hidden]. Megatron's qk-layernorm is vectors = heads, hidden = head_dim: the output, its
+// gradient and the input's gradient live in the fused QKV buffer (y_stride its row), while x is a
+// saved copy of the pre-norm values. dx may alias dy (same layout); y may not alias x.
 struct NormDesc {
   std::int64_t rows = 0;
   std::int64_t hidden = 0;
   float eps = 1e-5f;
+  std::int64_t vectors = 1;
+  std::int64_t x_stride = 0;
+  std::int64_t y_stride = 0;
 };
 
 // Rotary position embedding (rotate-half form, as Megatron's default) on x [seq, batch, heads,

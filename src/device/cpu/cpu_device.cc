@@ -64,6 +64,20 @@ Status CpuDevice::Copy(Tensor dst, Tensor src) {
   return OkStatus();
 }
 
+Status CpuDevice::CopyRows(Tensor dst, std::int64_t dst_stride, Tensor src, std::int64_t src_stride,
+                           std::int64_t rows, std::int64_t cols) {
+  AUTOPAR_RETURN_IF_ERROR(CheckCopyRows(dst, dst_stride, src, src_stride, rows, cols));
+  const std::size_t size = DTypeSize(src.dtype);
+  const std::size_t row_bytes = static_cast<std::size_t>(cols) * size;
+  auto* out = static_cast<char*>(dst.data);
+  const auto* in = static_cast<const char*>(src.data);
+  for (std::int64_t r = 0; r < rows && row_bytes > 0; ++r) {
+    std::memcpy(out + static_cast<std::size_t>(r * dst_stride) * size,
+                in + static_cast<std::size_t>(r * src_stride) * size, row_bytes);
+  }
+  return OkStatus();
+}
+
 Status CpuDevice::Fill(Tensor x, float value) {
   AUTOPAR_RETURN_IF_ERROR(CheckArgs("Fill", {{"x", x, DType::kF32, 0}}));
   std::fill_n(x.as<float>(), x.numel, value);

@@ -32,6 +32,14 @@ kernels::ref::RopeShape ToRopeShape(const RopeDesc& d) {
   return shape;
 }
 
+kernels::ref::NormLayout ToNormLayout(const NormDesc& d) {
+  kernels::ref::NormLayout layout;
+  layout.vectors = d.vectors;
+  layout.x_stride = d.x_stride;
+  layout.y_stride = d.y_stride;
+  return layout;
+}
+
 Status CheckCrossEntropy(const CrossEntropyDesc& d) {
   AUTOPAR_RETURN_IF_ERROR(CheckPositive("CrossEntropy", {d.rows, d.vocab_shard}));
   AUTOPAR_CHECK_ARG(d.vocab_start >= 0, "CrossEntropy: negative vocab_start");
@@ -48,65 +56,69 @@ Status CheckIds(const char* op, const Tensor& ids, std::int64_t count) {
 
 }  // namespace
 
-Status CpuDevice::RmsNormForward(const NormDesc& d, Tensor x, Tensor gamma, Tensor y, Tensor rstd) {
-  AUTOPAR_RETURN_IF_ERROR(CheckPositive("RmsNormForward", {d.rows, d.hidden}));
-  const std::int64_t n = d.rows * d.hidden;
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("RmsNormForward", {{"x", x, kF32, n},
+Status CpuDevice::RmsNormForward(const NormDesc& desc, Tensor x, Tensor gamma, Tensor y,
+                                 Tensor rstd) {
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("RmsNormForward", desc));
+  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("RmsNormForward", {{"x", x, kF32, nx},
                                                        {"gamma", gamma, kF32, d.hidden},
-                                                       {"y", y, kF32, n},
-                                                       {"rstd", rstd, kF32, d.rows}}));
+                                                       {"y", y, kF32, ny},
+                                                       {"rstd", rstd, kF32, d.rows * d.vectors}}));
   kernels::ref::RmsNormForward(x.as<float>(), gamma.as<float>(), d.rows, d.hidden, d.eps,
-                               y.as<float>(), rstd.as<float>());
+                               y.as<float>(), rstd.as<float>(), ToNormLayout(d));
   return OkStatus();
 }
 
-Status CpuDevice::RmsNormBackward(const NormDesc& d, Tensor dy, Tensor x, Tensor gamma, Tensor rstd,
-                                  Tensor dx, Tensor dgamma) {
-  AUTOPAR_RETURN_IF_ERROR(CheckPositive("RmsNormBackward", {d.rows, d.hidden}));
-  const std::int64_t n = d.rows * d.hidden;
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("RmsNormBackward", {{"dy", dy, kF32, n},
-                                                        {"x", x, kF32, n},
+Status CpuDevice::RmsNormBackward(const NormDesc& desc, Tensor dy, Tensor x, Tensor gamma,
+                                  Tensor rstd, Tensor dx, Tensor dgamma) {
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("RmsNormBackward", desc));
+  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("RmsNormBackward", {{"dy", dy, kF32, ny},
+                                                        {"x", x, kF32, nx},
                                                         {"gamma", gamma, kF32, d.hidden},
-                                                        {"rstd", rstd, kF32, d.rows},
-                                                        {"dx", dx, kF32, n},
+                                                        {"rstd", rstd, kF32, d.rows * d.vectors},
+                                                        {"dx", dx, kF32, ny},
                                                         {"dgamma", dgamma, kF32, d.hidden}}));
   kernels::ref::RmsNormBackward(dy.as<float>(), x.as<float>(), gamma.as<float>(), rstd.as<float>(),
-                                d.rows, d.hidden, dx.as<float>(), dgamma.as<float>());
+                                d.rows, d.hidden, dx.as<float>(), dgamma.as<float>(),
+                                ToNormLayout(d));
   return OkStatus();
 }
 
-Status CpuDevice::LayerNormForward(const NormDesc& d, Tensor x, Tensor gamma, Tensor beta, Tensor y,
-                                   Tensor mean, Tensor rstd) {
-  AUTOPAR_RETURN_IF_ERROR(CheckPositive("LayerNormForward", {d.rows, d.hidden}));
-  const std::int64_t n = d.rows * d.hidden;
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("LayerNormForward", {{"x", x, kF32, n},
+Status CpuDevice::LayerNormForward(const NormDesc& desc, Tensor x, Tensor gamma, Tensor beta,
+                                   Tensor y, Tensor mean, Tensor rstd) {
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("LayerNormForward", desc));
+  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
+  const std::int64_t stats = d.rows * d.vectors;
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("LayerNormForward", {{"x", x, kF32, nx},
                                                          {"gamma", gamma, kF32, d.hidden},
                                                          {"beta", beta, kF32, d.hidden},
-                                                         {"y", y, kF32, n},
-                                                         {"mean", mean, kF32, d.rows},
-                                                         {"rstd", rstd, kF32, d.rows}}));
+                                                         {"y", y, kF32, ny},
+                                                         {"mean", mean, kF32, stats},
+                                                         {"rstd", rstd, kF32, stats}}));
   kernels::ref::LayerNormForward(x.as<float>(), gamma.as<float>(), beta.as<float>(), d.rows,
-                                 d.hidden, d.eps, y.as<float>(), mean.as<float>(),
-                                 rstd.as<float>());
+                                 d.hidden, d.eps, y.as<float>(), mean.as<float>(), rstd.as<float>(),
+                                 ToNormLayout(d));
   return OkStatus();
 }
 
-Status CpuDevice::LayerNormBackward(const NormDesc& d, Tensor dy, Tensor x, Tensor gamma,
+Status CpuDevice::LayerNormBackward(const NormDesc& desc, Tensor dy, Tensor x, Tensor gamma,
                                     Tensor mean, Tensor rstd, Tensor dx, Tensor dgamma,
                                     Tensor dbeta) {
-  AUTOPAR_RETURN_IF_ERROR(CheckPositive("LayerNormBackward", {d.rows, d.hidden}));
-  const std::int64_t n = d.rows * d.hidden;
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("LayerNormBackward", {{"dy", dy, kF32, n},
-                                                          {"x", x, kF32, n},
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("LayerNormBackward", desc));
+  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
+  const std::int64_t stats = d.rows * d.vectors;
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("LayerNormBackward", {{"dy", dy, kF32, ny},
+                                                          {"x", x, kF32, nx},
                                                           {"gamma", gamma, kF32, d.hidden},
-                                                          {"mean", mean, kF32, d.rows},
-                                                          {"rstd", rstd, kF32, d.rows},
-                                                          {"dx", dx, kF32, n},
+                                                          {"mean", mean, kF32, stats},
+                                                          {"rstd", rstd, kF32, stats},
+                                                          {"dx", dx, kF32, ny},
                                                           {"dgamma", dgamma, kF32, d.hidden},
                                                           {"dbeta", dbeta, kF32, d.hidden}}));
-  kernels::ref::LayerNormBackward(dy.as<float>(), x.as<float>(), gamma.as<float>(),
-                                  mean.as<float>(), rstd.as<float>(), d.rows, d.hidden,
-                                  dx.as<float>(), dgamma.as<float>(), dbeta.as<float>());
+  kernels::ref::LayerNormBackward(
+      dy.as<float>(), x.as<float>(), gamma.as<float>(), mean.as<float>(), rstd.as<float>(), d.rows,
+      d.hidden, dx.as<float>(), dgamma.as<float>(), dbeta.as<float>(), ToNormLayout(d));
   return OkStatus();
 }
 

@@ -387,6 +387,20 @@ Status CudaDevice::Copy(Tensor dst, Tensor src) {
   return OkStatus();
 }
 
+Status CudaDevice::CopyRows(Tensor dst, std::int64_t dst_stride, Tensor src,
+                            std::int64_t src_stride, std::int64_t rows, std::int64_t cols) {
+  AUTOPAR_RETURN_IF_ERROR(CheckCopyRows(dst, dst_stride, src, src_stride, rows, cols));
+  if (rows == 0 || cols == 0) return OkStatus();
+  const std::size_t size = DTypeSize(src.dtype);
+  AUTOPAR_RETURN_IF_ERROR(Activate());
+  // Pitches and width in bytes, height in rows.
+  AUTOPAR_CHECK_CUDA(cudaMemcpy2DAsync(
+      dst.data, static_cast<std::size_t>(dst_stride) * size, src.data,
+      static_cast<std::size_t>(src_stride) * size, static_cast<std::size_t>(cols) * size,
+      static_cast<std::size_t>(rows), cudaMemcpyDeviceToDevice, stream_));
+  return OkStatus();
+}
+
 Status CudaDevice::Fill(Tensor x, float value) {
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("Fill", "x", x));
   AUTOPAR_CHECK_ARG(x.valid(), "Fill: invalid view");

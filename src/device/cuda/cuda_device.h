@@ -100,6 +100,8 @@ class CudaDevice final : public Device {
   Status CopyFromHost(Tensor dst, const void* src, std::size_t bytes) override;
   Status CopyToHost(void* dst, Tensor src, std::size_t bytes) override;
   Status Copy(Tensor dst, Tensor src) override;
+  Status CopyRows(Tensor dst, std::int64_t dst_stride, Tensor src, std::int64_t src_stride,
+                  std::int64_t rows, std::int64_t cols) override;
   Status Fill(Tensor x, float value) override;
   Status FillHash(Tensor x, const HashFill& fill) override;
   Status Add(Tensor a, Tensor b, Tensor out) override;

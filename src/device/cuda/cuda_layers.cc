@@ -31,78 +31,84 @@ kc::AttentionArgs ToArgs(const AttentionDesc& d) {
                            d.causal, d.q_offset, d.kv_offset, d.scale,    d.q_stride, d.kv_stride};
 }
 
+// A resolved NormDesc (ResolveNorm) as the kernels take it.
+kc::NormArgs ToArgs(const NormDesc& d) {
+  return kc::NormArgs{d.rows, d.hidden, d.vectors, d.x_stride, d.y_stride};
+}
+
 }  // namespace
 
 // ---- norms ----
 
-Status CudaDevice::RmsNormForward(const NormDesc& d, Tensor x, Tensor gamma, Tensor y,
+Status CudaDevice::RmsNormForward(const NormDesc& desc, Tensor x, Tensor gamma, Tensor y,
                                   Tensor rstd) {
-  AUTOPAR_RETURN_IF_ERROR(CheckPositive("RmsNormForward", {d.rows, d.hidden}));
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("RmsNormForward", desc));
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("RmsNormForward", "x", x));
-  const std::int64_t n = d.rows * d.hidden;
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("RmsNormForward", {{"x", x, x.dtype, n},
+  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("RmsNormForward", {{"x", x, x.dtype, nx},
                                                        {"gamma", gamma, x.dtype, d.hidden},
-                                                       {"y", y, x.dtype, n},
-                                                       {"rstd", rstd, kF32, d.rows}}));
+                                                       {"y", y, x.dtype, ny},
+                                                       {"rstd", rstd, kF32, d.rows * d.vectors}}));
   AUTOPAR_RETURN_IF_ERROR(Activate());
-  AUTOPAR_CHECK_CUDA(kc::RmsNormForward(stream_, t, x.data, gamma.data, d.rows, d.hidden, d.eps,
-                                        y.data, rstd.as<float>()));
+  AUTOPAR_CHECK_CUDA(kc::RmsNormForward(stream_, t, ToArgs(d), x.data, gamma.data, d.eps, y.data,
+                                        rstd.as<float>()));
   return OkStatus();
 }
 
-Status CudaDevice::RmsNormBackward(const NormDesc& d, Tensor dy, Tensor x, Tensor gamma,
+Status CudaDevice::RmsNormBackward(const NormDesc& desc, Tensor dy, Tensor x, Tensor gamma,
                                    Tensor rstd, Tensor dx, Tensor dgamma) {
-  AUTOPAR_RETURN_IF_ERROR(CheckPositive("RmsNormBackward", {d.rows, d.hidden}));
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("RmsNormBackward", desc));
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("RmsNormBackward", "x", x));
-  const std::int64_t n = d.rows * d.hidden;
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("RmsNormBackward", {{"dy", dy, x.dtype, n},
-                                                        {"x", x, x.dtype, n},
+  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("RmsNormBackward", {{"dy", dy, x.dtype, ny},
+                                                        {"x", x, x.dtype, nx},
                                                         {"gamma", gamma, x.dtype, d.hidden},
-                                                        {"rstd", rstd, kF32, d.rows},
-                                                        {"dx", dx, x.dtype, n},
+                                                        {"rstd", rstd, kF32, d.rows * d.vectors},
+                                                        {"dx", dx, x.dtype, ny},
                                                         {"dgamma", dgamma, kF32, d.hidden}}));
   AUTOPAR_RETURN_IF_ERROR(Activate());
-  AUTOPAR_CHECK_CUDA(kc::RmsNormBackward(stream_, t, dy.data, x.data, gamma.data, rstd.as<float>(),
-                                         d.rows, d.hidden, dx.data, dgamma.as<float>()));
+  AUTOPAR_CHECK_CUDA(kc::RmsNormBackward(stream_, t, ToArgs(d), dy.data, x.data, gamma.data,
+                                         rstd.as<float>(), dx.data, dgamma.as<float>()));
   return OkStatus();
 }
 
-Status CudaDevice::LayerNormForward(const NormDesc& d, Tensor x, Tensor gamma, Tensor beta,
+Status CudaDevice::LayerNormForward(const NormDesc& desc, Tensor x, Tensor gamma, Tensor beta,
                                     Tensor y, Tensor mean, Tensor rstd) {
-  AUTOPAR_RETURN_IF_ERROR(CheckPositive("LayerNormForward", {d.rows, d.hidden}));
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("LayerNormForward", desc));
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("LayerNormForward", "x", x));
-  const std::int64_t n = d.rows * d.hidden;
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("LayerNormForward", {{"x", x, x.dtype, n},
+  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
+  const std::int64_t stats = d.rows * d.vectors;
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("LayerNormForward", {{"x", x, x.dtype, nx},
                                                          {"gamma", gamma, x.dtype, d.hidden},
                                                          {"beta", beta, x.dtype, d.hidden},
-                                                         {"y", y, x.dtype, n},
-                                                         {"mean", mean, kF32, d.rows},
-                                                         {"rstd", rstd, kF32, d.rows}}));
+                                                         {"y", y, x.dtype, ny},
+                                                         {"mean", mean, kF32, stats},
+                                                         {"rstd", rstd, kF32, stats}}));
   AUTOPAR_RETURN_IF_ERROR(Activate());
-  AUTOPAR_CHECK_CUDA(kc::LayerNormForward(stream_, t, x.data, gamma.data, beta.data, d.rows,
-                                          d.hidden, d.eps, y.data, mean.as<float>(),
-                                          rstd.as<float>()));
+  AUTOPAR_CHECK_CUDA(kc::LayerNormForward(stream_, t, ToArgs(d), x.data, gamma.data, beta.data,
+                                          d.eps, y.data, mean.as<float>(), rstd.as<float>()));
   return OkStatus();
 }
 
-Status CudaDevice::LayerNormBackward(const NormDesc& d, Tensor dy, Tensor x, Tensor gamma,
+Status CudaDevice::LayerNormBackward(const NormDesc& desc, Tensor dy, Tensor x, Tensor gamma,
                                      Tensor mean, Tensor rstd, Tensor dx, Tensor dgamma,
                                      Tensor dbeta) {
-  AUTOPAR_RETURN_IF_ERROR(CheckPositive("LayerNormBackward", {d.rows, d.hidden}));
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("LayerNormBackward", desc));
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("LayerNormBackward", "x", x));
-  const std::int64_t n = d.rows * d.hidden;
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("LayerNormBackward", {{"dy", dy, x.dtype, n},
-                                                          {"x", x, x.dtype, n},
+  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
+  const std::int64_t stats = d.rows * d.vectors;
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs("LayerNormBackward", {{"dy", dy, x.dtype, ny},
+                                                          {"x", x, x.dtype, nx},
                                                           {"gamma", gamma, x.dtype, d.hidden},
-                                                          {"mean", mean, kF32, d.rows},
-                                                          {"rstd", rstd, kF32, d.rows},
-                                                          {"dx", dx, x.dtype, n},
+                                                          {"mean", mean, kF32, stats},
+                                                          {"rstd", rstd, kF32, stats},
+                                                          {"dx", dx, x.dtype, ny},
                                                           {"dgamma", dgamma, kF32, d.hidden},
                                                           {"dbeta", dbeta, kF32, d.hidden}}));
   AUTOPAR_RETURN_IF_ERROR(Activate());
-  AUTOPAR_CHECK_CUDA(kc::LayerNormBackward(stream_, t, dy.data, x.data, gamma.data,
-                                           mean.as<float>(), rstd.as<float>(), d.rows, d.hidden,
-                                           dx.data, dgamma.as<float>(), dbeta.as<float>()));
+  AUTOPAR_CHECK_CUDA(kc::LayerNormBackward(stream_, t, ToArgs(d), dy.data, x.data, gamma.data,
+                                           mean.as<float>(), rstd.as<float>(), dx.data,
+                                           dgamma.as<float>(), dbeta.as<float>()));
   return OkStatus();
 }
 
