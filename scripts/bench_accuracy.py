@@ -211,7 +211,7 @@ SOURCES = {
     "MOE_MODELZOO_QWEN3_LC": Source(
         "2024", "tflops",
         STACK_2024 + ["--bf16", "--tp-comm-overlap", "--cross-entropy-loss-fusion"],
-        LLAMA_ARCH + ["--kv-channels", "128"],
+        LLAMA_ARCH + ["--kv-channels", "128", "--qk-layernorm"],
         lambda r: megatron_flops(r, swiglu=True, causal=True, kv_channels=128), mbs=1,
         sp_when_tp=True, dist_opt="on", etp=1, counted_split=True, flex_dispatcher=True),
 }

@@ -88,6 +88,7 @@ const FlagGroup kMegatronModel = {"Megatron-LM model flags, on top of --model (d
                                       Megatron("--use-rotary-position-embeddings", ""),
                                       Megatron("--untie-embeddings-and-output-weights", ""),
                                       Megatron("--disable-bias-linear", ""),
+                                      Megatron("--qk-layernorm", ""),
                                       Megatron("--multi-latent-attention", ""),
                                       Megatron("--q-lora-rank", "N"),
                                       Megatron("--kv-lora-rank", "N"),

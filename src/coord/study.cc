@@ -51,6 +51,7 @@ pb::ModelDesc Describe(const ModelSpec& m) {
   d.set_position_embedding(ToString(m.position_embedding));
   d.set_untie_embeddings(m.untie_embeddings);
   d.set_add_bias_linear(m.add_bias_linear);
+  d.set_qk_layernorm(m.qk_layernorm);
   d.set_q_lora_rank(m.q_lora_rank);
   d.set_kv_lora_rank(m.kv_lora_rank);
   d.set_qk_head_dim(m.qk_head_dim);

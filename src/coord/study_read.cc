@@ -43,6 +43,7 @@ StudySpecs SpecsOf(const pb::StudyDescription& d) {
       {{"rope", PositionEmbedding::kRope}, {"learned_absolute", PositionEmbedding::kLearned}});
   model.untie_embeddings = m.untie_embeddings();
   model.add_bias_linear = m.add_bias_linear();
+  model.qk_layernorm = m.qk_layernorm();
   model.q_lora_rank = m.q_lora_rank();
   model.kv_lora_rank = m.kv_lora_rank();
   model.qk_head_dim = m.qk_head_dim();

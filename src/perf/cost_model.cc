@@ -187,8 +187,15 @@ LayerBytes CostModel::LayerBytesOf(const ParallelConfig& c) const {
   // recompute reruns it); the MLP's fc1 output (gate and up for SwiGLU) and activation output.
   const double replicated = (4 * elem + (stack.dropout ? 2 : 0)) * tokens * h;
   const bool core_attn = c.Recomputes(kRecomputeCoreAttn);
+  // With --qk-layernorm the norm's input (the projection's q and k) is kept too, with its f32
+  // statistics per head (rstd, and the mean of a LayerNorm).
+  const double qk_norm_saved =
+      m.qk_layernorm && !m.is_mla()
+          ? tokens * (tp_heads + tp_kv) * (elem * d + (m.norm == NormKind::kLayerNorm ? 8 : 4))
+          : 0.0;
   const double attention_saved =
-      elem * tokens * d * (2 * tp_heads + 2 * tp_kv + (up > 1 && !core_attn ? tp_heads : 0));
+      elem * tokens * d * (2 * tp_heads + 2 * tp_kv + (up > 1 && !core_attn ? tp_heads : 0)) +
+      qk_norm_saved;
   const double gated = elem * (m.activation == Activation::kSwiGLU ? 3 : 2);
   const double scores =
       stack.flash_attention || core_attn

@@ -7,16 +7,24 @@ int64_t NormParams(const ModelSpec& m, int64_t width) {
   return m.norm == NormKind::kLayerNorm ? 2 * width : width;  // LayerNorm has a bias
 }
 
+// Megatron-core's --qk-layernorm: a norm over head_dim for the queries and one for the keys (MLA:
+// AttentionParams).
+int64_t QkNormParams(const ModelSpec& m) {
+  return m.qk_layernorm && !m.is_mla() ? 2 * NormParams(m, m.head_dim()) : 0;
+}
+
 int64_t AttentionParams(const ModelSpec& m) {
   const int64_t h = m.hidden_size;
   const int64_t a = m.num_attention_heads;
   if (m.is_mla()) {
     // DeepSeek-V2/V3 multi-head latent attention: low-rank query and key/value projections.
     const int64_t qk = m.qk_head_dim + m.qk_pos_emb_head_dim;
+    // --qk-layernorm normalizes the latents (Megatron-core's MLA q_layernorm, kv_layernorm).
+    const int64_t latent_norm = m.qk_layernorm ? 1 : 0;
     const int64_t q = m.q_lora_rank > 0
-                          ? h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * qk
+                          ? h * m.q_lora_rank + latent_norm * m.q_lora_rank + m.q_lora_rank * a * qk
                           : h * a * qk;
-    const int64_t kv = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank +
+    const int64_t kv = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + latent_norm * m.kv_lora_rank +
                        m.kv_lora_rank * a * (m.qk_head_dim + m.v_head_dim);
     return q + kv + a * m.v_head_dim * h;
   }
@@ -24,7 +32,7 @@ int64_t AttentionParams(const ModelSpec& m) {
   const int64_t g = m.num_query_groups;
   int64_t p = h * (a * d + 2 * g * d) + a * d * h;
   if (m.add_bias_linear) p += a * d + 2 * g * d + h;
-  return p;
+  return p + QkNormParams(m);
 }
 
 int64_t MlpParams(const ModelSpec& m, int64_t ffn) {
@@ -38,7 +46,7 @@ int64_t MlpParams(const ModelSpec& m, int64_t ffn) {
 }  // namespace
 
 int64_t ParamCounts::moe_layer_non_expert() const {
-  return attention_per_layer + moe_router_per_layer + shared_expert_per_layer + norms_per_layer / 2;
+  return attention_per_layer + moe_router_per_layer + shared_expert_per_layer + mlp_norm_per_layer;
 }
 
 int64_t ParamCounts::mtp_non_expert() const {
@@ -78,7 +86,8 @@ ParamCounts CountParams(const ModelSpec& m) {
   }
   p.output_layer = m.untie_embeddings ? m.vocab_size * h : 0;
   p.final_norm = NormParams(m, h);
-  p.norms_per_layer = 2 * NormParams(m, h);
+  p.mlp_norm_per_layer = NormParams(m, h);
+  p.norms_per_layer = 2 * NormParams(m, h) + QkNormParams(m);
   p.attention_per_layer = AttentionParams(m) + NormParams(m, h);
   p.dense_mlp_per_layer = MlpParams(m, m.ffn_hidden_size) + NormParams(m, h);
   p.num_mtp_layers = m.mtp_num_layers;

@@ -43,8 +43,8 @@ class ReverseBucketCount {
 };
 
 // The first pipeline stage's buckets, tensor by tensor in reverse of the order the trial lays
-// them out (embedding, then per layer norm, qkv, proj, norm, MLP or router and shared experts,
-// then the final norm and output layer on a single stage), the dense buffer and the routed
+// them out (embedding, then per layer norm, qkv, proj, qk norms, norm, MLP or router and shared
+// experts, then the final norm and output layer on a single stage), the dense buffer and the routed
 // experts' buffer each bucketed on its own (an empty dense list still forms one bucket).
 int64_t FirstStageBuckets(const ModelSpec& m, const ParallelConfig& c, double bucket_size) {
   const double t = c.tp, et = c.expert_tp(), h = m.hidden_size, d = m.head_dim();
@@ -74,6 +74,7 @@ int64_t FirstStageBuckets(const ModelSpec& m, const ParallelConfig& c, double bu
       }
       if (moe) dense.Add(static_cast<double>(m.num_experts) * h);  // the router
       norm();
+      if (m.qk_layernorm && !m.is_mla()) dense.Add(d, 2 * (m.norm == NormKind::kLayerNorm ? 2 : 1));
       dense.Add(h * d * m.num_attention_heads / t);
       dense.Add(h * d * (m.num_attention_heads + 2.0 * m.num_query_groups) / t);
       norm();
@@ -258,6 +259,11 @@ CostModel::ComputeParts CostModel::LayerCompute(const ParallelConfig& c, const L
   parts.shared_memory = moe ? act * m.moe_shared_expert_intermediate_size : 0;
   f[kMemoryBound] +=
       element_bytes_ * hidden_passes * tokens * h / (c.sp ? t : 1) / hbm + parts.mlp_memory;
+  // --qk-layernorm on the rank's query and key heads: their copy kept for the backward (read +
+  // write) and the norm (read + write).
+  if (m.qk_layernorm && !m.is_mla()) {
+    f[kMemoryBound] += element_bytes_ * 4 * tokens * (a + x.kv_heads) * x.qk_dim / t / hbm;
+  }
   return parts;
 }
 

@@ -187,6 +187,14 @@ ModelSpec FromQwen(Config& cfg) {
   return m;
 }
 
+// Qwen3 normalizes each query and key head (q_norm, k_norm: RMSNorm over head_dim), Megatron-core's
+// --qk-layernorm.
+ModelSpec FromQwen3(Config& cfg) {
+  ModelSpec m = FromQwen(cfg);
+  m.qk_layernorm = true;
+  return m;
+}
+
 ModelSpec FromMixtral(Config& cfg) {
   ModelSpec m = FromMistralLike(cfg);
   // Mixtral has no dense MLP: intermediate_size is the width of each expert.
@@ -199,7 +207,7 @@ ModelSpec FromMixtral(Config& cfg) {
 // Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): routed experts only, `intermediate_size` is the
 // dense MLP of the layers listed in `mlp_only_layers`, which must be leading ones.
 ModelSpec FromQwen3Moe(Config& cfg) {
-  ModelSpec m = FromQwen(cfg);
+  ModelSpec m = FromQwen3(cfg);
   m.num_experts = Experts(cfg, "num_experts");
   m.moe_router_topk = cfg.Int("num_experts_per_tok");
   m.moe_ffn_hidden_size = cfg.Int("moe_intermediate_size");
@@ -246,7 +254,8 @@ ModelSpec FromGptOss(Config& cfg) {
 // Gemma-2 and Gemma-3 (text): GeGLU MLP, an explicit head_dim, tied embeddings over a 256k
 // vocabulary, and local (windowed) layers between global ones: Gemma-2 alternates starting with
 // a local layer, Gemma-3 has `sliding_window_pattern` − 1 local layers before each global one.
-// Their extra norms around attention and MLP are a few hidden-sized vectors, not modelled.
+// Their extra norms around attention and MLP are a few hidden-sized vectors, not modelled;
+// Gemma-3's query and key norms (q_norm, k_norm over head_dim) are Megatron-core's --qk-layernorm.
 ModelSpec FromGemma2(Config& cfg) {
   ModelSpec m = FromLlamaLike(cfg);
   ReadTying(cfg, /*tied_by_default=*/true, m);
@@ -256,6 +265,7 @@ ModelSpec FromGemma2(Config& cfg) {
 
 ModelSpec FromGemma3(Config& cfg) {
   ModelSpec m = FromLlamaLike(cfg);
+  m.qk_layernorm = true;
   ReadTying(cfg, /*tied_by_default=*/true, m);
   const int64_t pattern = cfg.Int("sliding_window_pattern", 6);
   if (pattern < 1) {
@@ -275,6 +285,8 @@ ModelSpec FromDeepseek(Config& cfg) {
   m.qk_head_dim = cfg.Int("qk_nope_head_dim");
   m.qk_pos_emb_head_dim = cfg.Int("qk_rope_head_dim");
   m.v_head_dim = cfg.Int("v_head_dim");
+  // q_a_layernorm and kv_a_layernorm: Megatron-core's MLA builds them under --qk-layernorm.
+  m.qk_layernorm = true;
   // Megatron-LM's DeepSeek recipes pass --kv-channels equal to v_head_dim; MLA does not use it.
   m.kv_channels = m.v_head_dim;
   // DeepSeek-V3's multi-token-prediction modules (Megatron-LM's --mtp-num-layers).
@@ -354,7 +366,7 @@ constexpr Family kFamilies[] = {
     {"LlamaForCausalLM", "llama", FromLlamaLike},
     {"MistralForCausalLM", "mistral", FromMistralLike},
     {"Qwen2ForCausalLM", "qwen2", FromQwen},
-    {"Qwen3ForCausalLM", "qwen3", FromQwen},
+    {"Qwen3ForCausalLM", "qwen3", FromQwen3},
     {"Qwen3MoeForCausalLM", "qwen3_moe", FromQwen3Moe},
     {"MixtralForCausalLM", "mixtral", FromMixtral},
     {"GptOssForCausalLM", "gpt_oss", FromGptOss},

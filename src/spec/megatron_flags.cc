@@ -253,6 +253,9 @@ bool ApplyModelFlag(const std::string& flag, const std::function<std::string()>&
   } else if (flag == "--disable-bias-linear") {
     switch_flag();
     m.add_bias_linear = false;
+  } else if (flag == "--qk-layernorm") {
+    switch_flag();
+    m.qk_layernorm = true;
   } else if (flag == "--group-query-attention" || flag == "--multi-latent-attention") {
     switch_flag();
   } else if (flag == "--window-size") {

@@ -109,6 +109,7 @@ std::vector<ModelSpec> BuildModelPresets() {
   deepseek.qk_head_dim = 128;
   deepseek.qk_pos_emb_head_dim = 64;
   deepseek.v_head_dim = 128;
+  deepseek.qk_layernorm = true;  // the latent norms (config.json's q_a_layernorm, kv_a_layernorm)
   deepseek.num_experts = 256;
   deepseek.moe_router_topk = 8;
   deepseek.moe_ffn_hidden_size = 2048;

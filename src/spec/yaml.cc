@@ -71,7 +71,8 @@ const std::vector<std::string>& ModelOtherKeys() {
                                                 "untie_embeddings_and_output_weights",
                                                 "untie_embeddings",
                                                 "add_bias_linear",
-                                                "disable_bias_linear"};
+                                                "disable_bias_linear",
+                                                "qk_layernorm"};
   return keys;
 }
 
@@ -100,6 +101,8 @@ bool ApplyModelKey(const std::string& key, const YAML::Node& value, ModelSpec& m
     m.add_bias_linear = NodeBool(value, key);
   } else if (key == "disable_bias_linear") {
     m.add_bias_linear = !NodeBool(value, key);
+  } else if (key == "qk_layernorm") {
+    m.qk_layernorm = NodeBool(value, key);
   } else {
     return false;
   }

@@ -33,6 +33,21 @@ void ExpectWithin(double got, double published, double percent, const std::strin
   EXPECT_NEAR(got, published, published * percent / 100) << what;
 }
 
+// Memory and time of the configuration `spec` on `gpus` GPUs for two variants of a model, 8
+// sequences of 4096 tokens.
+struct Compared {
+  MemoryBreakdown memory_a, memory_b;
+  TimeBreakdown time_a, time_b;
+};
+Compared Compare(const ModelSpec& a, const ModelSpec& b, int64_t gpus, const std::string& spec) {
+  const ClusterSpec cluster = SmallCluster(1, gpus);
+  const TrainSpec train = SmallTrain(8, 4096);
+  const CostModel model_a(a, train, cluster, PerfConstants{});
+  const CostModel model_b(b, train, cluster, PerfConstants{});
+  const ParallelConfig c = Complete(ParseSpec(spec), gpus);
+  return {model_a.Memory(c), model_b.Memory(c), model_a.Time(c), model_b.Time(c)};
+}
+
 TEST(FamilyParams, PublishedTotalsAndActive) {
   // Qwen3 reports activated parameters with the input embedding.
   const ParamCounts qwen30 = CountParams(FromFixture("qwen3-30b-a3b.config.json"));
@@ -79,6 +94,36 @@ TEST(FamilyParams, DeepseekMtpModuleIsCounted) {
   EXPECT_EQ(with.active() - without.active(),
             with.mtp_extra_per_module + with.moe_layer_non_expert() + routed + with.output_layer);
   EXPECT_GT(ModelFlopsPerStep(hf, 8, 4096), ModelFlopsPerStep(main, 8, 4096));
+}
+
+// Megatron-core's --qk-layernorm (Qwen3): two norms over head_dim per layer, replicated; their
+// input kept for the backward; their passes over q and k in the step time. MLA's latent norms
+// (DeepSeek) are counted only with it, as Megatron-core builds them.
+TEST(FamilyParams, QkLayernormIsCountedInParamsMemoryAndTime) {
+  const ModelSpec qwen = FromFixture("qwen3-30b-a3b.config.json");
+  ASSERT_TRUE(qwen.qk_layernorm);
+  ModelSpec plain = qwen;
+  plain.qk_layernorm = false;
+  EXPECT_EQ(CountParams(qwen).total() - CountParams(plain).total(),
+            qwen.num_layers * 2 * qwen.head_dim());  // RMSNorm: a weight each
+
+  const ModelSpec deepseek = FromFixture("deepseek-v3.config.json");
+  ModelSpec no_latent_norms = deepseek;
+  no_latent_norms.qk_layernorm = false;
+  EXPECT_EQ(CountParams(deepseek).total() - CountParams(no_latent_norms).total(),
+            (deepseek.num_layers + deepseek.mtp_num_layers) *
+                (deepseek.q_lora_rank + deepseek.kv_lora_rank));
+
+  const Compared q = Compare(qwen, plain, 8, "tp=2,ep=4,pp=1");
+  const MemoryBreakdown &mw = q.memory_a, &m0 = q.memory_b;
+  // Per layer and micro-batch in flight: q and k of the rank's heads (bf16) and an f32 rstd per
+  // head; the activations of one micro-batch at least.
+  const double tokens = 4096, heads = (qwen.num_attention_heads + qwen.num_query_groups) / 2.0;
+  const double per_layer = tokens * heads * (2.0 * qwen.head_dim() + 4);
+  EXPECT_GE(mw.activations - m0.activations, 0.99 * qwen.num_layers * per_layer);
+  const TimeBreakdown &tw = q.time_a, &t0 = q.time_b;
+  EXPECT_GT(tw.features[kMemoryBound], t0.features[kMemoryBound]);
+  EXPECT_LT(tw.step_time_s, 1.02 * t0.step_time_s);
 }
 
 // ---- sliding windows ----
@@ -184,19 +229,15 @@ TEST(MtpCost, LastStageRunsAndHoldsTheModule) {
   const ModelSpec hf = FromFixture("deepseek-v3.config.json");
   ModelSpec main = hf;
   main.mtp_num_layers = 0;
-  const ClusterSpec cluster = SmallCluster(1, 1);
-  const TrainSpec train = SmallTrain(8, 4096);
-  const CostModel with(hf, train, cluster, PerfConstants{});
-  const CostModel without(main, train, cluster, PerfConstants{});
-  const ParallelConfig c = Complete(ParseSpec("tp=1"), 1);
-  const TimeBreakdown tw = with.Time(c), t0 = without.Time(c);
+  const Compared mtp = Compare(hf, main, 1, "tp=1");
+  const TimeBreakdown &tw = mtp.time_a, &t0 = mtp.time_b;
   EXPECT_GT(tw.features[kGemm], t0.features[kGemm]);
   EXPECT_GT(tw.features[kAttention], t0.features[kAttention]);
   EXPECT_GT(tw.features[kEpComm] + tw.features[kMemoryBound],
             t0.features[kEpComm] + t0.features[kMemoryBound]);
   // Weights: 2 bytes for each of the module's parameters; a second set of logits.
   const ParamCounts p = CountParams(hf);
-  const MemoryBreakdown mw = with.Memory(c), m0 = without.Memory(c);
+  const MemoryBreakdown &mw = mtp.memory_a, &m0 = mtp.memory_b;
   EXPECT_NEAR(mw.weights - m0.weights, 2.0 * (p.mtp_non_expert() + p.mtp_experts()), 1.0);
   EXPECT_DOUBLE_EQ(mw.logits, 2 * m0.logits);
   EXPECT_GT(mw.activations, m0.activations);

@@ -226,6 +226,41 @@ TEST(SpecHfFamilies, QwenWindowOnlyWithUseSlidingWindow) {
       "max_window_layers");
 }
 
+// ---- query and key norms ----
+
+// Qwen3 (dense and MoE) and Gemma-3 normalize each query and key head (q_norm, k_norm), DeepSeek
+// its latents (q_a_layernorm, kv_a_layernorm): Megatron-core's --qk-layernorm. Llama, Qwen2 and
+// Gemma-2 do not.
+TEST(SpecQkLayernorm, EverySpellingReadsIt) {
+  for (const char* on : {"qwen3-30b-a3b.config.json", "qwen3-235b-a22b.config.json",
+                         "gemma-3-1b-it.config.json", "deepseek-v3.config.json"}) {
+    EXPECT_TRUE(ModelFromHfConfig(ReadFixture(on)).qk_layernorm) << on;
+  }
+  for (const char* off :
+       {"llama-2-7b-hf.config.json", "gemma-2-9b.config.json", "mistral-7b-v0.1.config.json"}) {
+    EXPECT_FALSE(ModelFromHfConfig(ReadFixture(off)).qk_layernorm) << off;
+  }
+  // Qwen3-8B's config.json (the fields read).
+  const std::string qwen3_8b = R"({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096,
+      "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+      "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+      "max_position_embeddings": 40960, "tie_word_embeddings": false})";
+  EXPECT_TRUE(ModelFromHfConfig(qwen3_8b).qk_layernorm);
+  EXPECT_FALSE(
+      ModelFromHfConfig(Replace(qwen3_8b, "Qwen3ForCausalLM", "Qwen2ForCausalLM")).qk_layernorm);
+
+  EXPECT_TRUE(ModelFromYaml("base: llama2-7b\nqk_layernorm: true\n").qk_layernorm);
+  EXPECT_FALSE(ModelFromYaml("base: llama2-7b\nqk_layernorm: false\n").qk_layernorm);
+  EXPECT_EQ(ErrorField([] { ModelFromYaml("base: llama2-7b\nqk_layernorm: sometimes\n"); }),
+            "qk_layernorm");
+  const auto flags = [](const std::string& line) {
+    return ApplyMegatronFlags(SplitCommandLine(line), ModelPreset("llama2-7b"), TrainSpec()).model;
+  };
+  EXPECT_TRUE(flags("--qk-layernorm").qk_layernorm);
+  EXPECT_FALSE(flags("--swiglu").qk_layernorm);
+  EXPECT_EQ(ErrorField([&] { flags("--qk-layernorm=yes"); }), "--qk-layernorm");
+}
+
 // ---- multi-token prediction, keys nobody reads ----
 
 TEST(SpecHfFamilies, DeepseekMtpLayersAreKept) {

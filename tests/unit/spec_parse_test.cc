@@ -35,6 +35,7 @@ namespace {
         ToString(want.position_embedding));
   check("untie_embeddings", got.untie_embeddings, want.untie_embeddings);
   check("add_bias_linear", got.add_bias_linear, want.add_bias_linear);
+  check("qk_layernorm", got.qk_layernorm, want.qk_layernorm);
   check("q_lora_rank", got.q_lora_rank, want.q_lora_rank);
   check("kv_lora_rank", got.kv_lora_rank, want.kv_lora_rank);
   check("qk_head_dim", got.qk_head_dim, want.qk_head_dim);

@@ -12,12 +12,13 @@ struct ParamCounts {
   int64_t embedding = 0;          // word (+ learned position) embeddings
   int64_t output_layer = 0;       // untied output projection; 0 when tied
   int64_t final_norm = 0;
-  int64_t attention_per_layer = 0;  // projections and the attention's norm
+  int64_t attention_per_layer = 0;  // projections and the attention's norm(s)
   int64_t dense_mlp_per_layer = 0;  // a dense MLP block with its norm
   int64_t moe_router_per_layer = 0;
   int64_t expert_per_layer = 0;     // all routed experts of one MoE layer
   int64_t shared_expert_per_layer = 0;
   int64_t norms_per_layer = 0;      // of attention_per_layer + MLP, the replicated norm weights
+  int64_t mlp_norm_per_layer = 0;   // the pre-MLP norm's (of a dense MLP block, or a MoE layer)
   // A multi-token-prediction module besides its transformer layer: the 2h -> h projection of the
   // normed embedding and hidden state, and its three norms (embedding and output are shared).
   int64_t mtp_extra_per_module = 0;

@@ -36,6 +36,10 @@ struct ModelSpec {
   PositionEmbedding position_embedding = PositionEmbedding::kRope;
   bool untie_embeddings = true;      // separate output layer (LLaMA) or tied (GPT-3)
   bool add_bias_linear = false;      // biases on the linear layers (GPT-3 style)
+  // Megatron-core's --qk-layernorm (Qwen3, OLMo 2, Gemma 3): the model's norm over each head's
+  // query and key vectors after the QKV projection, before RoPE; one weight of head_dim
+  // elements (and a bias under LayerNorm) for the queries and one for the keys, per layer.
+  bool qk_layernorm = false;
 
   // Multi-head latent attention (DeepSeek-V2/V3). Zero kv_lora_rank means ordinary attention.
   int64_t q_lora_rank = 0;           // 0: queries are projected without a low-rank bottleneck
