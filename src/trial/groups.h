@@ -80,6 +80,9 @@ struct Shapes {
   int64_t layers_per_chunk;
   std::vector<int64_t> chunk_first_layer;
   bool sp, swiglu, rmsnorm, rope, learned_positions, tied;
+  // Megatron-core's --qk-layernorm: the norm (rmsnorm's kind) over head_dim of each query and key
+  // head after the QKV projection, before RoPE.
+  bool qk_norm;
   // Context parallelism splits the sequence in 2·cp chunks of `chunk` positions; Ulysses gives
   // each up rank heads/up query heads (`ul_heads`) and the kv heads they read (`ul_kv_heads`,
   // replicated when kv_heads < up) for the cp rank's rows.

@@ -1,6 +1,7 @@
 // One transformer layer of the step program: norms, the tensor-parallel region's entry and exit,
 // attention (local, or split over the sequence by ContextAttention) and the MLP (dense, or a MoE
 // layer's shared experts plus its routed experts), forward and backward.
+#include <array>
 #include <memory>
 #include <utility>
 
@@ -13,17 +14,90 @@ namespace autopar::trial {
 using device::AttentionDesc;
 using device::OkStatus;
 
-Status StageProgram::Norm(Tensor gamma, Tensor beta, Tensor x, Tensor y, Tensor rstd, Tensor mean) {
-  const device::NormDesc d{s_.local_tokens, s_.hidden, 1e-5f};
+// Megatron's default --norm-epsilon.
+constexpr float kNormEps = 1e-5f;
+
+Status StageProgram::Norm(const device::NormDesc& d, Tensor gamma, Tensor beta, Tensor x, Tensor y,
+                          Tensor rstd, Tensor mean) {
   if (s_.rmsnorm) return dev_.RmsNormForward(d, x, gamma, y, rstd);
   return dev_.LayerNormForward(d, x, gamma, beta, y, mean, rstd);
 }
 
-Status StageProgram::NormBackward(Tensor gamma, Tensor dgamma, Tensor dbeta, Tensor dy, Tensor x,
-                                  Tensor rstd, Tensor mean, Tensor dx) {
-  const device::NormDesc d{s_.local_tokens, s_.hidden, 1e-5f};
+Status StageProgram::NormBackward(const device::NormDesc& d, Tensor gamma, Tensor dgamma,
+                                  Tensor dbeta, Tensor dy, Tensor x, Tensor rstd, Tensor mean,
+                                  Tensor dx) {
   if (s_.rmsnorm) return dev_.RmsNormBackward(d, dy, x, gamma, rstd, dx, dgamma);
   return dev_.LayerNormBackward(d, dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+}
+
+Status StageProgram::Norm(Tensor gamma, Tensor beta, Tensor x, Tensor y, Tensor rstd, Tensor mean) {
+  return Norm({s_.local_tokens, s_.hidden, kNormEps}, gamma, beta, x, y, rstd, mean);
+}
+
+Status StageProgram::NormBackward(Tensor gamma, Tensor dgamma, Tensor dbeta, Tensor dy, Tensor x,
+                                  Tensor rstd, Tensor mean, Tensor dx) {
+  return NormBackward({s_.local_tokens, s_.hidden, kNormEps}, gamma, dgamma, dbeta, dy, x, rstd,
+                      mean, dx);
+}
+
+// ---- qk-layernorm ----
+
+// Megatron-core's q_layernorm and k_layernorm (get_query_key_value_tensors): the model's norm over
+// head_dim of each query head and each key head of the projection's output, before RoPE. The
+// normalized heads replace the raw ones in the fused QKV buffer; the raw ones are what the
+// backward needs (the norm's input), so they are kept, as the norm's saved input keeps them in
+// PyTorch.
+namespace {
+
+// The query or the key heads: their norm over the fused QKV buffer's rows, its weights and what
+// the forward keeps.
+struct QkNormPart {
+  device::NormDesc d;
+  int64_t first_col;  // in the fused QKV buffer and in a.qk_x
+  Tensor gamma, beta, d_gamma, d_beta, x, rstd, mean;
+};
+
+std::array<QkNormPart, 2> QkNormParts(const Shapes& s, const LayerWeights& w, const LayerActs& a) {
+  const int64_t T = s.tokens, qk_cols = s.q_cols + s.kv_cols;
+  auto part = [&](int64_t first_col, int64_t heads, int64_t first_stat, Tensor gamma, Tensor beta,
+                  Tensor d_gamma, Tensor d_beta) {
+    return QkNormPart{
+        .d = {T, s.head_dim, kNormEps, heads, qk_cols, s.qkv_cols},
+        .first_col = first_col,
+        .gamma = gamma,
+        .beta = beta,
+        .d_gamma = d_gamma,
+        .d_beta = d_beta,
+        .x = a.qk_x.Slice(first_col, a.qk_x.numel - first_col),
+        .rstd = a.qk_rstd.Slice(first_stat, T * heads),
+        .mean = a.qk_mean.numel > 0 ? a.qk_mean.Slice(first_stat, T * heads) : Tensor{}};
+  };
+  return {part(0, s.heads, 0, w.q_norm, w.q_norm_bias, w.d_q_norm, w.d_q_norm_bias),
+          part(s.q_cols, s.kv_heads, T * s.heads, w.k_norm, w.k_norm_bias, w.d_k_norm,
+               w.d_k_norm_bias)};
+}
+
+}  // namespace
+
+Status StageProgram::QkNormForward(const LayerWeights& w, const LayerActs& a, Tensor qkv) {
+  if (!s_.qk_norm) return OkStatus();
+  const int64_t qk_cols = s_.q_cols + s_.kv_cols;
+  AUTOPAR_RETURN_IF_ERROR(dev_.CopyRows(a.qk_x, qk_cols, qkv, s_.qkv_cols, s_.tokens, qk_cols));
+  for (const QkNormPart& p : QkNormParts(s_, w, a)) {
+    const Tensor y = qkv.Slice(p.first_col, qkv.numel - p.first_col);
+    AUTOPAR_RETURN_IF_ERROR(Norm(p.d, p.gamma, p.beta, p.x, y, p.rstd, p.mean));
+  }
+  return OkStatus();
+}
+
+Status StageProgram::QkNormBackward(const LayerWeights& w, const LayerActs& a) {
+  if (!s_.qk_norm) return OkStatus();
+  for (const QkNormPart& p : QkNormParts(s_, w, a)) {
+    const Tensor dy = dqkv_.Slice(p.first_col, dqkv_.numel - p.first_col);  // dx in place
+    AUTOPAR_RETURN_IF_ERROR(
+        NormBackward(p.d, p.gamma, p.d_gamma, p.d_beta, dy, p.x, p.rstd, p.mean, dy));
+  }
+  return OkStatus();
 }
 
 // With SP the tensor-parallel region starts with an all-gather of the sequence shards;
@@ -212,12 +286,13 @@ Status StageProgram::RerunMlp(const LayerWeights& w, const LayerActs& a, MoeActs
 Status StageProgram::LayerForward(const LayerWeights& w, const LayerActs& a, MoeActs& moe, Tensor x,
                                   Tensor out, bool count_aux) {
   const int64_t T = s_.tokens, h = s_.hidden;
-  // Attention block: x1 = x + proj(attention(rope(qkv(norm1(x))))).
+  // Attention block: x1 = x + proj(attention(rope(qk_norm(qkv(norm1(x)))))).
   AUTOPAR_RETURN_IF_ERROR(Norm(w.norm1, w.norm1_bias, x, a.y1, a.rstd1, a.mean1));
   AUTOPAR_ASSIGN_OR_RETURN(Tensor y1, GatherRows(a.y1, gathered_));
   // With Ulysses the projection's output is transient: the all-to-all's result is what is kept.
   const Tensor qkv = context_ && s_.up > 1 ? dqkv_ : a.qkv;
   AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, s_.qkv_cols, h, 0, s_.fp8), y1, w.qkv, qkv));
+  AUTOPAR_RETURN_IF_ERROR(QkNormForward(w, a, qkv));
   AUTOPAR_RETURN_IF_ERROR(AttentionForward(a, qkv));
   AUTOPAR_RETURN_IF_ERROR(dev_.Gemm(Linear(T, h, s_.q_cols, 0, s_.fp8), a.o, w.proj, partial_));
   AUTOPAR_RETURN_IF_ERROR(ReduceRows(partial_, reduced_));
@@ -270,6 +345,7 @@ Status StageProgram::LayerBackward(const LayerWeights& w, const LayerActs& a, Mo
   AUTOPAR_RETURN_IF_ERROR(
       dev_.Gemm(LinearInputGrad(T, h, s_.q_cols, 0, s_.fp8), d_partial, w.proj, do_));
   AUTOPAR_RETURN_IF_ERROR(AttentionBackward(a));
+  AUTOPAR_RETURN_IF_ERROR(QkNormBackward(w, a));
   if (norms) {
     AUTOPAR_RETURN_IF_ERROR(Norm(w.norm1, w.norm1_bias, a.x, a.y1, work_rstd_, work_mean_));
   }

@@ -74,6 +74,11 @@ void StageProgram::CarveLayer(Carver& cc, Carver& cs, bool full, LayerActs& a, i
     a.mean1 = cs.Take(Tl);
     a.mean2 = cs.Take(Tl);
   }
+  if (s.qk_norm) {
+    a.qk_x = cc.Take(T * (s.q_cols + s.kv_cols));
+    a.qk_rstd = cs.Take(T * (s.heads + s.kv_heads));
+    if (!s.rmsnorm) a.qk_mean = cs.Take(T * (s.heads + s.kv_heads));
+  }
   if (!s.Reruns(kRecomputeCoreAttn)) {  // the attention statistics are kept
     a.lse = cs.Take(T * s.heads);
     if (ulysses) a.o_ul = cc.Take(T * s.q_cols);

@@ -28,6 +28,9 @@ struct LayerActs {
   Tensor qkv, o, h1, a1;  // [T, qkv], [T, q], [T, fc1], [T, ffn] (MLP or shared experts)
   Tensor rstd1, mean1, rstd2, mean2;  // f32 [Tl]
   Tensor lse;                         // f32 [T, heads]; empty when core_attn is recomputed
+  // qk-layernorm (Shapes::qk_norm): the projection's q and k columns before the norm [T, q + kv]
+  // and the norm's statistics, f32 [T, heads + kv_heads]; empty without it.
+  Tensor qk_x, qk_rstd, qk_mean;
   // With Ulysses, qkv is the all-to-all's result [T·up, ul_cols] and o_ul the attention output
   // before the all-to-all back [T·up, ul_heads·d] (empty under selective recompute).
   Tensor o_ul;
@@ -118,9 +121,18 @@ class StageProgram {
   // partial_ (zeros where the layer has none).
   Status DenseMlpForward(const LayerWeights& w, const LayerActs& a, Tensor y2);
   Status MlpBackward(const LayerWeights& w, const LayerActs& a, MoeActs& moe, Tensor dout);
+  // The model's norm (Shapes::rmsnorm) over the hidden rows of this rank, or over `d`'s vectors.
   Status Norm(Tensor gamma, Tensor beta, Tensor x, Tensor y, Tensor rstd, Tensor mean);
   Status NormBackward(Tensor gamma, Tensor dgamma, Tensor dbeta, Tensor dy, Tensor x, Tensor rstd,
                       Tensor mean, Tensor dx);
+  Status Norm(const device::NormDesc& d, Tensor gamma, Tensor beta, Tensor x, Tensor y, Tensor rstd,
+              Tensor mean);
+  Status NormBackward(const device::NormDesc& d, Tensor gamma, Tensor dgamma, Tensor dbeta,
+                      Tensor dy, Tensor x, Tensor rstd, Tensor mean, Tensor dx);
+  // qk-layernorm (Shapes::qk_norm; nothing without it) on the projection's output `qkv`, in place,
+  // keeping its input in a.qk_x; and backward, in place on dqkv_.
+  Status QkNormForward(const LayerWeights& w, const LayerActs& a, Tensor qkv);
+  Status QkNormBackward(const LayerWeights& w, const LayerActs& a);
   // Sequence-parallel entry and exit of the tensor-parallel region.
   StatusOr<Tensor> GatherRows(Tensor local, Tensor full);
   Status ReduceRows(Tensor partial, Tensor local_out);

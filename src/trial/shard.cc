@@ -88,13 +88,14 @@ class ModelShard::Layout {
     size_t index = SIZE_MAX;
   };
   struct LayerRefs {
-    Ref n1, n1b, q, proj, n2, n2b, fc1, fc2, router;
+    Ref n1, n1b, q, proj, qn, qnb, kn, knb, n2, n2b, fc1, fc2, router;
     bool moe = false;
     std::vector<std::pair<Ref, Ref>> experts;  // fc1 (gate, up), fc2
   };
 
   Ref Add(int part, Piece p);
-  Ref Norm(bool bias);
+  // A norm's weight (or bias) of `width` elements (0: hidden), replicated over tp.
+  Ref Norm(bool bias, int64_t width = 0);
   Ref Matrix(uint64_t seed, int64_t rows, int64_t cols, int64_t global_cols, int64_t row_offset,
              int64_t col_offset, int part = kDense);
   std::pair<Ref, Ref> Mlp(Kind gate, Kind up, Kind fc2, int64_t key, int64_t ffn, int part,
@@ -125,10 +126,10 @@ ModelShard::Layout::Ref ModelShard::Layout::Add(int part, Piece p) {
   return Ref{part, shard_.parts_[part].pieces.size() - 1};
 }
 
-ModelShard::Layout::Ref ModelShard::Layout::Norm(bool bias) {
-  return Add(
-      kDense,
-      {.numel = s_.hidden, .init = bias ? Piece::kZeros : Piece::kOnes, .tp_replicated = true});
+ModelShard::Layout::Ref ModelShard::Layout::Norm(bool bias, int64_t width) {
+  return Add(kDense, {.numel = width > 0 ? width : s_.hidden,
+                      .init = bias ? Piece::kZeros : Piece::kOnes,
+                      .tp_replicated = true});
 }
 
 ModelShard::Layout::Ref ModelShard::Layout::Matrix(uint64_t seed, int64_t rows, int64_t cols,
@@ -191,6 +192,17 @@ ModelShard::Layout::LayerRefs ModelShard::Layout::AddLayer(int64_t layer) {
   }
   li.proj =
       Matrix(SeedOf(seed_, kProj, layer), h, s_.q_cols, s_.q_cols * s_.tp, 0, at_.tp * s_.q_cols);
+  if (s_.qk_norm) {
+    // Megatron-core's q_layernorm and k_layernorm: every tp rank normalizes its own heads, so
+    // their gradients are partial sums over tp whatever SP (finalize_model_grads.py).
+    for (auto [gamma, beta] : {std::pair{&li.qn, &li.qnb}, std::pair{&li.kn, &li.knb}}) {
+      *gamma = Norm(false, s_.head_dim);
+      PieceOf(*gamma).tp_partial = true;
+      if (!layernorm) continue;
+      *beta = Norm(true, s_.head_dim);
+      PieceOf(*beta).tp_partial = true;
+    }
+  }
   li.n2 = Norm(false);
   if (layernorm) li.n2b = Norm(true);
   li.moe = s_.IsMoe(layer);
@@ -251,6 +263,10 @@ LayerWeights ModelShard::Layout::LayerViews(const LayerRefs& li) const {
     (grad ? lw.d_norm1_bias : lw.norm1_bias) = View(li.n1b, 1, grad);
     (grad ? lw.d_qkv : lw.qkv) = View(li.q, 3, grad);
     (grad ? lw.d_proj : lw.proj) = View(li.proj, 1, grad);
+    (grad ? lw.d_q_norm : lw.q_norm) = View(li.qn, 1, grad);
+    (grad ? lw.d_q_norm_bias : lw.q_norm_bias) = View(li.qnb, 1, grad);
+    (grad ? lw.d_k_norm : lw.k_norm) = View(li.kn, 1, grad);
+    (grad ? lw.d_k_norm_bias : lw.k_norm_bias) = View(li.knb, 1, grad);
     (grad ? lw.d_norm2 : lw.norm2) = View(li.n2, 1, grad);
     (grad ? lw.d_norm2_bias : lw.norm2_bias) = View(li.n2b, 1, grad);
     (grad ? lw.d_fc1 : lw.fc1) = View(li.fc1, fc1_pieces, grad);
@@ -401,9 +417,9 @@ Status ModelShard::BeginStep(Device& device, int microbatches) {
 }
 
 // Before a bucket's data-parallel reduction, in the order the knob-off step has always used:
-// replicated parameters whose tp ranks saw different rows (all of them under SP, the router
-// always) sum their gradients over tp, then the first and last stage sum the tied embedding's.
-// Each piece once per step, however the buckets cut it.
+// replicated parameters whose tp ranks saw different rows or heads (all of them under SP, the
+// router and qk-layernorm's weights always) sum their gradients over tp, then the first and last
+// stage sum the tied embedding's. Each piece once per step, however the buckets cut it.
 GradBuckets::Prepare ModelShard::PrepareOf(Partition& p, ProcessGroups& g) {
   return [this, &p, &g](const GradBucket& bucket) -> Status {
     const Tensor grads = p.grads.tensor();

@@ -33,6 +33,10 @@ struct ExpertWeights {
 struct LayerWeights {
   Tensor norm1, norm1_bias, qkv, proj, norm2, norm2_bias, fc1, fc2;
   Tensor d_norm1, d_norm1_bias, d_qkv, d_proj, d_norm2, d_norm2_bias, d_fc1, d_fc2;
+  // qk-layernorm's [head_dim] weights (empty without it): replicated over tp, their gradients
+  // partial sums over tp (each tp rank normalizes its own heads).
+  Tensor q_norm, q_norm_bias, k_norm, k_norm_bias;
+  Tensor d_q_norm, d_q_norm_bias, d_k_norm, d_k_norm_bias;
   bool moe = false;
   Tensor router, d_router;
   std::vector<ExpertWeights> experts;

@@ -38,8 +38,16 @@ std::unique_ptr<device::Platform> Gpu() { return nullptr; }
 TrainSpec Bf16Train() { return testing::SmallTrain(Precision::kBF16); }
 using testing::NumericOptions;
 
-// A case is SPEC, or MODEL:SPEC for another model than tiny.
+// A case is SPEC, or MODEL:SPEC for another model than tiny; MODEL+qk is the preset with
+// Megatron-core's --qk-layernorm.
 class CudaEquivalence : public ::testing::TestWithParam<const char*> {};
+
+ModelSpec ModelNamed(const std::string& name) {
+  const bool qk = name.ends_with("+qk");
+  ModelSpec m = ModelPreset(qk ? name.substr(0, name.size() - 3) : name);
+  m.qk_layernorm = qk;
+  return m;
+}
 
 std::pair<std::string, std::string> ModelAndSpec(const std::string& param) {
   const size_t colon = param.find(':');
@@ -52,7 +60,7 @@ TEST_P(CudaEquivalence, LossAndUpdatedWeightsMatchOneGpu) {
   std::unique_ptr<device::Platform> gpu = Gpu();
   ASSERT_NE(gpu, nullptr);
   const auto [model_name, spec] = ModelAndSpec(GetParam());
-  const ModelSpec model = ModelPreset(model_name);
+  const ModelSpec model = ModelNamed(model_name);
   auto self = World().Split(World().rank(), 0);
   ASSERT_TRUE(self.ok());
   ParallelConfig one;
@@ -84,7 +92,10 @@ INSTANTIATE_TEST_SUITE_P(Trial, CudaEquivalence,
                                            // etp < tp and etp > 1 (rows all-gathered).
                                            "tiny-moe:tp=2,dp=2,ep=2,sp=on",
                                            "tiny-moe:tp=2,dp=2,ep=4,sp=on,etp=1,dispatcher=flex",
-                                           "tiny-moe:dp=4,ep=2,etp=2,dispatcher=flex"));
+                                           "tiny-moe:dp=4,ep=2,etp=2,dispatcher=flex",
+                                           // qk-layernorm: the strided norms over the heads
+                                           // in the fused QKV buffer, RMSNorm and LayerNorm.
+                                           "tiny+qk:tp=2,dp=2", "tiny-gpt+qk:tp=2,pp=2,sp=on"));
 
 }  // namespace
 }  // namespace autopar::trial

@@ -44,15 +44,18 @@ struct Case {
   // The preset with this many transformer layers instead of its own (0: the preset's), for
   // uneven pipeline stages that the 4 layers of the tiny presets cannot hold.
   int64_t num_layers = 0;
+  bool qk_layernorm = false;  // the preset with Megatron-core's --qk-layernorm
 };
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.model << " " << c.spec;
   if (c.num_layers > 0) *os << " with " << c.num_layers << " layers";
+  if (c.qk_layernorm) *os << " with qk-layernorm";
 }
 
 ModelSpec ModelOf(const Case& c) {
   ModelSpec m = ModelPreset(c.model);
   if (c.num_layers > 0) m.num_layers = c.num_layers;
+  m.qk_layernorm = c.qk_layernorm;
   return m;
 }
 
@@ -60,6 +63,7 @@ ModelSpec ModelOf(const Case& c) {
 std::string CaseName(const ::testing::TestParamInfo<Case>& param) {
   std::string name = std::string(param.param.model) + "_";
   if (param.param.num_layers > 0) name += std::to_string(param.param.num_layers) + "_layers_";
+  if (param.param.qk_layernorm) name += "qk_layernorm_";
   name += param.param.spec;
   for (char& ch : name) {
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
@@ -170,6 +174,43 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-moe", "pp=2,dp=2,ep=2,pp_first=1"},
                       Case{"tiny-moe", "pp=2,dp=2,ep=2,vpp=2,pp_last=2", 6}),
     CaseName);
+
+// Megatron-core's --qk-layernorm (Qwen3, Gemma-3): each tp rank normalizes its own query and key
+// heads, with weights replicated over tp whose gradients are summed over it whatever SP; RMSNorm
+// (tiny, tiny-moe) and LayerNorm (tiny-gpt); under the ring, Ulysses (before its all-to-all),
+// full and selective recompute, pipelines. The norms' gradients are small at these weights, so
+// the step is a hundred times larger than NumericOptions' for the updated norms to show in the
+// fingerprints (a tp rank that kept its partial gradient fails every tp case).
+class QkLayernormEquivalence : public ::testing::TestWithParam<Case> {};
+
+TEST_P(QkLayernormEquivalence, LossAndUpdatedWeightsMatchOneRank) {
+  TrialOptions o = NumericOptions();
+  o.learning_rate = 1.0f;
+  ExpectMatchesOneRank(GetParam(), o);
+}
+
+INSTANTIATE_TEST_SUITE_P(Trial, QkLayernormEquivalence,
+                         ::testing::Values(Case{"tiny", "tp=2,dp=2", 0, true},
+                                           Case{"tiny", "tp=2,pp=2,sp=on", 0, true},
+                                           Case{"tiny-gpt", "tp=2,dp=2,sp=on", 0, true},
+                                           Case{"tiny", "cp=2,up=2", 0, true},
+                                           Case{"tiny", "tp=2,up=2", 0, true},
+                                           Case{"tiny", "tp=2,pp=2,recompute=full", 0, true},
+                                           Case{"tiny", "up=2,dp=2,recompute=selective", 0, true},
+                                           Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on", 0, true}),
+                         CaseName);
+
+// The norms change the step: a layout that skipped them could not match the reference above.
+TEST(TrialQkLayernorm, ChangesTheLossAndTheUpdate) {
+  ModelSpec with = ModelPreset("tiny");
+  with.qk_layernorm = true;
+  const TrialMeasurement plain = Reference(ModelPreset("tiny")), normed = Reference(with);
+  ASSERT_EQ(plain.outcome, Outcome::kOk) << plain.message;
+  ASSERT_EQ(normed.outcome, Outcome::kOk) << normed.message;
+  EXPECT_GT(std::abs(normed.loss - plain.loss), 1e-4 * std::abs(plain.loss));
+  EXPECT_GT(std::abs(normed.weight_projection - plain.weight_projection),
+            1e-4 * std::abs(plain.weight_projection));
+}
 
 // Selective recompute of other modules (Megatron's --recompute-modules): the norms, a dense MLP, a
 // MoE layer whole (its dispatch rerun), the routed experts' activation, the shared experts; with
@@ -405,7 +446,9 @@ INSTANTIATE_TEST_SUITE_P(
         // Uneven stages: the peak is the most loaded stage's (the model costs
         // each stage from its own layers).
         Case{"tiny", "pp=4,pp_first=1,pp_last=3", 6}, Case{"tiny", "pp=2,dp=2,pp_first=1", 6},
-        Case{"tiny", "pp=2,dp=2,vpp=2,pp_first=2", 6}),
+        Case{"tiny", "pp=2,dp=2,vpp=2,pp_first=2", 6},
+        // qk-layernorm keeps the norm's input and statistics.
+        Case{"tiny", "tp=2,dp=2", 0, true}, Case{"tiny-gpt", "tp=2,pp=2,sp=on", 0, true}),
     CaseName);
 
 INSTANTIATE_TEST_SUITE_P(Trial, MemoryLongSequence,
@@ -417,7 +460,8 @@ INSTANTIATE_TEST_SUITE_P(Trial, MemoryLongSequence,
                                            Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"},
                                            Case{"tiny-moe", "cp=2,dp=2,ep=2"},
                                            Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on,etp=1"},
-                                           Case{"tiny", "pp=4,pp_first=1,pp_last=3", 6}),
+                                           Case{"tiny", "pp=4,pp_first=1,pp_last=3", 6},
+                                           Case{"tiny", "tp=2,up=2", 0, true}),
                          CaseName);
 
 // The embedding and the loss counted in the split of virtual stages (Megatron's
