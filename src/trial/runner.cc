@@ -225,6 +225,9 @@ Status RunOnRank(device::Platform& platform, const device::Group& world, const M
   AUTOPAR_ASSIGN_OR_RETURN(
       ModelShard shard,
       ModelShard::Create(dev, model, shapes, c, groups.at, options.seed, options.ddp_bucket_size));
+  if (options.weight_perturbation != 0) {
+    AUTOPAR_RETURN_IF_ERROR(shard.Perturb(dev, options.seed, options.weight_perturbation));
+  }
   DataSpec data;
   data.seed = options.seed ^ 0xDA7Aull;
   data.samples_per_replica = train.global_batch_size / c.dp;

@@ -537,6 +537,53 @@ Status ModelShard::StepPartition(Device& device, Partition& p, Comm& group,
   return p.sync.GatherNow(group, weights);
 }
 
+namespace {
+
+// The direction the fingerprint projects on: the weight of element i of `piece` of a model
+// initialised from `seed`, by the element's place in its global matrix (replicated norms have no
+// matrix geometry: by position alone), so every layout of the model sees the same direction.
+class FingerprintDirection {
+ public:
+  FingerprintDirection(const Piece& piece, uint64_t seed)
+      : piece_(piece),
+        key_(kernels::ref::SplitMix64(seed ^ piece.seed ^ 0xF1F1F1F1ull)),
+        cols_(piece.cols > 0 ? piece.cols : piece.numel),
+        global_cols_(piece.global_cols > 0 ? piece.global_cols : piece.numel) {}
+  double operator()(int64_t i) const {
+    const int64_t r = i / cols_, col = i % cols_;
+    return kernels::ref::HashUniform(
+        key_,
+        static_cast<uint64_t>((piece_.row_offset + r) * global_cols_ + piece_.col_offset + col));
+  }
+
+ private:
+  const Piece& piece_;
+  const uint64_t key_;
+  const int64_t cols_, global_cols_;
+};
+
+}  // namespace
+
+Status ModelShard::Perturb(Device& device, uint64_t seed, double delta) {
+  if (separate_master_) {
+    return Status(Outcome::kInvalid, "weight_perturbation: needs fp32 weights (no master copy)");
+  }
+  for (Partition& p : parts_) {
+    if (p.padded_numel == 0) continue;
+    const Tensor w = p.weights.tensor();
+    AUTOPAR_ASSIGN_OR_RETURN(std::vector<float> host, device.Download<float>(w));
+    for (const Piece& piece : p.pieces) {
+      const FingerprintDirection direction(piece, seed);
+      for (int64_t i = 0; i < piece.numel; ++i) {
+        float& v = host[static_cast<size_t>(piece.offset + i)];
+        v = static_cast<float>(v + delta * direction(i));
+      }
+    }
+    AUTOPAR_RETURN_IF_ERROR(device.Upload(w, host));
+  }
+  return OkStatus();
+}
+
 StatusOr<std::pair<double, double>> ModelShard::Fingerprint(Device& device, ProcessGroups& g,
                                                             uint64_t seed) {
   const Coordinates& at = g.at;
@@ -569,17 +616,11 @@ StatusOr<std::pair<double, double>> ModelShard::Fingerprint(Device& device, Proc
     }
     for (const Piece& piece : p.pieces) {
       if (piece.duplicate || (piece.tp_replicated && at.tp != 0)) continue;
-      // Replicated norms have no matrix geometry: index them by position alone.
-      const int64_t cols = piece.cols > 0 ? piece.cols : piece.numel;
-      const int64_t global_cols = piece.global_cols > 0 ? piece.global_cols : piece.numel;
-      const uint64_t key = kernels::ref::SplitMix64(seed ^ piece.seed ^ 0xF1F1F1F1ull);
+      const FingerprintDirection direction(piece, seed);
       for (int64_t i = 0; i < piece.numel; ++i) {
-        const int64_t r = i / cols, col = i % cols;
-        const uint64_t index = static_cast<uint64_t>((piece.row_offset + r) * global_cols +
-                                                     piece.col_offset + col);
         const double v = host[piece.offset + i];
         sum += v;
-        projection += v * kernels::ref::HashUniform(key, index);
+        projection += v * direction(i);
       }
     }
   }

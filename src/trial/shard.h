@@ -101,9 +101,13 @@ class ModelShard {
   // overlap_param_gather the all-gather is left to the next step's AwaitParams.
   Status Step(Device& device, ProcessGroups& g, float lr, float eps, int64_t step);
   // Sharding-invariant checksums of the weights, summed over `g`'s world by the caller. Completes
-  // a deferred all-gather first.
+  // a deferred all-gather first. The second is the projection on a direction of the whole
+  // model's parameters (FingerprintDirection) that no layout changes.
   StatusOr<std::pair<double, double>> Fingerprint(Device& device, ProcessGroups& g,
                                                   uint64_t seed);
+  // Moves every copy of every weight by `delta` along that direction
+  // (TrialOptions::weight_perturbation; fp32 weights only), before the first step.
+  Status Perturb(Device& device, uint64_t seed, double delta);
 
   // The overlap as it ran in the step since the last BeginStep, over both partitions: buckets
   // whose reduction started under the backward pass, and buckets gathered under the forward.

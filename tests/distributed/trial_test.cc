@@ -200,6 +200,57 @@ INSTANTIATE_TEST_SUITE_P(Trial, QkLayernormEquivalence,
                                            Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on", 0, true}),
                          CaseName);
 
+// The gradient every layout's update follows against central differences of the loss, end to end:
+// the layouts' equivalence cannot see a wrong gradient they all share (a backward wired to the
+// wrong tensor, a missing term). One step of Adam with a large epsilon moves the weights by
+// -lr·g/eps (to within |g|/eps), so the fingerprint's projection falls by lr/eps times the
+// directional derivative of the loss along the projection's direction p; the loss at the weights
+// moved by ±δ·p (TrialOptions::weight_perturbation) gives the same derivative by differences,
+// at two δ extrapolated to zero (Richardson: the fp32 loss's rounding bounds δ below, the
+// curvature along p above). Dense models: a MoE layer's routing moves with the weights (its
+// gradient is MoeGradient's), and under forced balance Megatron's RandomSTE passes the router a
+// gradient of logits the loss does not depend on.
+class GradientAlongTheFingerprint : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GradientAlongTheFingerprint, MatchesCentralDifferencesOfTheLoss) {
+  const ModelSpec model = ModelOf(GetParam());
+  ASSERT_FALSE(model.is_moe());
+  const ParallelConfig c = Complete(ParseSpec(GetParam().spec), World().size());
+  constexpr float kLr = 1000.0f, kEps = 1e5f;
+  auto run = [&](float lr, double perturbation) {
+    TrialOptions o = NumericOptions();
+    o.timed_iterations = 1;
+    o.learning_rate = lr;
+    o.adam_eps = kEps;
+    o.weight_perturbation = perturbation;
+    const TrialMeasurement m = RunTrial(TestPlatform(), World(), model, Train(), c, o);
+    EXPECT_EQ(m.outcome, Outcome::kOk) << m.message;
+    return m;
+  };
+  const double analytic =
+      (run(0.0f, 0.0).weight_projection - run(kLr, 0.0).weight_projection) * kEps / kLr;
+  auto difference = [&](double delta) {
+    return (run(0.0f, delta).loss - run(0.0f, -delta).loss) / (2 * delta);
+  };
+  const double wide = difference(4e-4), narrow = difference(2e-4);
+  const double numeric = (4 * narrow - wide) / 3;
+  EXPECT_NEAR(analytic, numeric, 1e-3 * std::abs(numeric) + 2e-5);
+  EXPECT_GT(std::abs(numeric), 1e-2);  // a derivative the check can see
+  if (World().rank() == 0) {
+    std::printf("gradient along the fingerprint %-8s %-32s analytic %+.6f  numeric %+.6f\n",
+                GetParam().model, GetParam().spec, analytic, numeric);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Trial, GradientAlongTheFingerprint,
+                         ::testing::Values(Case{"tiny", "dp=4"}, Case{"tiny-gpt", "dp=4"},
+                                           Case{"tiny", "tp=2,dp=2,sp=on,recompute=selective"},
+                                           Case{"tiny", "pp=2,dp=2,vpp=2,recompute=full"},
+                                           Case{"tiny", "tp=2,dp=2", 0, true},
+                                           Case{"tiny-gpt", "tp=2,pp=2,sp=on", 0, true},
+                                           Case{"tiny", "cp=2,up=2", 0, true}),
+                         CaseName);
+
 // The norms change the step: a layout that skipped them could not match the reference above.
 TEST(TrialQkLayernorm, ChangesTheLossAndTheUpdate) {
   ModelSpec with = ModelPreset("tiny");

@@ -50,6 +50,10 @@ struct TrialOptions {
   float adam_eps = 1e-8f;
   int stall_rank = -1;         // test hook: this world rank stops working (a stalled worker)
   bool fingerprint = false;    // compute weight fingerprints after the last iteration
+  // Test hook: the initial weights moved by this much along the direction the fingerprint's
+  // projection weighs them by (fp32 weights), so that central differences of `loss` along it check
+  // the gradient each layout's update follows, end to end. 0: none.
+  double weight_perturbation = 0;
   // Megatron's --ddp-bucket-size in parameters for the data-parallel overlap; 0 = its default,
   // MegatronDdpBucketSize(dp), which leaves small models one bucket.
   int64_t ddp_bucket_size = 0;
