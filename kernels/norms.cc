@@ -110,6 +110,8 @@ void LayerNormBackward(const T* dy, const T* x, const T* gamma, const T* mean, c
   }
 }
 
+// T stands in type positions, where it cannot be parenthesized.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define AUTOPAR_INSTANTIATE_NORMS(T)                                                             \
   template void RmsNormForward<T>(const T*, const T*, std::int64_t, std::int64_t, T, T*, T*,     \
                                   const NormLayout&);                                            \
@@ -122,5 +124,6 @@ void LayerNormBackward(const T* dy, const T* x, const T* gamma, const T* mean, c
 AUTOPAR_INSTANTIATE_NORMS(float)
 AUTOPAR_INSTANTIATE_NORMS(double)
 #undef AUTOPAR_INSTANTIATE_NORMS
+// NOLINTEND(bugprone-macro-parentheses)
 
 }  // namespace autopar::kernels::ref

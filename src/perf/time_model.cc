@@ -74,7 +74,8 @@ int64_t FirstStageBuckets(const ModelSpec& m, const ParallelConfig& c, double bu
       }
       if (moe) dense.Add(static_cast<double>(m.num_experts) * h);  // the router
       norm();
-      if (m.qk_layernorm && !m.is_mla()) dense.Add(d, 2 * (m.norm == NormKind::kLayerNorm ? 2 : 1));
+      if (m.qk_layernorm && !m.is_mla())
+        dense.Add(d, int64_t{2} * (m.norm == NormKind::kLayerNorm ? 2 : 1));
       dense.Add(h * d * m.num_attention_heads / t);
       dense.Add(h * d * (m.num_attention_heads + 2.0 * m.num_query_groups) / t);
       norm();

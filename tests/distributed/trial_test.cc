@@ -223,7 +223,7 @@ TEST_P(GradientAlongTheFingerprint, MatchesCentralDifferencesOfTheLoss) {
     o.learning_rate = lr;
     o.adam_eps = kEps;
     o.weight_perturbation = perturbation;
-    const TrialMeasurement m = RunTrial(TestPlatform(), World(), model, Train(), c, o);
+    TrialMeasurement m = RunTrial(TestPlatform(), World(), model, Train(), c, o);
     EXPECT_EQ(m.outcome, Outcome::kOk) << m.message;
     return m;
   };

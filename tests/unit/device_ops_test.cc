@@ -101,7 +101,7 @@ TEST_F(DeviceOps, StridedNormsMatchReferenceAndCheckTheirLayout) {
   d.x_stride = 20;
   d.y_stride = 28;
   const kernels::ref::NormLayout layout{2, 20, 28};
-  const std::int64_t nx = 5 * 20, ny = 5 * 28, stats = 10;
+  const std::int64_t nx = std::int64_t{5} * 20, ny = std::int64_t{5} * 28, stats = 10;
   const std::vector<float> x = Random(11, nx, 2.0f), gamma = Random(12, 8, 0.1f, 1.0f);
   const std::vector<float> beta = Random(13, 8), dy = Random(14, ny), y0 = Random(15, ny);
   const Tensor tx = Put(x), tg = Put(gamma), tb = Put(beta), ty = Put(y0), tdy = Put(dy);
@@ -191,7 +191,7 @@ TEST_F(DeviceOps, CopyRowsCopiesABlockBetweenStridesAndLeavesTheRestAlone) {
   // Interleaved blocks of one buffer that share no element (columns 0-1 to columns 2-3).
   ASSERT_TRUE(dev().CopyRows(tsrc.Slice(2, 16), 6, tsrc, 6, 3, 2).ok());
   const std::vector<float> moved = Get(tsrc);
-  for (int r = 0; r < 3; ++r) {
+  for (size_t r = 0; r < 3; ++r) {
     EXPECT_EQ(moved[r * 6 + 2], src[r * 6]);
     EXPECT_EQ(moved[r * 6 + 3], src[r * 6 + 1]);
   }
