@@ -190,7 +190,7 @@ LayerBytes CostModel::LayerBytesOf(const ParallelConfig& c) const {
   // With --qk-layernorm the norm's input (the projection's q and k) is kept too, with its f32
   // statistics per head (rstd, and the mean of a LayerNorm).
   const double qk_norm_saved =
-      m.qk_layernorm && !m.is_mla()
+      m.has_qk_head_norms()
           ? tokens * (tp_heads + tp_kv) * (elem * d + (m.norm == NormKind::kLayerNorm ? 8 : 4))
           : 0.0;
   const double attention_saved =

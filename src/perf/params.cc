@@ -10,7 +10,7 @@ int64_t NormParams(const ModelSpec& m, int64_t width) {
 // Megatron-core's --qk-layernorm: a norm over head_dim for the queries and one for the keys (MLA:
 // AttentionParams).
 int64_t QkNormParams(const ModelSpec& m) {
-  return m.qk_layernorm && !m.is_mla() ? 2 * NormParams(m, m.head_dim()) : 0;
+  return m.has_qk_head_norms() ? 2 * NormParams(m, m.head_dim()) : 0;
 }
 
 int64_t AttentionParams(const ModelSpec& m) {

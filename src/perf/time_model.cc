@@ -74,7 +74,7 @@ int64_t FirstStageBuckets(const ModelSpec& m, const ParallelConfig& c, double bu
       }
       if (moe) dense.Add(static_cast<double>(m.num_experts) * h);  // the router
       norm();
-      if (m.qk_layernorm && !m.is_mla())
+      if (m.has_qk_head_norms())
         dense.Add(d, int64_t{2} * (m.norm == NormKind::kLayerNorm ? 2 : 1));
       dense.Add(h * d * m.num_attention_heads / t);
       dense.Add(h * d * (m.num_attention_heads + 2.0 * m.num_query_groups) / t);
@@ -262,7 +262,7 @@ CostModel::ComputeParts CostModel::LayerCompute(const ParallelConfig& c, const L
       element_bytes_ * hidden_passes * tokens * h / (c.sp ? t : 1) / hbm + parts.mlp_memory;
   // --qk-layernorm on the rank's query and key heads: their copy kept for the backward (read +
   // write) and the norm (read + write).
-  if (m.qk_layernorm && !m.is_mla()) {
+  if (m.has_qk_head_norms()) {
     f[kMemoryBound] += element_bytes_ * 4 * tokens * (a + x.kv_heads) * x.qk_dim / t / hbm;
   }
   return parts;

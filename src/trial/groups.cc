@@ -126,7 +126,7 @@ Shapes Shapes::Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& 
   s.vocab_shard = m.vocab_size / c.tp;
   s.vocab_start = at.tp * s.vocab_shard;
   s.rmsnorm = m.norm == NormKind::kRMSNorm;
-  s.qk_norm = m.qk_layernorm;
+  s.qk_norm = m.has_qk_head_norms();
   s.rope = m.position_embedding == PositionEmbedding::kRope;
   s.learned_positions = !s.rope;
   s.max_positions = std::max<int64_t>(m.max_position_embeddings, t.seq_length);

@@ -70,6 +70,9 @@ struct ModelSpec {
 
   bool is_moe() const { return num_experts > 0; }
   bool is_mla() const { return kv_lora_rank > 0; }
+  // Whether each layer norms every query and key head (--qk-layernorm on ordinary attention; under
+  // MLA the flag builds the latent norms instead, which the latent projections account for).
+  bool has_qk_head_norms() const { return qk_layernorm && !is_mla(); }
   int64_t head_dim() const {
     return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads;
   }
