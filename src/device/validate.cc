@@ -140,14 +140,12 @@ std::int64_t CeilDiv(std::int64_t n, std::int64_t d) { return -FloorDiv(-n, d); 
 
 // True when a row of one block of `rows` rows of `width` bytes, `a_pitch` bytes apart from a,
 // shares a byte with a row of the other (`b_pitch` apart from b). Both pitches are at least width.
+// O(rows): the caller first rules out the usual case, views that do not overlap at all.
 bool RowBlocksOverlap(const void* a, std::int64_t a_pitch, const void* b, std::int64_t b_pitch,
                       std::int64_t rows, std::int64_t width) {
-  if (rows == 0 || width == 0) return false;
+  if (width == 0) return false;
   const auto a0 = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(a));
   const auto b0 = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(b));
-  const std::int64_t a_end = a0 + (rows - 1) * a_pitch + width;
-  const std::int64_t b_end = b0 + (rows - 1) * b_pitch + width;
-  if (a_end <= b0 || b_end <= a0) return false;  // the spans are apart: the usual case
   // Row i of a, [off, off + width) from b, meets row j of b when off - width < j * b_pitch <
   // off + width.
   for (std::int64_t i = 0; i < rows; ++i) {
@@ -177,8 +175,8 @@ Status CheckCopyRows(const Tensor& dst, std::int64_t dst_stride, const Tensor& s
       CheckArgs("CopyRows", {{"dst", dst, src.dtype, MatrixExtent(rows, cols, dst_stride)},
                              {"src", src, src.dtype, MatrixExtent(rows, cols, src_stride)}}));
   const auto size = static_cast<std::int64_t>(DTypeSize(src.dtype));
-  AUTOPAR_CHECK_ARG(!RowBlocksOverlap(dst.data, dst_stride * size, src.data, src_stride * size,
-                                      rows, cols * size),
+  AUTOPAR_CHECK_ARG(!Overlaps(dst, src) || !RowBlocksOverlap(dst.data, dst_stride * size, src.data,
+                                                             src_stride * size, rows, cols * size),
                     "CopyRows: source and destination blocks overlap");
   return OkStatus();
 }
