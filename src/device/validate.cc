@@ -130,6 +130,19 @@ std::int64_t NormExtent(const NormDesc& d, std::int64_t stride) {
   return MatrixExtent(d.rows, d.vectors * d.hidden, stride);
 }
 
+Status CheckNormForwardViews(const char* op, const Tensor& x, const Tensor& y) {
+  AUTOPAR_CHECK_ARG(!Overlaps(x, y), std::string(op) + ": y overlaps x (y may not alias x)");
+  return OkStatus();
+}
+
+Status CheckNormBackwardViews(const char* op, const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  AUTOPAR_CHECK_ARG(!Overlaps(dx, x), std::string(op) + ": dx overlaps x (x is read throughout)");
+  AUTOPAR_CHECK_ARG(
+      !Overlaps(dx, dy) || (dx.data == dy.data && dx.numel == dy.numel),
+      std::string(op) + ": dx overlaps dy without being the same view (in place means dx = dy)");
+  return OkStatus();
+}
+
 namespace {
 
 // Floor and ceiling of n / d for d > 0.

@@ -77,6 +77,11 @@ StatusOr<NormDesc> ResolveNorm(const char* op, const NormDesc& desc);
 // Elements of an operand with rows `stride` apart that a norm (resolved desc) touches.
 std::int64_t NormExtent(const NormDesc& d, std::int64_t stride);
 
+// The aliasing a norm allows (NormDesc): in forward y shares no element with x; in backward dx
+// shares none with x, and is either dy itself (the same view, in place) or apart from it.
+Status CheckNormForwardViews(const char* op, const Tensor& x, const Tensor& y);
+Status CheckNormBackwardViews(const char* op, const Tensor& x, const Tensor& dy, const Tensor& dx);
+
 // Device::CopyRows's arguments: valid views of one dtype, rows and cols not negative, strides at
 // least cols, both blocks inside their views and sharing no byte.
 Status CheckCopyRows(const Tensor& dst, std::int64_t dst_stride, const Tensor& src,

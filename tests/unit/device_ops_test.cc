@@ -167,6 +167,17 @@ TEST_F(DeviceOps, StridedNormsMatchReferenceAndCheckTheirLayout) {
   // Statistics: one per vector.
   expect_invalid(dev().LayerNormForward(d, tx, tg, tb, ty, tm.Slice(0, 5), tr),
                  "`mean` has 5 elements, needs 10");
+  // Aliasing: y apart from x; dx apart from x, and dy itself or apart from it.
+  const NormDesc packed{5, 8, 1e-5f};
+  expect_invalid(dev().RmsNormForward(packed, tx.Slice(0, 40), tg, tx.Slice(0, 40), tr),
+                 "RmsNormForward: y overlaps x");
+  expect_invalid(dev().LayerNormForward(packed, tx.Slice(0, 40), tg, tb, tx.Slice(39, 40), tm, tr),
+                 "LayerNormForward: y overlaps x");
+  expect_invalid(dev().RmsNormBackward(packed, tdy.Slice(0, 40), tx.Slice(0, 40), tg, tr,
+                                       tx.Slice(20, 40), tdg),
+                 "RmsNormBackward: dx overlaps x");
+  expect_invalid(dev().LayerNormBackward(d, tdy, tx, tg, tm, tr, tdy.Slice(1, 128), tdg, tdb),
+                 "LayerNormBackward: dx overlaps dy without being the same view");
 }
 
 TEST_F(DeviceOps, CopyRowsCopiesABlockBetweenStridesAndLeavesTheRestAlone) {

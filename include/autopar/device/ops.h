@@ -62,7 +62,8 @@ struct GemmDesc {
 // y_stride for y, dy and dx (0: packed, vectors * hidden). The defaults are the plain norm of
 // x [rows, hidden]. Megatron's qk-layernorm is vectors = heads, hidden = head_dim: the output, its
 // gradient and the input's gradient live in the fused QKV buffer (y_stride its row), while x is a
-// saved copy of the pre-norm values. dx may alias dy (same layout); y may not alias x.
+// saved copy of the pre-norm values. dx may be dy itself (in place, the same view); y may share
+// no element with x, nor dx with x (the devices refuse them).
 struct NormDesc {
   std::int64_t rows = 0;
   std::int64_t hidden = 0;

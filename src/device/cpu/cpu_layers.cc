@@ -64,6 +64,7 @@ Status CpuDevice::RmsNormForward(const NormDesc& desc, Tensor x, Tensor gamma, T
                                                        {"gamma", gamma, kF32, d.hidden},
                                                        {"y", y, kF32, ny},
                                                        {"rstd", rstd, kF32, d.rows * d.vectors}}));
+  AUTOPAR_RETURN_IF_ERROR(CheckNormForwardViews("RmsNormForward", x, y));
   kernels::ref::RmsNormForward(x.as<float>(), gamma.as<float>(), d.rows, d.hidden, d.eps,
                                y.as<float>(), rstd.as<float>(), ToNormLayout(d));
   return OkStatus();
@@ -79,6 +80,7 @@ Status CpuDevice::RmsNormBackward(const NormDesc& desc, Tensor dy, Tensor x, Ten
                                                         {"rstd", rstd, kF32, d.rows * d.vectors},
                                                         {"dx", dx, kF32, ny},
                                                         {"dgamma", dgamma, kF32, d.hidden}}));
+  AUTOPAR_RETURN_IF_ERROR(CheckNormBackwardViews("RmsNormBackward", x, dy, dx));
   kernels::ref::RmsNormBackward(dy.as<float>(), x.as<float>(), gamma.as<float>(), rstd.as<float>(),
                                 d.rows, d.hidden, dx.as<float>(), dgamma.as<float>(),
                                 ToNormLayout(d));
@@ -96,6 +98,7 @@ Status CpuDevice::LayerNormForward(const NormDesc& desc, Tensor x, Tensor gamma,
                                                          {"y", y, kF32, ny},
                                                          {"mean", mean, kF32, stats},
                                                          {"rstd", rstd, kF32, stats}}));
+  AUTOPAR_RETURN_IF_ERROR(CheckNormForwardViews("LayerNormForward", x, y));
   kernels::ref::LayerNormForward(x.as<float>(), gamma.as<float>(), beta.as<float>(), d.rows,
                                  d.hidden, d.eps, y.as<float>(), mean.as<float>(), rstd.as<float>(),
                                  ToNormLayout(d));
@@ -116,6 +119,7 @@ Status CpuDevice::LayerNormBackward(const NormDesc& desc, Tensor dy, Tensor x, T
                                                           {"dx", dx, kF32, ny},
                                                           {"dgamma", dgamma, kF32, d.hidden},
                                                           {"dbeta", dbeta, kF32, d.hidden}}));
+  AUTOPAR_RETURN_IF_ERROR(CheckNormBackwardViews("LayerNormBackward", x, dy, dx));
   kernels::ref::LayerNormBackward(
       dy.as<float>(), x.as<float>(), gamma.as<float>(), mean.as<float>(), rstd.as<float>(), d.rows,
       d.hidden, dx.as<float>(), dgamma.as<float>(), dbeta.as<float>(), ToNormLayout(d));

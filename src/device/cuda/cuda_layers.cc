@@ -49,6 +49,7 @@ Status CudaDevice::RmsNormForward(const NormDesc& desc, Tensor x, Tensor gamma, 
                                                        {"gamma", gamma, x.dtype, d.hidden},
                                                        {"y", y, x.dtype, ny},
                                                        {"rstd", rstd, kF32, d.rows * d.vectors}}));
+  AUTOPAR_RETURN_IF_ERROR(CheckNormForwardViews("RmsNormForward", x, y));
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(kc::RmsNormForward(stream_, t, ToArgs(d), x.data, gamma.data, d.eps, y.data,
                                         rstd.as<float>()));
@@ -66,6 +67,7 @@ Status CudaDevice::RmsNormBackward(const NormDesc& desc, Tensor dy, Tensor x, Te
                                                         {"rstd", rstd, kF32, d.rows * d.vectors},
                                                         {"dx", dx, x.dtype, ny},
                                                         {"dgamma", dgamma, kF32, d.hidden}}));
+  AUTOPAR_RETURN_IF_ERROR(CheckNormBackwardViews("RmsNormBackward", x, dy, dx));
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(kc::RmsNormBackward(stream_, t, ToArgs(d), dy.data, x.data, gamma.data,
                                          rstd.as<float>(), dx.data, dgamma.as<float>()));
@@ -84,6 +86,7 @@ Status CudaDevice::LayerNormForward(const NormDesc& desc, Tensor x, Tensor gamma
                                                          {"y", y, x.dtype, ny},
                                                          {"mean", mean, kF32, stats},
                                                          {"rstd", rstd, kF32, stats}}));
+  AUTOPAR_RETURN_IF_ERROR(CheckNormForwardViews("LayerNormForward", x, y));
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(kc::LayerNormForward(stream_, t, ToArgs(d), x.data, gamma.data, beta.data,
                                           d.eps, y.data, mean.as<float>(), rstd.as<float>()));
@@ -105,6 +108,7 @@ Status CudaDevice::LayerNormBackward(const NormDesc& desc, Tensor dy, Tensor x, 
                                                           {"dx", dx, x.dtype, ny},
                                                           {"dgamma", dgamma, kF32, d.hidden},
                                                           {"dbeta", dbeta, kF32, d.hidden}}));
+  AUTOPAR_RETURN_IF_ERROR(CheckNormBackwardViews("LayerNormBackward", x, dy, dx));
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(kc::LayerNormBackward(stream_, t, ToArgs(d), dy.data, x.data, gamma.data,
                                            mean.as<float>(), rstd.as<float>(), dx.data,
