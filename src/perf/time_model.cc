@@ -240,14 +240,15 @@ CostModel::ComputeParts CostModel::LayerCompute(const ParallelConfig& c, const L
     softmax = score_elems * (stack.dropout ? 4 * element_bytes_ + 1 : 2 * element_bytes_) / hbm;
     f[kMemoryBound] += softmax;
   }
-  // Elementwise traffic: norms, residuals, RoPE, bias and dropout on hidden-sized tensors
-  // (replicated over tp unless SP shards them), the activation function on the MLP width.
-  // Two norms (read + write) and two residual adds (2 reads + 1 write); bias and dropout are
-  // fused into the adds and cost only the dropout masks; RoPE reads and writes q and k.
-  const double rope_passes = m.position_embedding == PositionEmbedding::kRope
-                                 ? 2 * (a * x.qk_dim + x.kv_heads * x.qk_dim) / h
-                                 : 0;
-  const double hidden_passes = 10 + (stack.dropout ? 1 : 0) + rope_passes;
+  // Elementwise traffic: norms, residuals, bias and dropout on hidden-sized tensors (replicated
+  // over tp unless SP shards them), RoPE and the qk norms on the rank's query and key heads, the
+  // activation function on the MLP width. Two norms (read + write) and two residual adds (2 reads
+  // + 1 write); bias and dropout are fused into the adds and cost only the dropout masks.
+  const double hidden_passes = 10 + (stack.dropout ? 1 : 0);
+  // Over q and k, sharded over tp by heads whatever SP: RoPE reads and writes them, and
+  // --qk-layernorm keeps their copy for the backward (read + write) and norms them (read + write).
+  const double head_passes =
+      (m.position_embedding == PositionEmbedding::kRope ? 2 : 0) + (m.has_qk_head_norms() ? 4 : 0);
   const double width =
       moe ? m.moe_router_topk * m.moe_ffn_hidden_size + m.moe_shared_expert_intermediate_size
           : m.ffn_hidden_size;
@@ -258,13 +259,9 @@ CostModel::ComputeParts CostModel::LayerCompute(const ParallelConfig& c, const L
   if (moe) parts.mlp_memory += element_bytes_ * 4 * tokens * m.moe_router_topk * h / t / hbm;
   parts.moe_act = moe ? act * m.moe_router_topk * m.moe_ffn_hidden_size : 0;
   parts.shared_memory = moe ? act * m.moe_shared_expert_intermediate_size : 0;
-  f[kMemoryBound] +=
-      element_bytes_ * hidden_passes * tokens * h / (c.sp ? t : 1) / hbm + parts.mlp_memory;
-  // --qk-layernorm on the rank's query and key heads: their copy kept for the backward (read +
-  // write) and the norm (read + write).
-  if (m.has_qk_head_norms()) {
-    f[kMemoryBound] += element_bytes_ * 4 * tokens * (a + x.kv_heads) * x.qk_dim / t / hbm;
-  }
+  f[kMemoryBound] += element_bytes_ * hidden_passes * tokens * h / (c.sp ? t : 1) / hbm +
+                     element_bytes_ * head_passes * tokens * (a + x.kv_heads) * x.qk_dim / t / hbm +
+                     parts.mlp_memory;
   return parts;
 }
 

@@ -163,34 +163,43 @@ TEST(Stop, ARecentSurpriseVetoesTheModelRules) {
   EXPECT_EQ(surprised.reason, StopReason::kNone);
 }
 
-// Two configurations whose measurements are 8% noisy and whose means are equal: what is in doubt
-// is between them alone. While they can be measured again, the search goes on; once both are
-// measured as often as the study allows, it stops as noise_limited, and says how unsure it is.
+// Configurations whose measurements are 8% noisy and whose means are equal: what is in doubt is
+// between them alone. While they can be measured again, the search goes on; once all are measured
+// as often as the study allows, it stops as noise_limited, and says how unsure it is. They are the
+// configurations the model ties with the fastest (here the micro-batch sizes of one layout): a tie
+// left among the exactly measured others would be a contender measured once, still in doubt.
 TEST(Stop, NoiseLimitedOnceOnlySettledContendersAreInDoubt) {
   Llama7bCase c;
   const CandidateSet& cs = *c.candidates;
   const std::vector<int64_t> order = FastestFirst(cs);
+  std::vector<int64_t> tied;
+  for (int64_t i : order) {
+    if (cs.nominal_time_s(i) <= 1.001 * cs.nominal_time_s(order[0])) tied.push_back(i);
+  }
+  ASSERT_GE(tied.size(), 2U);
   StopSettings st;
   st.min_measured = 1;
-  st.recent = 0;  // the others are exact: the two noisy first measurements surprise the model
+  st.recent = 0;  // the others are exact: the noisy first measurements surprise the model
   const SearchSettings settings = SearchSettings::Default(cs);
-  const int64_t first = order[0], second = order[1];
-  auto run = [&](int measurements_of_second) {
+  // The 30 fastest others measured exactly: enough of the field that the unmeasured are out of
+  // doubt, few enough that the model does not pin the tied ones' times (25-40 do both). The last
+  // of the tied is measured `measurements_of_last` times, the others max_measurements.
+  auto run = [&](int measurements_of_last) {
     SearchState s(cs, settings);
     int64_t trials = 0;
     for (int64_t i : order) {
-      if (i == first || i == second || !s.eligible(i)) continue;
+      if (std::find(tied.begin(), tied.end(), i) != tied.end() || !s.eligible(i)) continue;
       s.Observe({i, Outcome::kOk, cs.nominal_time_s(i), cs.nominal_memory_gib(i)});
-      if (++trials == 25) break;
+      if (++trials == 30) break;
     }
-    const double t = cs.nominal_time_s(first);
+    const double t = cs.nominal_time_s(order[0]);
     for (int k = 0; k < settings.max_measurements; ++k) {
-      const double noise = k % 2 == 0 ? 1.08 : 1 / 1.08;
-      s.Observe({first, Outcome::kOk, t * noise, cs.nominal_memory_gib(first)});
-      if (k < measurements_of_second) {
-        s.Observe({second, Outcome::kOk, t / noise, cs.nominal_memory_gib(second)});
+      for (size_t j = 0; j < tied.size(); ++j) {
+        if (j + 1 == tied.size() && k >= measurements_of_last) continue;
+        const double noise = (k + j) % 2 == 0 ? 1.08 : 1 / 1.08;
+        s.Observe({tied[j], Outcome::kOk, t * noise, cs.nominal_memory_gib(tied[j])});
+        ++trials;
       }
-      trials += 2;
     }
     return CheckStop(s, st, true, 1, trials, 0);
   };
