@@ -109,6 +109,8 @@ StatusOr<RopeDesc> ResolveRope(const RopeDesc& desc) {
   return d;
 }
 
+namespace {
+
 StatusOr<NormDesc> ResolveNorm(const char* op, const NormDesc& desc) {
   NormDesc d = desc;
   AUTOPAR_RETURN_IF_ERROR(CheckPositive(op, {d.rows, d.hidden}));
@@ -126,9 +128,12 @@ StatusOr<NormDesc> ResolveNorm(const char* op, const NormDesc& desc) {
   return d;
 }
 
+// What a norm (resolved desc) touches of an operand whose rows are `stride` apart, and of its
+// per-vector statistics.
 std::int64_t NormExtent(const NormDesc& d, std::int64_t stride) {
   return MatrixExtent(d.rows, d.vectors * d.hidden, stride);
 }
+std::int64_t NormStats(const NormDesc& d) { return d.rows * d.vectors; }
 
 Status CheckNormForwardViews(const char* op, const Tensor& x, const Tensor& y) {
   AUTOPAR_CHECK_ARG(!Overlaps(x, y), std::string(op) + ": y overlaps x (y may not alias x)");
@@ -141,6 +146,70 @@ Status CheckNormBackwardViews(const char* op, const Tensor& x, const Tensor& dy,
       !Overlaps(dx, dy) || (dx.data == dy.data && dx.numel == dy.numel),
       std::string(op) + ": dx overlaps dy without being the same view (in place means dx = dy)");
   return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<NormDesc> CheckRmsNormForward(const NormDesc& desc, DType data, const Tensor& x,
+                                       const Tensor& gamma, const Tensor& y, const Tensor& rstd) {
+  const char* op = "RmsNormForward";
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm(op, desc));
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs(op, {{"x", x, data, NormExtent(d, d.x_stride)},
+                                         {"gamma", gamma, data, d.hidden},
+                                         {"y", y, data, NormExtent(d, d.y_stride)},
+                                         {"rstd", rstd, DType::kF32, NormStats(d)}}));
+  AUTOPAR_RETURN_IF_ERROR(CheckNormForwardViews(op, x, y));
+  return d;
+}
+
+StatusOr<NormDesc> CheckRmsNormBackward(const NormDesc& desc, DType data, const Tensor& dy,
+                                        const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                                        const Tensor& dx, const Tensor& dgamma) {
+  const char* op = "RmsNormBackward";
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm(op, desc));
+  const std::int64_t ny = NormExtent(d, d.y_stride);
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs(op, {{"dy", dy, data, ny},
+                                         {"x", x, data, NormExtent(d, d.x_stride)},
+                                         {"gamma", gamma, data, d.hidden},
+                                         {"rstd", rstd, DType::kF32, NormStats(d)},
+                                         {"dx", dx, data, ny},
+                                         {"dgamma", dgamma, DType::kF32, d.hidden}}));
+  AUTOPAR_RETURN_IF_ERROR(CheckNormBackwardViews(op, x, dy, dx));
+  return d;
+}
+
+StatusOr<NormDesc> CheckLayerNormForward(const NormDesc& desc, DType data, const Tensor& x,
+                                         const Tensor& gamma, const Tensor& beta, const Tensor& y,
+                                         const Tensor& mean, const Tensor& rstd) {
+  const char* op = "LayerNormForward";
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm(op, desc));
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs(op, {{"x", x, data, NormExtent(d, d.x_stride)},
+                                         {"gamma", gamma, data, d.hidden},
+                                         {"beta", beta, data, d.hidden},
+                                         {"y", y, data, NormExtent(d, d.y_stride)},
+                                         {"mean", mean, DType::kF32, NormStats(d)},
+                                         {"rstd", rstd, DType::kF32, NormStats(d)}}));
+  AUTOPAR_RETURN_IF_ERROR(CheckNormForwardViews(op, x, y));
+  return d;
+}
+
+StatusOr<NormDesc> CheckLayerNormBackward(const NormDesc& desc, DType data, const Tensor& dy,
+                                          const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                          const Tensor& rstd, const Tensor& dx,
+                                          const Tensor& dgamma, const Tensor& dbeta) {
+  const char* op = "LayerNormBackward";
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm(op, desc));
+  const std::int64_t ny = NormExtent(d, d.y_stride);
+  AUTOPAR_RETURN_IF_ERROR(CheckArgs(op, {{"dy", dy, data, ny},
+                                         {"x", x, data, NormExtent(d, d.x_stride)},
+                                         {"gamma", gamma, data, d.hidden},
+                                         {"mean", mean, DType::kF32, NormStats(d)},
+                                         {"rstd", rstd, DType::kF32, NormStats(d)},
+                                         {"dx", dx, data, ny},
+                                         {"dgamma", dgamma, DType::kF32, d.hidden},
+                                         {"dbeta", dbeta, DType::kF32, d.hidden}}));
+  AUTOPAR_RETURN_IF_ERROR(CheckNormBackwardViews(op, x, dy, dx));
+  return d;
 }
 
 namespace {
@@ -202,8 +271,8 @@ bool Overlaps(const Tensor& a, const Tensor& b) {
 
 Status CheckView(const char* op, const Tensor& t, std::int64_t max_count) {
   AUTOPAR_CHECK_ARG(t.valid(), std::string(op) + ": invalid view");
-  AUTOPAR_CHECK_ARG(t.numel <= max_count, std::string(op) + ": more than " +
-                                              std::to_string(max_count) + " elements");
+  AUTOPAR_CHECK_ARG(t.numel <= max_count,
+                    std::string(op) + ": more than " + std::to_string(max_count) + " elements");
   return OkStatus();
 }
 
@@ -234,9 +303,8 @@ StatusOr<HashFill> ResolveHashFill(const HashFill& fill, std::int64_t numel) {
 
 Status CheckPeer(const char* op, int peer, int group_size) {
   AUTOPAR_CHECK_ARG(peer >= 0 && peer < group_size, std::string(op) + ": peer " +
-                                                         std::to_string(peer) +
-                                                         " not in group of " +
-                                                         std::to_string(group_size));
+                                                        std::to_string(peer) + " not in group of " +
+                                                        std::to_string(group_size));
   return OkStatus();
 }
 

@@ -70,17 +70,26 @@ std::int64_t AttentionKvExtent(const AttentionDesc& d);
 // A RopeDesc with rotary_dim and row_stride resolved and checked.
 StatusOr<RopeDesc> ResolveRope(const RopeDesc& desc);
 
-// A NormDesc with x_stride and y_stride resolved (0: packed, vectors * hidden) and checked: rows,
-// hidden and vectors positive, each stride at least vectors * hidden. Messages name `op`.
-StatusOr<NormDesc> ResolveNorm(const char* op, const NormDesc& desc);
-
-// Elements of an operand with rows `stride` apart that a norm (resolved desc) touches.
-std::int64_t NormExtent(const NormDesc& d, std::int64_t stride);
-
-// The aliasing a norm allows (NormDesc): in forward y shares no element with x; in backward dx
-// shares none with x, and is either dy itself (the same view, in place) or apart from it.
-Status CheckNormForwardViews(const char* op, const Tensor& x, const Tensor& y);
-Status CheckNormBackwardViews(const char* op, const Tensor& x, const Tensor& dy, const Tensor& dx);
+// The checks of the four norm ops, one contract for every device: the NormDesc resolved (x_stride
+// and y_stride: 0 means packed, vectors * hidden; rows, hidden and vectors positive, each stride at
+// least vectors * hidden); every view valid, of its dtype (`data` for x, y, dy, dx, gamma and beta;
+// f32 for the statistics mean and rstd and for dgamma and dbeta) and holding what the op touches
+// (x and y with their strides, dy and dx with y's); and the aliasing the ops allow: in forward y
+// shares no element with x, in backward dx shares none with x and is either dy itself (the same
+// view, in place) or apart from it. Messages name the op and the argument. Returns the resolved
+// desc.
+StatusOr<NormDesc> CheckRmsNormForward(const NormDesc& desc, DType data, const Tensor& x,
+                                       const Tensor& gamma, const Tensor& y, const Tensor& rstd);
+StatusOr<NormDesc> CheckRmsNormBackward(const NormDesc& desc, DType data, const Tensor& dy,
+                                        const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                                        const Tensor& dx, const Tensor& dgamma);
+StatusOr<NormDesc> CheckLayerNormForward(const NormDesc& desc, DType data, const Tensor& x,
+                                         const Tensor& gamma, const Tensor& beta, const Tensor& y,
+                                         const Tensor& mean, const Tensor& rstd);
+StatusOr<NormDesc> CheckLayerNormBackward(const NormDesc& desc, DType data, const Tensor& dy,
+                                          const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                          const Tensor& rstd, const Tensor& dx,
+                                          const Tensor& dgamma, const Tensor& dbeta);
 
 // Device::CopyRows's arguments: valid views of one dtype, rows and cols not negative, strides at
 // least cols, both blocks inside their views and sharing no byte.

@@ -58,13 +58,7 @@ Status CheckIds(const char* op, const Tensor& ids, std::int64_t count) {
 
 Status CpuDevice::RmsNormForward(const NormDesc& desc, Tensor x, Tensor gamma, Tensor y,
                                  Tensor rstd) {
-  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("RmsNormForward", desc));
-  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("RmsNormForward", {{"x", x, kF32, nx},
-                                                       {"gamma", gamma, kF32, d.hidden},
-                                                       {"y", y, kF32, ny},
-                                                       {"rstd", rstd, kF32, d.rows * d.vectors}}));
-  AUTOPAR_RETURN_IF_ERROR(CheckNormForwardViews("RmsNormForward", x, y));
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, CheckRmsNormForward(desc, kF32, x, gamma, y, rstd));
   kernels::ref::RmsNormForward(x.as<float>(), gamma.as<float>(), d.rows, d.hidden, d.eps,
                                y.as<float>(), rstd.as<float>(), ToNormLayout(d));
   return OkStatus();
@@ -72,15 +66,8 @@ Status CpuDevice::RmsNormForward(const NormDesc& desc, Tensor x, Tensor gamma, T
 
 Status CpuDevice::RmsNormBackward(const NormDesc& desc, Tensor dy, Tensor x, Tensor gamma,
                                   Tensor rstd, Tensor dx, Tensor dgamma) {
-  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("RmsNormBackward", desc));
-  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("RmsNormBackward", {{"dy", dy, kF32, ny},
-                                                        {"x", x, kF32, nx},
-                                                        {"gamma", gamma, kF32, d.hidden},
-                                                        {"rstd", rstd, kF32, d.rows * d.vectors},
-                                                        {"dx", dx, kF32, ny},
-                                                        {"dgamma", dgamma, kF32, d.hidden}}));
-  AUTOPAR_RETURN_IF_ERROR(CheckNormBackwardViews("RmsNormBackward", x, dy, dx));
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d,
+                           CheckRmsNormBackward(desc, kF32, dy, x, gamma, rstd, dx, dgamma));
   kernels::ref::RmsNormBackward(dy.as<float>(), x.as<float>(), gamma.as<float>(), rstd.as<float>(),
                                 d.rows, d.hidden, dx.as<float>(), dgamma.as<float>(),
                                 ToNormLayout(d));
@@ -89,16 +76,8 @@ Status CpuDevice::RmsNormBackward(const NormDesc& desc, Tensor dy, Tensor x, Ten
 
 Status CpuDevice::LayerNormForward(const NormDesc& desc, Tensor x, Tensor gamma, Tensor beta,
                                    Tensor y, Tensor mean, Tensor rstd) {
-  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("LayerNormForward", desc));
-  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
-  const std::int64_t stats = d.rows * d.vectors;
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("LayerNormForward", {{"x", x, kF32, nx},
-                                                         {"gamma", gamma, kF32, d.hidden},
-                                                         {"beta", beta, kF32, d.hidden},
-                                                         {"y", y, kF32, ny},
-                                                         {"mean", mean, kF32, stats},
-                                                         {"rstd", rstd, kF32, stats}}));
-  AUTOPAR_RETURN_IF_ERROR(CheckNormForwardViews("LayerNormForward", x, y));
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d,
+                           CheckLayerNormForward(desc, kF32, x, gamma, beta, y, mean, rstd));
   kernels::ref::LayerNormForward(x.as<float>(), gamma.as<float>(), beta.as<float>(), d.rows,
                                  d.hidden, d.eps, y.as<float>(), mean.as<float>(), rstd.as<float>(),
                                  ToNormLayout(d));
@@ -108,18 +87,8 @@ Status CpuDevice::LayerNormForward(const NormDesc& desc, Tensor x, Tensor gamma,
 Status CpuDevice::LayerNormBackward(const NormDesc& desc, Tensor dy, Tensor x, Tensor gamma,
                                     Tensor mean, Tensor rstd, Tensor dx, Tensor dgamma,
                                     Tensor dbeta) {
-  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("LayerNormBackward", desc));
-  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
-  const std::int64_t stats = d.rows * d.vectors;
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("LayerNormBackward", {{"dy", dy, kF32, ny},
-                                                          {"x", x, kF32, nx},
-                                                          {"gamma", gamma, kF32, d.hidden},
-                                                          {"mean", mean, kF32, stats},
-                                                          {"rstd", rstd, kF32, stats},
-                                                          {"dx", dx, kF32, ny},
-                                                          {"dgamma", dgamma, kF32, d.hidden},
-                                                          {"dbeta", dbeta, kF32, d.hidden}}));
-  AUTOPAR_RETURN_IF_ERROR(CheckNormBackwardViews("LayerNormBackward", x, dy, dx));
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, CheckLayerNormBackward(desc, kF32, dy, x, gamma, mean,
+                                                                    rstd, dx, dgamma, dbeta));
   kernels::ref::LayerNormBackward(
       dy.as<float>(), x.as<float>(), gamma.as<float>(), mean.as<float>(), rstd.as<float>(), d.rows,
       d.hidden, dx.as<float>(), dgamma.as<float>(), dbeta.as<float>(), ToNormLayout(d));

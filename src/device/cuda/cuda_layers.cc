@@ -42,14 +42,8 @@ kc::NormArgs ToArgs(const NormDesc& d) {
 
 Status CudaDevice::RmsNormForward(const NormDesc& desc, Tensor x, Tensor gamma, Tensor y,
                                   Tensor rstd) {
-  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("RmsNormForward", desc));
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("RmsNormForward", "x", x));
-  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("RmsNormForward", {{"x", x, x.dtype, nx},
-                                                       {"gamma", gamma, x.dtype, d.hidden},
-                                                       {"y", y, x.dtype, ny},
-                                                       {"rstd", rstd, kF32, d.rows * d.vectors}}));
-  AUTOPAR_RETURN_IF_ERROR(CheckNormForwardViews("RmsNormForward", x, y));
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, CheckRmsNormForward(desc, x.dtype, x, gamma, y, rstd));
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(kc::RmsNormForward(stream_, t, ToArgs(d), x.data, gamma.data, d.eps, y.data,
                                         rstd.as<float>()));
@@ -58,16 +52,9 @@ Status CudaDevice::RmsNormForward(const NormDesc& desc, Tensor x, Tensor gamma, 
 
 Status CudaDevice::RmsNormBackward(const NormDesc& desc, Tensor dy, Tensor x, Tensor gamma,
                                    Tensor rstd, Tensor dx, Tensor dgamma) {
-  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("RmsNormBackward", desc));
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("RmsNormBackward", "x", x));
-  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("RmsNormBackward", {{"dy", dy, x.dtype, ny},
-                                                        {"x", x, x.dtype, nx},
-                                                        {"gamma", gamma, x.dtype, d.hidden},
-                                                        {"rstd", rstd, kF32, d.rows * d.vectors},
-                                                        {"dx", dx, x.dtype, ny},
-                                                        {"dgamma", dgamma, kF32, d.hidden}}));
-  AUTOPAR_RETURN_IF_ERROR(CheckNormBackwardViews("RmsNormBackward", x, dy, dx));
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d,
+                           CheckRmsNormBackward(desc, x.dtype, dy, x, gamma, rstd, dx, dgamma));
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(kc::RmsNormBackward(stream_, t, ToArgs(d), dy.data, x.data, gamma.data,
                                          rstd.as<float>(), dx.data, dgamma.as<float>()));
@@ -76,17 +63,9 @@ Status CudaDevice::RmsNormBackward(const NormDesc& desc, Tensor dy, Tensor x, Te
 
 Status CudaDevice::LayerNormForward(const NormDesc& desc, Tensor x, Tensor gamma, Tensor beta,
                                     Tensor y, Tensor mean, Tensor rstd) {
-  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("LayerNormForward", desc));
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("LayerNormForward", "x", x));
-  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
-  const std::int64_t stats = d.rows * d.vectors;
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("LayerNormForward", {{"x", x, x.dtype, nx},
-                                                         {"gamma", gamma, x.dtype, d.hidden},
-                                                         {"beta", beta, x.dtype, d.hidden},
-                                                         {"y", y, x.dtype, ny},
-                                                         {"mean", mean, kF32, stats},
-                                                         {"rstd", rstd, kF32, stats}}));
-  AUTOPAR_RETURN_IF_ERROR(CheckNormForwardViews("LayerNormForward", x, y));
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d,
+                           CheckLayerNormForward(desc, x.dtype, x, gamma, beta, y, mean, rstd));
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(kc::LayerNormForward(stream_, t, ToArgs(d), x.data, gamma.data, beta.data,
                                           d.eps, y.data, mean.as<float>(), rstd.as<float>()));
@@ -96,19 +75,9 @@ Status CudaDevice::LayerNormForward(const NormDesc& desc, Tensor x, Tensor gamma
 Status CudaDevice::LayerNormBackward(const NormDesc& desc, Tensor dy, Tensor x, Tensor gamma,
                                      Tensor mean, Tensor rstd, Tensor dx, Tensor dgamma,
                                      Tensor dbeta) {
-  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, ResolveNorm("LayerNormBackward", desc));
   AUTOPAR_ASSIGN_OR_RETURN(const kc::Storage t, ComputeStorage("LayerNormBackward", "x", x));
-  const std::int64_t nx = NormExtent(d, d.x_stride), ny = NormExtent(d, d.y_stride);
-  const std::int64_t stats = d.rows * d.vectors;
-  AUTOPAR_RETURN_IF_ERROR(CheckArgs("LayerNormBackward", {{"dy", dy, x.dtype, ny},
-                                                          {"x", x, x.dtype, nx},
-                                                          {"gamma", gamma, x.dtype, d.hidden},
-                                                          {"mean", mean, kF32, stats},
-                                                          {"rstd", rstd, kF32, stats},
-                                                          {"dx", dx, x.dtype, ny},
-                                                          {"dgamma", dgamma, kF32, d.hidden},
-                                                          {"dbeta", dbeta, kF32, d.hidden}}));
-  AUTOPAR_RETURN_IF_ERROR(CheckNormBackwardViews("LayerNormBackward", x, dy, dx));
+  AUTOPAR_ASSIGN_OR_RETURN(const NormDesc d, CheckLayerNormBackward(desc, x.dtype, dy, x, gamma,
+                                                                    mean, rstd, dx, dgamma, dbeta));
   AUTOPAR_RETURN_IF_ERROR(Activate());
   AUTOPAR_CHECK_CUDA(kc::LayerNormBackward(stream_, t, ToArgs(d), dy.data, x.data, gamma.data,
                                            mean.as<float>(), rstd.as<float>(), dx.data,
