@@ -11,6 +11,7 @@
 
 #include "autopar/device/platform.h"
 #include "tests/distributed/mpi_env.h"
+#include "tests/unit/device_test_util.h"
 
 namespace autopar::device::testing {
 namespace {
@@ -24,32 +25,12 @@ struct Split {
 const Split kSplits[] = {{"strided", [](int r) { return r % 2; }},
                          {"blocked", [](int r) { return r / 2; }}};
 
-class DistributedCollectives : public ::testing::Test {
+class DistributedCollectives : public test_util::DeviceDataTest {
  protected:
   void SetUp() override {
     if (World().size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
   }
-  Device& dev() { return TestPlatform().device(); }
-
-  Tensor Put(const std::vector<float>& host) {
-    StatusOr<Buffer> buf = dev().Allocate(static_cast<std::int64_t>(host.size()), DType::kF32);
-    EXPECT_TRUE(buf.ok());
-    buffers_.push_back(std::move(buf).value());
-    EXPECT_TRUE(dev().Upload(buffers_.back().tensor(), host).ok());
-    return buffers_.back().tensor();
-  }
-  Tensor Zeros(std::int64_t n) { return Put(std::vector<float>(static_cast<std::size_t>(n))); }
-  std::vector<float> Get(Tensor t) {
-    StatusOr<std::vector<float>> host = dev().Download<float>(t);
-    EXPECT_TRUE(host.ok());
-    return host.ok() ? *host : std::vector<float>{};
-  }
-  // This rank's data for a test, and the same for any other world rank.
-  static std::vector<float> Data(std::uint64_t seed, std::int64_t n, int world_rank) {
-    std::vector<float> v(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) v[i] = Value(seed, i, world_rank);
-    return v;
-  }
+  Device& dev() override { return TestPlatform().device(); }
 
   struct Connected {
     Group group;
@@ -62,8 +43,6 @@ class DistributedCollectives : public ::testing::Test {
     EXPECT_TRUE(comm.ok()) << comm.status().ToString();
     return Connected{std::move(group).value(), std::move(comm).value()};
   }
-
-  std::vector<Buffer> buffers_;
 };
 
 TEST_F(DistributedCollectives, SplitGroupsKnowTheirMembers) {

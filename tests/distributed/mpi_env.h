@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "autopar/device/group.h"
 #include "autopar/device/platform.h"
@@ -23,6 +24,13 @@ inline float Value(std::uint64_t seed, std::int64_t index, int rank) {
   const float u = kernels::ref::HashUniform(
       seed, static_cast<std::uint64_t>(rank) * 1000003u + static_cast<std::uint64_t>(index));
   return std::floor(u * 64.0f) / 8.0f;
+}
+
+// Rank `rank`'s n values of a test's data: any rank can compute any other's.
+inline std::vector<float> Data(std::uint64_t seed, std::int64_t n, int rank) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = Value(seed, i, rank);
+  return v;
 }
 
 }  // namespace autopar::device::testing

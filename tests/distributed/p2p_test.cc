@@ -10,11 +10,12 @@
 
 #include "autopar/device/platform.h"
 #include "tests/distributed/mpi_env.h"
+#include "tests/unit/device_test_util.h"
 
 namespace autopar::device::testing {
 namespace {
 
-class DistributedP2p : public ::testing::Test {
+class DistributedP2p : public test_util::DeviceDataTest {
  protected:
   void SetUp() override {
     StatusOr<std::unique_ptr<Collectives>> comm = TestPlatform().Connect(World());
@@ -22,33 +23,13 @@ class DistributedP2p : public ::testing::Test {
     comm_ = std::move(comm).value();
     if (comm_->size() < 2) GTEST_SKIP() << "needs at least 2 ranks";
   }
-  Device& dev() { return TestPlatform().device(); }
+  Device& dev() override { return TestPlatform().device(); }
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
   int next() const { return (rank() + 1) % size(); }
   int prev() const { return (rank() + size() - 1) % size(); }
 
-  Tensor Put(const std::vector<float>& host) {
-    StatusOr<Buffer> buf = dev().Allocate(static_cast<std::int64_t>(host.size()), DType::kF32);
-    EXPECT_TRUE(buf.ok());
-    buffers_.push_back(std::move(buf).value());
-    EXPECT_TRUE(dev().Upload(buffers_.back().tensor(), host).ok());
-    return buffers_.back().tensor();
-  }
-  Tensor Zeros(std::int64_t n) { return Put(std::vector<float>(static_cast<std::size_t>(n))); }
-  std::vector<float> Get(Tensor t) {
-    StatusOr<std::vector<float>> host = dev().Download<float>(t);
-    EXPECT_TRUE(host.ok());
-    return host.ok() ? *host : std::vector<float>{};
-  }
-  static std::vector<float> Data(std::uint64_t seed, std::int64_t n, int rank) {
-    std::vector<float> v(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) v[i] = Value(seed, i, rank);
-    return v;
-  }
-
   std::unique_ptr<Collectives> comm_;
-  std::vector<Buffer> buffers_;
 };
 
 TEST_F(DistributedP2p, BlockingPairsExchange) {

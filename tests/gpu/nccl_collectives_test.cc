@@ -12,7 +12,9 @@
 
 #include "autopar/device/cuda_platform.h"
 #include "autopar/device/group.h"
+#include "tests/gpu/gpu_ranks.h"
 #include "tests/unit/cuda_test_util.h"
+#include "tests/unit/device_test_util.h"
 
 namespace autopar::device {
 namespace {
@@ -20,23 +22,10 @@ namespace {
 using cuda_test::FromBf16Bits;
 using cuda_test::ToBf16Bits;
 
-// True on every rank iff every rank has a GPU of its own.
-bool AllRanksHaveAGpu() {
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local_size = 1;
-  MPI_Comm_size(node, &local_size);
-  MPI_Comm_free(&node);
-  int mine = CudaDeviceCount() >= local_size ? 1 : 0;
-  int all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all == 1;
-}
-
-class NcclCollectivesTest : public ::testing::Test {
+class NcclCollectivesTest : public test_util::DeviceDataTest {
  protected:
   void SetUp() override {
-    if (!AllRanksHaveAGpu()) GTEST_SKIP() << "needs one CUDA device per rank";
+    if (!EveryRankHasAGpu()) GTEST_SKIP() << "needs one CUDA device per rank";
     CudaPlatformOptions options;  // device from the local rank
     options.timeout_s = 30.0;
     StatusOr<std::unique_ptr<Platform>> platform = MakeCudaPlatform(options);
@@ -51,24 +40,12 @@ class NcclCollectivesTest : public ::testing::Test {
     size_ = comm_->size();
   }
   void TearDown() override {
-    buffers_.clear();
+    DeviceDataTest::TearDown();
     comm_.reset();  // before the platform's device
     platform_.reset();
   }
 
-  Device& dev() { return platform_->device(); }
-  Tensor Put(const std::vector<float>& host) {
-    StatusOr<Buffer> buf = dev().Allocate(static_cast<std::int64_t>(host.size()), DType::kF32);
-    EXPECT_TRUE(buf.ok());
-    buffers_.push_back(std::move(buf).value());
-    EXPECT_TRUE(dev().Upload(buffers_.back().tensor(), host).ok());
-    return buffers_.back().tensor();
-  }
-  std::vector<float> Get(Tensor t) {
-    StatusOr<std::vector<float>> host = dev().Download<float>(t);
-    EXPECT_TRUE(host.ok()) << host.status().ToString();
-    return host.ok() ? *host : std::vector<float>{};
-  }
+  Device& dev() override { return platform_->device(); }
   // Element i of rank r's data: a pure function, so every rank knows every other's.
   static float Value(int r, std::int64_t i) {
     return static_cast<float>(std::int64_t{r} * 1000 + i);
@@ -81,7 +58,6 @@ class NcclCollectivesTest : public ::testing::Test {
 
   std::unique_ptr<Platform> platform_;
   std::unique_ptr<Collectives> comm_;
-  std::vector<Buffer> buffers_;
   int rank_ = 0;
   int size_ = 1;
 };

@@ -14,24 +14,13 @@
 #include "autopar/device/cuda_platform.h"
 #include "autopar/device/group.h"
 #include "autopar/device/timer.h"
+#include "tests/gpu/gpu_ranks.h"
+#include "tests/unit/device_test_util.h"
 
 namespace autopar::device {
 namespace {
 
-// True on every rank iff every rank has a GPU of its own.
-bool EveryRankHasAGpu() {
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local_size = 1;
-  MPI_Comm_size(node, &local_size);
-  MPI_Comm_free(&node);
-  int mine = CudaDeviceCount() >= local_size ? 1 : 0;
-  int all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all == 1;
-}
-
-class NcclSplitTest : public ::testing::Test {
+class NcclSplitTest : public test_util::DeviceDataTest {
  protected:
   void SetUp() override {
     if (!EveryRankHasAGpu()) GTEST_SKIP() << "needs one CUDA device per rank";
@@ -45,17 +34,10 @@ class NcclSplitTest : public ::testing::Test {
     world_ = std::move(world).value();
   }
   void TearDown() override {
-    buffers_.clear();
+    DeviceDataTest::TearDown();
     platform_.reset();
   }
-  Device& dev() { return platform_->device(); }
-  Tensor Put(const std::vector<float>& host) {
-    StatusOr<Buffer> buf = dev().Allocate(static_cast<std::int64_t>(host.size()), DType::kF32);
-    EXPECT_TRUE(buf.ok());
-    buffers_.push_back(std::move(buf).value());
-    EXPECT_TRUE(dev().Upload(buffers_.back().tensor(), host).ok());
-    return buffers_.back().tensor();
-  }
+  Device& dev() override { return platform_->device(); }
   // The sum over `group` of rank + 1, checked through an all-reduce on `c`.
   void ExpectSumOfRanks(Collectives& c, const Group& group) {
     const Tensor t = Put({static_cast<float>(world_.rank() + 1)});
@@ -69,7 +51,6 @@ class NcclSplitTest : public ::testing::Test {
 
   std::unique_ptr<Platform> platform_;
   Group world_;
-  std::vector<Buffer> buffers_;
 };
 
 TEST_F(NcclSplitTest, SplitGroupsWorkAndAreReusedByMembers) {

@@ -12,6 +12,7 @@
 
 #include "kernels/attention.h"
 #include "tests/unit/cuda_test_util.h"
+#include "tests/unit/device_test_util.h"
 
 namespace autopar::device {
 namespace {
@@ -21,43 +22,8 @@ using cuda_test::CudaTest;
 using cuda_test::Random;
 using cuda_test::Stored;
 using cuda_test::ToDouble;
-
-kernels::ref::AttentionShape ToShape(const AttentionDesc& d) {
-  kernels::ref::AttentionShape s;
-  s.batch = d.batch;
-  s.heads_q = d.heads_q;
-  s.heads_kv = d.heads_kv;
-  s.head_dim = d.head_dim;
-  s.seq_q = d.seq_q;
-  s.seq_kv = d.seq_kv;
-  s.causal = d.causal;
-  s.q_offset = d.q_offset;
-  s.kv_offset = d.kv_offset;
-  s.scale = d.scale;
-  s.q_stride = d.q_stride;
-  s.kv_stride = d.kv_stride;
-  return s;
-}
-
-AttentionDesc Desc(std::int64_t batch, std::int64_t hq, std::int64_t hkv, std::int64_t dim,
-                   std::int64_t sq, std::int64_t skv, bool causal, std::int64_t q_off = 0,
-                   std::int64_t kv_off = 0, std::int64_t pad = 0) {
-  AttentionDesc d;
-  d.batch = batch;
-  d.heads_q = hq;
-  d.heads_kv = hkv;
-  d.head_dim = dim;
-  d.seq_q = sq;
-  d.seq_kv = skv;
-  d.causal = causal;
-  d.q_offset = q_off;
-  d.kv_offset = kv_off;
-  if (pad) {  // q, k, v as views into a fused [tokens, (hq + 2 hkv) * dim + pad] buffer
-    d.q_stride = (hq + 2 * hkv) * dim + pad;
-    d.kv_stride = d.q_stride;
-  }
-  return d;
-}
+using test_util::Desc;
+using test_util::ToShape;
 
 struct Case {
   const char* name;

@@ -13,6 +13,7 @@
 
 #include "src/device/cuda/cuda_check.h"
 #include "src/device/cuda/cudnn_attention_plan.h"
+#include "tests/unit/device_test_util.h"
 
 namespace autopar::device {
 namespace {
@@ -21,16 +22,7 @@ AttentionDesc Resolved(std::int64_t batch, std::int64_t hq, std::int64_t hkv, st
                        std::int64_t sq, std::int64_t skv, bool causal, std::int64_t q_off = 0,
                        std::int64_t kv_off = 0, std::int64_t q_stride = 0,
                        std::int64_t kv_stride = 0) {
-  AttentionDesc d;
-  d.batch = batch;
-  d.heads_q = hq;
-  d.heads_kv = hkv;
-  d.head_dim = dim;
-  d.seq_q = sq;
-  d.seq_kv = skv;
-  d.causal = causal;
-  d.q_offset = q_off;
-  d.kv_offset = kv_off;
+  AttentionDesc d = test_util::Desc(batch, hq, hkv, dim, sq, skv, causal, q_off, kv_off);
   d.scale = 0.125f;
   d.q_stride = q_stride ? q_stride : hq * dim;
   d.kv_stride = kv_stride ? kv_stride : hkv * dim;

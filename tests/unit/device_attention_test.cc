@@ -13,31 +13,18 @@
 #include "autopar/device/platform.h"
 #include "kernels/attention.h"
 #include "kernels/init.h"
+#include "tests/unit/device_test_util.h"
 
 namespace autopar::device {
 namespace {
+
+using test_util::Desc;
+using test_util::ToShape;
 
 std::vector<float> Random(std::uint64_t seed, std::int64_t n, float scale = 1.0f) {
   std::vector<float> v(static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = scale * kernels::ref::HashUniform(seed, i);
   return v;
-}
-
-kernels::ref::AttentionShape ToShape(const AttentionDesc& d) {
-  kernels::ref::AttentionShape s;
-  s.batch = d.batch;
-  s.heads_q = d.heads_q;
-  s.heads_kv = d.heads_kv;
-  s.head_dim = d.head_dim;
-  s.seq_q = d.seq_q;
-  s.seq_kv = d.seq_kv;
-  s.causal = d.causal;
-  s.q_offset = d.q_offset;
-  s.kv_offset = d.kv_offset;
-  s.scale = d.scale;
-  s.q_stride = d.q_stride;
-  s.kv_stride = d.kv_stride;
-  return s;
 }
 
 // Host data of one attention problem and its double-precision reference answers.
@@ -70,7 +57,7 @@ struct Problem {
   std::vector<double> out, lse, dq, dk, dv;
 };
 
-class DeviceAttention : public ::testing::Test {
+class DeviceAttention : public test_util::DeviceDataTest {
  protected:
   void MakePlatform(std::int64_t block_q, std::int64_t block_kv) {
     CpuPlatformOptions options;
@@ -80,24 +67,9 @@ class DeviceAttention : public ::testing::Test {
     ASSERT_TRUE(platform.ok()) << platform.status().ToString();
     platform_ = std::move(platform).value();
   }
-  Device& dev() { return platform_->device(); }
-
-  Tensor Put(const std::vector<float>& host) {
-    StatusOr<Buffer> buf = dev().Allocate(static_cast<std::int64_t>(host.size()), DType::kF32);
-    EXPECT_TRUE(buf.ok());
-    buffers_.push_back(std::move(buf).value());
-    EXPECT_TRUE(dev().Upload(buffers_.back().tensor(), host).ok());
-    return buffers_.back().tensor();
-  }
-  Tensor Zeros(std::int64_t n) { return Put(std::vector<float>(static_cast<std::size_t>(n))); }
-  std::vector<float> Get(Tensor t) {
-    StatusOr<std::vector<float>> host = dev().Download<float>(t);
-    EXPECT_TRUE(host.ok());
-    return host.ok() ? *host : std::vector<float>{};
-  }
+  Device& dev() override { return platform_->device(); }
 
   std::unique_ptr<Platform> platform_;
-  std::vector<Buffer> buffers_;
 };
 
 void ExpectClose(const std::vector<float>& actual, const std::vector<double>& expected, double tol,
@@ -122,26 +94,6 @@ struct Case {
 
 // Names the case in failure messages instead of dumping its bytes.
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
-AttentionDesc Desc(std::int64_t batch, std::int64_t hq, std::int64_t hkv, std::int64_t dim,
-                   std::int64_t sq, std::int64_t skv, bool causal, std::int64_t q_off = 0,
-                   std::int64_t kv_off = 0, std::int64_t pad = 0) {
-  AttentionDesc d;
-  d.batch = batch;
-  d.heads_q = hq;
-  d.heads_kv = hkv;
-  d.head_dim = dim;
-  d.seq_q = sq;
-  d.seq_kv = skv;
-  d.causal = causal;
-  d.q_offset = q_off;
-  d.kv_offset = kv_off;
-  if (pad) {  // q, k, v as views into a fused [tokens, (hq + 2 hkv) * dim + pad] buffer
-    d.q_stride = (hq + 2 * hkv) * dim + pad;
-    d.kv_stride = d.q_stride;
-  }
-  return d;
-}
 
 class DeviceAttentionVsReference : public DeviceAttention,
                                    public ::testing::WithParamInterface<Case> {};

@@ -9,11 +9,12 @@
 
 #include "autopar/device/platform.h"
 #include "kernels/init.h"
+#include "tests/unit/device_test_util.h"
 
 namespace autopar::device {
 namespace {
 
-class DeviceGemm : public ::testing::Test {
+class DeviceGemm : public test_util::DeviceDataTest {
  protected:
   void SetUp() override {
     StatusOr<std::unique_ptr<Platform>> platform = MakeCpuPlatform(CpuPlatformOptions{});
@@ -21,24 +22,9 @@ class DeviceGemm : public ::testing::Test {
     platform_ = std::move(platform).value();
   }
 
-  // A device tensor holding `host`.
-  Tensor Put(const std::vector<float>& host) {
-    StatusOr<Buffer> buf =
-        platform_->device().Allocate(static_cast<std::int64_t>(host.size()), DType::kF32);
-    EXPECT_TRUE(buf.ok());
-    buffers_.push_back(std::move(buf).value());
-    EXPECT_TRUE(platform_->device().Upload(buffers_.back().tensor(), host).ok());
-    return buffers_.back().tensor();
-  }
-
-  std::vector<float> Get(Tensor t) {
-    StatusOr<std::vector<float>> host = platform_->device().Download<float>(t);
-    EXPECT_TRUE(host.ok());
-    return host.ok() ? *host : std::vector<float>{};
-  }
+  Device& dev() override { return platform_->device(); }
 
   std::unique_ptr<Platform> platform_;
-  std::vector<Buffer> buffers_;
 };
 
 std::vector<float> Random(std::uint64_t seed, std::size_t n) {
@@ -91,7 +77,7 @@ TEST_F(DeviceGemm, AllTransposesWithPaddedLeadingDimensionsAndBatches) {
       const std::vector<float> b = Random(2, d.batch * d.stride_b);
       const std::vector<float> c = Random(3, d.batch * d.stride_c);
       const Tensor ta_dev = Put(a), tb_dev = Put(b), tc_dev = Put(c);
-      ASSERT_TRUE(platform_->device().Gemm(d, ta_dev, tb_dev, tc_dev).ok());
+      ASSERT_TRUE(dev().Gemm(d, ta_dev, tb_dev, tc_dev).ok());
       const std::vector<float> expected = NaiveGemm(d, a, b, c);
       const std::vector<float> actual = Get(tc_dev);
       for (std::size_t i = 0; i < expected.size(); ++i) {
@@ -108,7 +94,7 @@ TEST_F(DeviceGemm, BetaZeroIgnoresGarbageInC) {
   d.k = 2;
   const Tensor a = Put({1, 2, 3, 4}), b = Put({1, 0, 0, 1});
   const Tensor c = Put(std::vector<float>(4, std::numeric_limits<float>::quiet_NaN()));
-  ASSERT_TRUE(platform_->device().Gemm(d, a, b, c).ok());
+  ASSERT_TRUE(dev().Gemm(d, a, b, c).ok());
   EXPECT_EQ(Get(c), (std::vector<float>{1, 2, 3, 4}));
 }
 
@@ -119,15 +105,15 @@ TEST_F(DeviceGemm, RejectsViewsTooSmallAndWrongDtypes) {
   d.k = 4;
   const Tensor a = Put(std::vector<float>(16)), b = Put(std::vector<float>(15));
   const Tensor c = Put(std::vector<float>(16));
-  const Status small = platform_->device().Gemm(d, a, b, c);
+  const Status small = dev().Gemm(d, a, b, c);
   EXPECT_EQ(small.outcome(), Outcome::kInvalid);
   EXPECT_NE(small.message().find("`b` has 15 elements, needs 16"), std::string::npos)
       << small.message();
   Tensor as_int = a;
   as_int.dtype = DType::kI32;
-  EXPECT_EQ(platform_->device().Gemm(d, as_int, a, c).outcome(), Outcome::kInvalid);
+  EXPECT_EQ(dev().Gemm(d, as_int, a, c).outcome(), Outcome::kInvalid);
   d.lda = 2;  // shorter than a row of A
-  EXPECT_EQ(platform_->device().Gemm(d, a, a, c).outcome(), Outcome::kInvalid);
+  EXPECT_EQ(dev().Gemm(d, a, a, c).outcome(), Outcome::kInvalid);
 }
 
 }  // namespace

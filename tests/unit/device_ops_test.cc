@@ -17,6 +17,7 @@
 #include "kernels/init.h"
 #include "kernels/norms.h"
 #include "kernels/rope.h"
+#include "tests/unit/device_test_util.h"
 
 namespace autopar::device {
 namespace {
@@ -30,32 +31,16 @@ std::vector<float> Random(std::uint64_t seed, std::int64_t n, float scale = 1.0f
   return v;
 }
 
-class DeviceOps : public ::testing::Test {
+class DeviceOps : public test_util::DeviceDataTest {
  protected:
   void SetUp() override {
     StatusOr<std::unique_ptr<Platform>> platform = MakeCpuPlatform(CpuPlatformOptions{});
     ASSERT_TRUE(platform.ok()) << platform.status().ToString();
     platform_ = std::move(platform).value();
   }
-  Device& dev() { return platform_->device(); }
-
-  template <typename T>
-  Tensor Put(const std::vector<T>& host) {
-    StatusOr<Buffer> buf = dev().Allocate(static_cast<std::int64_t>(host.size()), DTypeOf<T>());
-    EXPECT_TRUE(buf.ok());
-    buffers_.push_back(std::move(buf).value());
-    EXPECT_TRUE(dev().Upload(buffers_.back().tensor(), host).ok());
-    return buffers_.back().tensor();
-  }
-  Tensor Zeros(std::int64_t n) { return Put(std::vector<float>(static_cast<std::size_t>(n))); }
-  std::vector<float> Get(Tensor t) {
-    StatusOr<std::vector<float>> host = dev().Download<float>(t);
-    EXPECT_TRUE(host.ok());
-    return host.ok() ? *host : std::vector<float>{};
-  }
+  Device& dev() override { return platform_->device(); }
 
   std::unique_ptr<Platform> platform_;
-  std::vector<Buffer> buffers_;
 };
 
 TEST_F(DeviceOps, NormsMatchReference) {
