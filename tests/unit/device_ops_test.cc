@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -76,6 +77,62 @@ TEST_F(DeviceOps, NormsMatchReference) {
 
   const Status bad = dev().RmsNormForward(NormDesc{4, 32, 1e-5f}, tx, tg, ty, tr);
   EXPECT_EQ(bad.outcome(), Outcome::kInvalid);
+}
+
+// Every operand of every norm op is checked before anything runs: one element short, or of
+// another dtype, it is refused as kInvalid by the op's name and its own.
+TEST_F(DeviceOps, NormsRefuseEachOperandByName) {
+  const NormDesc d{4, 16, 1e-5f};
+  using Args = std::vector<Tensor>;
+  struct Op {
+    const char* name;
+    std::vector<const char*> operands;
+    std::vector<std::int64_t> sizes;
+    std::function<Status(const Args&)> call;
+  };
+  const std::vector<Op> ops = {
+      {"RmsNormForward",
+       {"x", "gamma", "y", "rstd"},
+       {64, 16, 64, 4},
+       [&](const Args& t) { return dev().RmsNormForward(d, t[0], t[1], t[2], t[3]); }},
+      {"RmsNormBackward",
+       {"dy", "x", "gamma", "rstd", "dx", "dgamma"},
+       {64, 64, 16, 4, 64, 16},
+       [&](const Args& t) { return dev().RmsNormBackward(d, t[0], t[1], t[2], t[3], t[4], t[5]); }},
+      {"LayerNormForward",
+       {"x", "gamma", "beta", "y", "mean", "rstd"},
+       {64, 16, 16, 64, 4, 4},
+       [&](const Args& t) {
+         return dev().LayerNormForward(d, t[0], t[1], t[2], t[3], t[4], t[5]);
+       }},
+      {"LayerNormBackward",
+       {"dy", "x", "gamma", "mean", "rstd", "dx", "dgamma", "dbeta"},
+       {64, 64, 16, 4, 4, 64, 16, 16},
+       [&](const Args& t) {
+         return dev().LayerNormBackward(d, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]);
+       }},
+  };
+  for (const Op& op : ops) {
+    Args good;
+    for (std::int64_t n : op.sizes) good.push_back(Put(Random(good.size() + 1, n, 1.0f, 0.5f)));
+    const Status ok = op.call(good);
+    ASSERT_TRUE(ok.ok()) << op.name << ": " << ok.ToString();
+    for (std::size_t i = 0; i < good.size(); ++i) {
+      const std::string named = std::string(op.name) + ": `" + op.operands[i] + "` ";
+      Args args = good;
+      args[i] = good[i].Slice(0, op.sizes[i] - 1);
+      const Status short_one = op.call(args);
+      EXPECT_EQ(short_one.outcome(), Outcome::kInvalid) << named;
+      EXPECT_NE(short_one.message().find(named + "has " + std::to_string(op.sizes[i] - 1)),
+                std::string::npos)
+          << short_one.message();
+      args[i] = Put(std::vector<std::int32_t>(static_cast<std::size_t>(op.sizes[i])));
+      const Status retyped = op.call(args);
+      EXPECT_EQ(retyped.outcome(), Outcome::kInvalid) << named;
+      EXPECT_NE(retyped.message().find(named + "is i32, expected f32"), std::string::npos)
+          << retyped.message();
+    }
+  }
 }
 
 // qk-layernorm's layout through the Device API: 2 heads of 8 per row, x rows 20 apart, y (dy, dx)
