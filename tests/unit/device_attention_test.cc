@@ -57,19 +57,15 @@ struct Problem {
   std::vector<double> out, lse, dq, dk, dv;
 };
 
-class DeviceAttention : public test_util::DeviceDataTest {
+class DeviceAttention : public test_util::CpuDeviceTest {
  protected:
+  // A platform whose blockwise attention takes tiles of block_q queries by block_kv keys.
   void MakePlatform(std::int64_t block_q, std::int64_t block_kv) {
     CpuPlatformOptions options;
     options.attention_block_q = block_q;
     options.attention_block_kv = block_kv;
-    StatusOr<std::unique_ptr<Platform>> platform = MakeCpuPlatform(options);
-    ASSERT_TRUE(platform.ok()) << platform.status().ToString();
-    platform_ = std::move(platform).value();
+    UsePlatform(options);
   }
-  Device& dev() override { return platform_->device(); }
-
-  std::unique_ptr<Platform> platform_;
 };
 
 void ExpectClose(const std::vector<float>& actual, const std::vector<double>& expected, double tol,

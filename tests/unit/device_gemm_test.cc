@@ -14,18 +14,7 @@
 namespace autopar::device {
 namespace {
 
-class DeviceGemm : public test_util::DeviceDataTest {
- protected:
-  void SetUp() override {
-    StatusOr<std::unique_ptr<Platform>> platform = MakeCpuPlatform(CpuPlatformOptions{});
-    ASSERT_TRUE(platform.ok()) << platform.status().ToString();
-    platform_ = std::move(platform).value();
-  }
-
-  Device& dev() override { return platform_->device(); }
-
-  std::unique_ptr<Platform> platform_;
-};
+using DeviceGemm = test_util::CpuDeviceTest;
 
 std::vector<float> Random(std::uint64_t seed, std::size_t n) {
   std::vector<float> v(n);

@@ -32,17 +32,7 @@ std::vector<float> Random(std::uint64_t seed, std::int64_t n, float scale = 1.0f
   return v;
 }
 
-class DeviceOps : public test_util::DeviceDataTest {
- protected:
-  void SetUp() override {
-    StatusOr<std::unique_ptr<Platform>> platform = MakeCpuPlatform(CpuPlatformOptions{});
-    ASSERT_TRUE(platform.ok()) << platform.status().ToString();
-    platform_ = std::move(platform).value();
-  }
-  Device& dev() override { return platform_->device(); }
-
-  std::unique_ptr<Platform> platform_;
-};
+using DeviceOps = test_util::CpuDeviceTest;
 
 TEST_F(DeviceOps, NormsMatchReference) {
   const NormDesc d{4, 16, 1e-5f};

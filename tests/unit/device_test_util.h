@@ -7,11 +7,13 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "autopar/device/device.h"
 #include "autopar/device/ops.h"
+#include "autopar/device/platform.h"
 #include "kernels/attention.h"
 
 namespace autopar::device::test_util {
@@ -48,6 +50,22 @@ class DeviceDataTest : public ::testing::Test {
   }
 
   std::vector<Buffer> buffers_;
+};
+
+// A DeviceDataTest on a CPU platform of its own. SetUp builds it with the default options; a test
+// that needs others calls UsePlatform before its first Put.
+class CpuDeviceTest : public DeviceDataTest {
+ protected:
+  void SetUp() override { UsePlatform(CpuPlatformOptions{}); }
+  void UsePlatform(const CpuPlatformOptions& options) {
+    ASSERT_TRUE(buffers_.empty()) << "the buffers would outlive the platform they came from";
+    StatusOr<std::unique_ptr<Platform>> platform = MakeCpuPlatform(options);
+    ASSERT_TRUE(platform.ok()) << platform.status().ToString();
+    platform_ = std::move(platform).value();
+  }
+  Device& dev() override { return platform_->device(); }
+
+  std::unique_ptr<Platform> platform_;
 };
 
 // The host reference's description of the same attention problem.
