@@ -127,7 +127,7 @@ class Source:
     flex_dispatcher: bool = False  # --moe-token-dispatcher-type flex (DeepEP) where ep > 1
     not_modelled: str = ""         # a source-wide reason no row of it can be expressed
     vpp: object = None             # row -> virtual stages, where the source's text gives them
-    cp_not_modelled: str = ""      # why its rows with cp > 1 cannot be expressed
+    cp_allgather: bool = False     # cp by all-gathered K and V (--cp-comm-type all_gather)
 
 
 SOURCES = {
@@ -188,13 +188,13 @@ SOURCES = {
     # first stage has only the embedding, and the last model chunk on the last stage has only
     # output projection and loss calculation": chunks of one layer, the embedding and the loss
     # counted (Megatron's --account-for-embedding/loss-in-pipeline-split), so pp·V = layers + 2.
-    # Its context parallelism all-gathers K and V (§3.3.2), which the model does not express.
+    # Its context parallelism all-gathers K and V (§3.3.2: "all-gather based method ... we first
+    # all-gather the key (K) and value (V) tensors"), Megatron's --cp-comm-type all_gather.
     "LLAMA3_T4": Source(
         "2024", "tflops", STACK_2024 + ["--bf16"], preset=True,
         flops=lambda r: megatron_flops(r, swiglu=True), mbs=1, sp_when_tp=True, dist_opt="on",
         counted_split=True, vpp=lambda r: (int(r["layers"]) + 2) // int(r["pp"]),
-        cp_not_modelled="context parallelism by an all-gather of K and V (the paper's §3.3.2; "
-                        "Megatron's --cp-comm-type allgather) is not modelled"),
+        cp_allgather=True),
     # Megatron-core MoE model zoo, Qwen3-235B-A22B long context: Megatron-core of 2025-2026 counts
     # the causal half of the scores. Recipe (model_configs/benchmarking/Qwen3-235B-A22B.yaml):
     # kv_channels 128, qk-layernorm, --expert-tensor-parallel-size 1, sequence parallel,
@@ -304,8 +304,6 @@ def config_of(row, src):
     if vpp is None:
         reasons.append(f"vpp '{row['vpp']}': the number of virtual stages is not stated")
         vpp = 1
-    if cp > 1 and src.cp_not_modelled:
-        reasons.append(src.cp_not_modelled)
     layers = int(row["layers"])
     counted = 2 if src.counted_split and vpp > 1 else 0  # the embedding and the loss
     if pp * vpp > layers + counted:
@@ -323,7 +321,8 @@ def config_of(row, src):
     mbs = num(row["mbs"]) or src.mbs or gbs // dp
     spec = f"tp={tp},pp={pp},dp={dp},"
     if src.era != "2020-2022":
-        spec += f"cp={cp},ep={ep},"
+        spec += f"cp={cp}," + ("cp_comm=allgather," if cp > 1 and src.cp_allgather else "")
+        spec += f"ep={ep},"
     if ep > 1 and etp and etp != tp:
         spec += f"etp={etp},"
     if ep > 1 and src.flex_dispatcher:

@@ -112,7 +112,7 @@ const FlagGroup kMegatronParallel = {
         Megatron("--tensor-model-parallel-size", "N"),
         Megatron("--pipeline-model-parallel-size", "N"),
         Megatron("--context-parallel-size", "N"),
-        Megatron("--cp-comm-type", "p2p|a2a|a2a+p2p"),
+        Megatron("--cp-comm-type", "p2p|a2a|a2a+p2p|all_gather"),
         Megatron("--hierarchical-context-parallel-sizes", "UP CP"),
         Megatron("--expert-model-parallel-size", "N"),
         Megatron("--virtual-pipeline-model-parallel-size", "N"),

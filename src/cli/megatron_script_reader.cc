@@ -17,7 +17,10 @@ namespace {
 // into our ring (cp) and Ulysses (up) degrees by its communication type
 // (megatron/training/arguments.py, megatron/core/model_parallel_config.py): p2p, the default, is
 // the ring; a2a is Ulysses; a2a+p2p is both, --hierarchical-context-parallel-sizes giving the a2a
-// group's size and then the p2p group's (Megatron asserts that they multiply to the cp size).
+// group's size and then the p2p group's (Megatron asserts that they multiply to the cp size);
+// all_gather is the ring's split with K and V all-gathered (cp_allgather). Megatron passes the
+// value to Transformer Engine as given, which knows all_gather, not the "allgather" of
+// arguments.py's help.
 void SplitContextParallel(const std::vector<std::string>& comm_types,
                           const std::vector<std::string>& hierarchical, ParallelConfig& c) {
   const std::string comm_flag = "--cp-comm-type",
@@ -46,7 +49,9 @@ void SplitContextParallel(const std::vector<std::string>& comm_types,
                                      " but --context-parallel-size is " + std::to_string(c.cp));
   }
   if (type == "p2p") return;  // the ring: cp as read, up = 1
-  if (type == "a2a") {
+  if (type == "all_gather") {
+    c.cp_allgather = c.cp > 1;
+  } else if (type == "a2a") {
     c.up = c.cp;
     c.cp = 1;
   } else if (type == "a2a+p2p") {
@@ -58,8 +63,12 @@ void SplitContextParallel(const std::vector<std::string>& comm_types,
     c.up = sizes[0];
     c.cp = sizes[1];
   } else {
-    throw InputError(comm_flag, std::string("allowed: p2p, a2a, a2a+p2p (all-gather context ") +
-                                    "parallelism is not modelled); got '" + type + "'");
+    throw InputError(
+        comm_flag,
+        "allowed: p2p, a2a, a2a+p2p, all_gather; got '" + type + "'" +
+            (type == "allgather" ? " (Megatron-LM passes it to Transformer Engine as given, which "
+                                   "takes all_gather and raises 'Unsupported communication type')"
+                                 : ""));
   }
 }
 

@@ -233,8 +233,11 @@ std::string MegatronFlags(const ParallelConfig& c, const ModelSpec& model, const
   // --cp-comm-type says how attention crosses it: p2p (the default) is the ring, a2a is Ulysses,
   // a2a+p2p is Ulysses inside rings, with --hierarchical-context-parallel-sizes listing the a2a
   // group's size first (megatron/core/model_parallel_config.py; the a2a groups are the
-  // consecutive ranks of the cp group, up next to tp as in our rank order).
+  // consecutive ranks of the cp group, up next to tp as in our rank order); all_gather gathers K
+  // and V over the ring's group instead, spelt as Transformer Engine compares it (Megatron passes
+  // the value through; its help's "allgather" raises TE's "Unsupported communication type").
   if (c.cp * c.up > 1) f << " --context-parallel-size " << c.cp * c.up;
+  if (c.cp_allgather) f << " --cp-comm-type all_gather";
   if (c.up > 1 && c.cp == 1) f << " --cp-comm-type a2a";
   if (c.up > 1 && c.cp > 1) {
     f << " --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes " << c.up << ' ' << c.cp;
@@ -303,7 +306,10 @@ std::vector<BridgeOverride> BridgeOverrides(const ParallelConfig& c, const Model
   // Context parallelism as in MegatronFlags: size cp·up, the comm type says ring, Ulysses or both.
   number("model.context_parallel_size", int64_t{c.cp} * c.up);
   if (c.cp * c.up > 1) {
-    add("model.cp_comm_type", c.up == 1 ? "p2p" : c.cp == 1 ? "a2a" : "a2a+p2p");
+    add("model.cp_comm_type", c.cp_allgather ? "all_gather"
+                              : c.up == 1    ? "p2p"
+                              : c.cp == 1    ? "a2a"
+                                             : "a2a+p2p");
   }
   if (c.up > 1 && c.cp > 1) {
     o.push_back({"model.hierarchical_context_parallel_sizes",

@@ -16,6 +16,7 @@ pb::ParallelConfig ToProto(const ParallelConfig& c) {
   p.set_split_embedding(c.split_embedding);
   p.set_split_loss(c.split_loss);
   p.set_flex_dispatcher(c.flex_dispatcher);
+  p.set_cp_allgather(c.cp_allgather);
   p.set_vpp(c.vpp);
   p.set_mbs(c.mbs);
   p.set_sp(c.sp);
@@ -46,6 +47,7 @@ ParallelConfig FromProto(const pb::ParallelConfig& p) {
   c.split_embedding = p.split_embedding();
   c.split_loss = p.split_loss();
   c.flex_dispatcher = p.flex_dispatcher();
+  c.cp_allgather = p.cp_allgather();
   c.vpp = p.vpp();
   c.mbs = p.mbs();
   c.sp = p.sp();

@@ -73,6 +73,12 @@ class RowReader {
     if (text == "flex") return true;
     Fail("dispatcher", "allowed: alltoall, flex (empty: alltoall); got '" + text + "'");
   }
+  // Empty → the ring's p2p; SPEC's cp_comm values.
+  bool CpAllgather(const std::string& text) const {
+    if (text.empty() || text == "p2p") return false;
+    if (text == "allgather") return true;
+    Fail("cp_comm", "allowed: p2p, allgather (empty: p2p); got '" + text + "'");
+  }
   // Empty → selective recompute's default (core_attn alone); otherwise SPEC's recompute_modules,
   // which only selective recompute takes.
   uint8_t RecomputeModules(Recompute recompute, const std::string& text) const {
@@ -203,6 +209,7 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
       c.recompute_modules = r.RecomputeModules(c.recompute, cell("recompute_modules"));
     }
     if (column.count("dispatcher")) c.flex_dispatcher = r.FlexDispatcher(cell("dispatcher"));
+    if (column.count("cp_comm")) c.cp_allgather = r.CpAllgather(cell("cp_comm"));
 
     const auto status = search::ParseOutcome(cell("status"));
     if (!status) {
@@ -263,8 +270,10 @@ std::string ReplayTable::ToCsv() const {
   // pp_last columns, only where some row's pipeline stages are uneven, the split_embedding and
   // split_loss columns, only where some row counts the embedding or the loss in its split, the
   // recompute_modules column, only where some row's selective recompute reruns more than
-  // core_attn, and the dispatcher column, only where some row dispatches by flex.
-  bool noisy = false, etp = false, uneven = false, counted = false, modules = false, flex = false;
+  // core_attn, the dispatcher column, only where some row dispatches by flex, and the cp_comm
+  // column, only where some row gathers K and V.
+  bool noisy = false, etp = false, uneven = false, counted = false, modules = false, flex = false,
+       allgather = false;
   for (const ReplayRow& r : rows_) {
     noisy = noisy || r.noise_sd > 0;
     etp = etp || r.config.etp != 0;
@@ -272,6 +281,7 @@ std::string ReplayTable::ToCsv() const {
     counted = counted || r.config.split_embedding || r.config.split_loss;
     modules = modules || r.config.recompute_modules != 0;
     flex = flex || r.config.flex_dispatcher;
+    allgather = allgather || r.config.cp_allgather;
   }
   std::string out =
       "tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,step_time_s,"
@@ -281,6 +291,7 @@ std::string ReplayTable::ToCsv() const {
   out += counted ? ",split_embedding,split_loss" : "";
   out += modules ? ",recompute_modules" : "";
   out += flex ? ",dispatcher" : "";
+  out += allgather ? ",cp_comm" : "";
   out += noisy ? ",noise_sd\n" : "\n";
   char line[256];
   auto number = [](double v) {
@@ -316,6 +327,10 @@ std::string ReplayTable::ToCsv() const {
     if (flex) {
       out.back() = ',';
       out += std::string(c.flex_dispatcher ? "flex" : "alltoall") + "\n";
+    }
+    if (allgather) {
+      out.back() = ',';
+      out += std::string(c.cp_allgather ? "allgather" : "p2p") + "\n";
     }
     if (noisy) {
       out.back() = ',';

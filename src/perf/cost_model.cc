@@ -271,7 +271,9 @@ double CostModel::ContextWorkspaceBytes(const ParallelConfig& c, double tokens, 
                                         double tp_heads, double tp_kv) const {
   // The sequence-split attention's workspaces (ContextAttention): the Ulysses send and receive
   // buffers and the head-sharded output and QKV gradients; the ring's K/V blocks (the own one,
-  // two in flight) and their gradients (two being summed, one arriving), and a merge buffer.
+  // two in flight) and their gradients (two being summed, one arriving), or with all-gathered K
+  // and V the own block and its gradient and every rank's three ways (as gathered, in sequence
+  // order, their gradients); and a merge buffer.
   const double up = c.up;
   double context_ws = 0;
   if (c.cp > 1 || c.up > 1) {
@@ -279,7 +281,10 @@ double CostModel::ContextWorkspaceBytes(const ParallelConfig& c, double tokens, 
     const double kv_cols = 2 * d * tp_kv / up;
     context_ws = rows * ul_cols;
     if (c.up > 1) context_ws += 2 * rows * ul_cols + rows * d * tp_heads / up;
-    if (c.cp > 1) context_ws += 6 * rows * kv_cols + rows / 2 * d * tp_heads / up;
+    if (c.cp > 1) {
+      const double kv_blocks = c.cp_allgather ? 2 + 3.0 * c.cp : 6;
+      context_ws += kv_blocks * rows * kv_cols + rows / 2 * d * tp_heads / up;
+    }
     if (c.up > 1 && c.Recomputes(kRecomputeCoreAttn)) context_ws += tokens * d * tp_heads;
     context_ws *= element_bytes_;
   }

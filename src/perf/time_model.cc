@@ -176,9 +176,13 @@ LayerShape CostModel::ShapeOf(const ParallelConfig& c) const {
                        : 1.0;
   // The keys one attention kernel call iterates over: the whole sequence without CP; with the
   // ring's load-balanced halves (Transformer Engine's AttnFuncWithCP), every step's kernel pairs
-  // the rank's s/cp rows with one half-chunk of s/(2·cp) (or the reverse); a windowed layer's
-  // at most the window.
-  const double keys = c.cp > 1 ? x.s / (2.0 * c.cp) : x.s;
+  // the rank's s/cp rows with one half-chunk of s/(2·cp) (or the reverse); with all-gathered K
+  // and V (AttnFuncWithCPAndKVAllGather) each of the rank's two chunks attends to the keys up to
+  // its end, (i + 1) and (2·cp − i) chunks of s/(2·cp), (2·cp + 1)/(4·cp)·s on average; a
+  // windowed layer's at most the window.
+  const double keys = c.cp == 1        ? x.s
+                      : c.cp_allgather ? x.s * (2.0 * c.cp + 1) / (4.0 * c.cp)
+                                       : x.s / (2.0 * c.cp);
   x.attention_shape = AttentionShapeFactor(attention_law_, keys, x.qk_dim);
   x.attention_shape_windowed =
       m.window_size > 0
@@ -330,7 +334,23 @@ CostModel::BackwardComm CostModel::LayerCommunication(const ParallelConfig& c, c
   // of the rank's rows, each behind that step's attention; the blocks are merged by
   // log-sum-exp. Backward passes K/V and their gradients together, and the gradients take one
   // more hop home after the last step, which nothing hides.
-  if (c.cp > 1) {
+  if (c.cp > 1 && c.cp_allgather) {
+    // All-gathered K and V (Transformer Engine's AttnFuncWithCPAndKVAllGather): two all-gathers
+    // (K, V) before the attention, nothing overlapping them; the backward gathers them again and
+    // reduce-scatters dK and dV in the compute dtype. Memory-bound passes: the gathered blocks
+    // put in sequence order (read + write); in the backward also dK/dV zeroed, accumulated per
+    // query chunk over its key prefix (about the sequence: read the part, read and write the
+    // sum) and put back in rank order.
+    const double k_bytes = element_bytes_ * tokens * x.tp_kv * x.qk_dim;
+    const double v_bytes = element_bytes_ * tokens * x.tp_kv * x.v_dim;
+    const double gather = AllGatherTime(c.cp * k_bytes, c.cp, x.cp_stride) +
+                          AllGatherTime(c.cp * v_bytes, c.cp, x.cp_stride);
+    f[kCpComm] = gather;
+    backward.cp = 2 * gather;
+    const double sequence_kv = c.cp * (k_bytes + v_bytes);
+    f[kMemoryBound] += 2 * sequence_kv / hbm;
+    backward.memory_bound = (1 + 3 + 2) * sequence_kv / hbm;
+  } else if (c.cp > 1) {
     const double kv_block = element_bytes_ * tokens * x.tp_kv * (x.qk_dim + x.v_dim);
     const bool crosses = CrossesNodes(c.cp, x.cp_stride);
     const double step = P2PTime(kv_block, crosses), both = P2PTime(2 * kv_block, crosses);
@@ -386,7 +406,7 @@ LayerCost CostModel::LayerTime(const ParallelConfig& c, const LayerShape& x, boo
   b = f;
   b[kGemm] = 2 * f[kGemm];
   b[kAttention] = AttentionBackwardRatio() * f[kAttention];
-  b[kMemoryBound] = 2 * f[kMemoryBound];
+  b[kMemoryBound] = 2 * f[kMemoryBound] + backward.memory_bound;
   if (fp8_) {  // Transformer Engine's casts of GEMM inputs and output gradients (fp8.cc)
     const Fp8LayerTraffic q =
         Fp8Layer(model_, c, x.tokens, element_bytes_, fp8_transposed_copy_, moe);

@@ -23,6 +23,7 @@ constexpr Knob kKnobs[] = {
     {"dp", [](const ParallelConfig& c) -> int64_t { return c.dp; }},
     {"cp", [](const ParallelConfig& c) -> int64_t { return c.cp; }},
     {"up", [](const ParallelConfig& c) -> int64_t { return c.up; }},
+    {"cp_comm", [](const ParallelConfig& c) -> int64_t { return c.cp_allgather; }},
     {"ep", [](const ParallelConfig& c) -> int64_t { return c.ep; }},
     // The canonical etp (0 = as tp): one level, and no effect, where experts always follow tp.
     {"etp", [](const ParallelConfig& c) -> int64_t { return c.etp; }},
@@ -52,6 +53,8 @@ std::string LevelName(const char* knob, const ParallelConfig& c) {
     }
   } else if (k == "grad_reduce_dtype") {
     value = ToString(c.grad_reduce_dtype);
+  } else if (k == "cp_comm") {
+    value = c.cp_allgather ? "allgather" : "p2p";
   } else if (k == "etp") {
     value = c.etp == 0 ? "tp" : std::to_string(c.etp);
   } else if (k == "recompute") {

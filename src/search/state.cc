@@ -81,7 +81,8 @@ int64_t SearchState::CheckGap() const {
 bool NeedsAtLeastAsMuchMemory(const ParallelConfig& a, const ParallelConfig& b) {
   // The layout decides how weights and activations are split: only compare within one layout.
   if (a.tp != b.tp || a.pp != b.pp || a.dp != b.dp || a.cp != b.cp || a.up != b.up ||
-      a.ep != b.ep || a.etp != b.etp || a.vpp != b.vpp || a.flex_dispatcher != b.flex_dispatcher) {
+      a.ep != b.ep || a.etp != b.etp || a.vpp != b.vpp || a.flex_dispatcher != b.flex_dispatcher ||
+      a.cp_allgather != b.cp_allgather) {
     return false;
   }
   // So does the stage split: an uneven one moves layers (and the embedding or loss) between the

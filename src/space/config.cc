@@ -13,7 +13,8 @@ namespace {
 
 constexpr const char* kFlag = "--config";
 constexpr const char* kKeys =
-    "tp, pp, pp_first, pp_last, dp, cp, up, ep, etp, dispatcher, vpp, split_embedding, split_loss, "
+    "tp, pp, pp_first, pp_last, dp, cp, up, cp_comm, ep, etp, dispatcher, vpp, split_embedding, "
+    "split_loss, "
     "mbs, sp, "
     "recompute, recompute_modules, recompute_layers, dist_opt, "
     "overlap_grad_reduce, overlap_param_gather, grad_reduce_dtype";
@@ -42,6 +43,16 @@ bool ParseDispatcher(const std::string& value) {
   throw InputError(kFlag,
                    "key 'dispatcher' takes alltoall|flex, got '" + value + "'" +
                        (value == "allgather" ? " (the allgather dispatcher is not modelled)" : ""));
+}
+
+// `cp_comm=p2p|allgather`: how the ring's attention crosses the cp group (Megatron's
+// --cp-comm-type; its a2a and a2a+p2p are the up key).
+bool ParseCpComm(const std::string& value) {
+  if (value == "p2p" || value == "allgather") return value == "allgather";
+  throw InputError(
+      kFlag,
+      "key 'cp_comm' takes p2p|allgather, got '" + value + "'" +
+          (value == "a2a" || value == "a2a+p2p" ? " (Megatron's a2a is Ulysses: the key up)" : ""));
 }
 
 // `recompute_modules=layernorm+moe`: one or more of Megatron's module names joined by '+'.
@@ -117,7 +128,9 @@ std::string ToSpec(const ParallelConfig& c) {
   out << "tp=" << c.tp << ",pp=" << c.pp;
   if (c.pp_first != 0) out << ",pp_first=" << c.pp_first;
   if (c.pp_last != 0) out << ",pp_last=" << c.pp_last;
-  out << ",dp=" << c.dp << ",cp=" << c.cp << ",up=" << c.up << ",ep=" << c.ep;
+  out << ",dp=" << c.dp << ",cp=" << c.cp << ",up=" << c.up;
+  if (c.cp_allgather) out << ",cp_comm=allgather";
+  out << ",ep=" << c.ep;
   if (c.expert_tp() != c.tp) out << ",etp=" << c.etp;
   if (c.flex_dispatcher) out << ",dispatcher=flex";
   out << ",vpp=" << c.vpp;
@@ -166,6 +179,8 @@ ParallelConfig ParseSpec(const std::string& text) {
     else if (key == "vpp") c.vpp = ParsePositive(key, value, false);
     else if (key == "dispatcher")
       c.flex_dispatcher = ParseDispatcher(value);
+    else if (key == "cp_comm")
+      c.cp_allgather = ParseCpComm(value);
     else if (key == "mbs") c.mbs = ParsePositive(key, value, false);
     else if (key == "recompute_layers") c.recompute_layers = ParsePositive(key, value, true);
     else if (key == "recompute_modules")

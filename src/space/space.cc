@@ -333,6 +333,10 @@ std::string SearchSpace::Check(const ParallelConfig& c) const {
   }
   if (std::string r = UlyssesKvReason(model_, c.tp, c.up); !r.empty()) return r;
   if (std::string r = WindowRingReason(model_, c.cp); !r.empty()) return r;
+  if (c.cp_allgather && (c.cp == 1 || c.up > 1)) {
+    return "cp_comm=allgather needs cp > 1 and up = 1 (Megatron-LM gathers K and V over the "
+           "ring's group alone; with Ulysses its a2a+p2p runs the ring)";
+  }
   if (c.recompute_layers != 0 &&
       (c.recompute != Recompute::kFull || c.recompute_layers >= largest_stage)) {
     return "recompute_layers needs recompute=full and fewer than the " + Str(largest_stage) +
@@ -461,6 +465,7 @@ SearchSpace::KnobValues SearchSpace::Knobs() const {
   k.overlap_param_gather = or_else(options_.overlap_param_gather, std::vector<bool>{true});
   k.grad_reduce_dtype =
       or_else(options_.grad_reduce_dtype, std::vector<GradReduceDtype>{GradReduceDtype::kFP32});
+  k.cp_allgather = or_else(options_.cp_allgather, std::vector<bool>{false, true});
   k.choose_depth = options_.recompute_layers.empty() && !options_.sweep_recompute_layers;
   return k;
 }
@@ -535,6 +540,8 @@ void ApplyFix(const std::string& text, SpaceOptions& options) {
       options.recompute_modules = c.recompute_modules;
     else if (key == "dispatcher")
       options.flex_dispatcher = c.flex_dispatcher;
+    else if (key == "cp_comm")
+      options.cp_allgather = {c.cp_allgather};
     else if (key == "overlap_grad_reduce") options.overlap_grad_reduce = {c.overlap_grad_reduce};
     else if (key == "overlap_param_gather") options.overlap_param_gather = {c.overlap_param_gather};
     else if (key == "grad_reduce_dtype") options.grad_reduce_dtype = {c.grad_reduce_dtype};

@@ -120,6 +120,33 @@ std::vector<int32_t> RingDkvAssemble(const Shapes& s) {
   return assemble;
 }
 
+// The all-gather form's reorders, in rows of K/V: the gathered blocks (rank r's chunks r and
+// 2·cp − 1 − r) into sequence order, and back.
+int64_t ChunkOwner(const Shapes& s, int64_t g) { return g < s.cp ? g : 2 * s.cp - 1 - g; }
+
+std::vector<int32_t> GatheredToSequence(const Shapes& s) {
+  const int64_t chunk_rows = s.chunk * s.mbs;
+  std::vector<int32_t> ids;
+  for (int64_t g = 0; g < 2 * s.cp; ++g) {
+    const int64_t first = ChunkOwner(s, g) * 2 * chunk_rows + (g < s.cp ? 0 : chunk_rows);
+    for (int64_t i = 0; i < chunk_rows; ++i) ids.push_back(static_cast<int32_t>(first + i));
+  }
+  return ids;
+}
+
+std::vector<int32_t> SequenceToRanks(const Shapes& s) {
+  const int64_t chunk_rows = s.chunk * s.mbs;
+  std::vector<int32_t> ids;
+  for (int64_t r = 0; r < s.cp; ++r) {
+    for (const int64_t g : {r, 2 * s.cp - 1 - r}) {
+      for (int64_t i = 0; i < chunk_rows; ++i) {
+        ids.push_back(static_cast<int32_t>(g * chunk_rows + i));
+      }
+    }
+  }
+  return ids;
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<ContextAttention>> ContextAttention::Create(Device& device,
@@ -144,6 +171,10 @@ StatusOr<std::unique_ptr<ContextAttention>> ContextAttention::Create(Device& dev
     a->kv_pack_ = a->ids_.Add(RingKvPack(s));
     a->dkv_assemble_ = a->ids_.Add(RingDkvAssemble(s));
   }
+  if (s.cp > 1 && s.cp_allgather) {
+    a->to_sequence_ = a->ids_.Add(GatheredToSequence(s));
+    a->to_ranks_ = a->ids_.Add(SequenceToRanks(s));
+  }
   AUTOPAR_RETURN_IF_ERROR(a->ids_.Upload(device));
   return a;
 }
@@ -157,9 +188,18 @@ std::pair<int64_t, int64_t> ContextAttention::CarveWorkspaces(Carver cc, Carver 
     do_ul_ = cc.Take(Tcp * Hu * d);
     dqkv_ul_ = cc.Take(Tcp * s_.ul_cols);
   }
-  if (s_.cp > 1) {
+  if (s_.cp > 1 && s_.cp_allgather) {
+    // The own K/V and its reduced gradient; every rank's, three ways (GatherKv, the backward).
+    kv_[0] = cc.Take(Tcp * kv_cols);
+    dkv_[0] = cc.Take(Tcp * kv_cols);
+    kv_ranks_ = cc.Take(s_.cp * Tcp * kv_cols);
+    kv_seq_ = cc.Take(s_.cp * Tcp * kv_cols);
+    dkv_seq_ = cc.Take(s_.cp * Tcp * kv_cols);
+  } else if (s_.cp > 1) {
     for (Tensor& t : kv_) t = cc.Take(Tcp * kv_cols);
     for (Tensor& t : dkv_) t = cc.Take(Tcp * kv_cols);
+  }
+  if (s_.cp > 1) {
     part_out_ = cc.Take(chunk_rows * Hu * d);
     part_lse_ = cs.Take(chunk_rows * Hu);
   }
@@ -223,6 +263,7 @@ Status ContextAttention::Forward(Tensor qkv, Tensor qkv_ul, Tensor o_ul, Tensor 
 }
 
 Status ContextAttention::Core(Tensor qkv_ul, Tensor o_ul, Tensor lse) {
+  if (s_.cp > 1 && s_.cp_allgather) return AllGatherForward(qkv_ul, o_ul, lse);
   if (s_.cp > 1) return RingForward(qkv_ul, o_ul, lse);
   AttentionDesc att = PairDesc(0, 0, 0);
   att.seq_q = att.seq_kv = 2 * s_.chunk;  // the whole sequence, positions from 0
@@ -244,7 +285,9 @@ Status ContextAttention::Backward(Tensor qkv_ul, Tensor o_ul, Tensor lse, Tensor
     do_ul = do_ul_;
     dqkv_ul = dqkv_ul_;
   }
-  if (s_.cp > 1) {
+  if (s_.cp > 1 && s_.cp_allgather) {
+    AUTOPAR_RETURN_IF_ERROR(AllGatherBackward(qkv_ul, o_ul, lse, do_ul, dqkv_ul));
+  } else if (s_.cp > 1) {
     AUTOPAR_RETURN_IF_ERROR(RingBackward(qkv_ul, o_ul, lse, do_ul, dqkv_ul));
   } else {
     AttentionDesc att = PairDesc(0, 0, 0);
@@ -375,6 +418,75 @@ Status ContextAttention::RingBackward(Tensor qkv_ul, Tensor o_ul, Tensor lse, Te
   AUTOPAR_RETURN_IF_ERROR(g_.cp.SendRecv(home));
   const Tensor placed = pack_.Slice(0, dqkv_ul.numel);
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, incoming, d, ids_[dkv_assemble_], placed));
+  return dev_.Add(dqkv_ul, placed, dqkv_ul);
+}
+
+std::vector<AttentionDesc> ContextAttention::PrefixDescs(int qc) const {
+  const AttentionDesc own = PairDesc(qc, g_.at.cp, qc);
+  if (own.q_offset == 0) return {own};
+  AttentionDesc prefix = own;  // every key before the chunk's first query: nothing masked
+  prefix.kv_offset = 0;
+  prefix.seq_kv = own.q_offset;
+  return {own, prefix};
+}
+
+Status ContextAttention::GatherKv(Tensor qkv_ul) {
+  const int64_t kv_cols = 2 * s_.ul_kv_heads * s_.head_dim;
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, qkv_ul, s_.head_dim, ids_[kv_pack_], kv_[0]));
+  AUTOPAR_RETURN_IF_ERROR(g_.cp.AllGather(kv_[0], kv_ranks_));
+  return PickRows(dev_, kv_ranks_, kv_cols, ids_[to_sequence_], kv_seq_);
+}
+
+Status ContextAttention::AllGatherForward(Tensor qkv_ul, Tensor o_ul, Tensor lse) {
+  const int64_t d = s_.head_dim, Hu = s_.ul_heads, kvu = s_.ul_kv_heads;
+  const int64_t chunk_rows = s_.chunk * s_.mbs, kv_cols = 2 * kvu * d;
+  AUTOPAR_RETURN_IF_ERROR(GatherKv(qkv_ul));
+  for (int qc = 0; qc < 2; ++qc) {
+    const Tensor q = qkv_ul.Slice(qc * chunk_rows * s_.ul_cols, chunk_rows * s_.ul_cols);
+    const Tensor out = o_ul.Slice(qc * chunk_rows * Hu * d, chunk_rows * Hu * d);
+    const Tensor out_lse = lse.Slice(qc * chunk_rows * Hu, chunk_rows * Hu);
+    bool written = false;
+    for (const AttentionDesc& att : PrefixDescs(qc)) {
+      const int64_t k0 = att.kv_offset * s_.mbs * kv_cols, n = att.seq_kv * s_.mbs * kv_cols;
+      const Tensor k = kv_seq_.Slice(k0, n), v = kv_seq_.Slice(k0 + kvu * d, n - kvu * d);
+      if (!written) {
+        AUTOPAR_RETURN_IF_ERROR(dev_.AttentionForward(att, q, k, v, out, out_lse));
+        written = true;
+        continue;
+      }
+      AUTOPAR_RETURN_IF_ERROR(dev_.AttentionForward(att, q, k, v, part_out_, part_lse_));
+      AUTOPAR_RETURN_IF_ERROR(
+          dev_.AttentionMerge(chunk_rows * Hu, d, out, out_lse, part_out_, part_lse_));
+    }
+  }
+  return OkStatus();
+}
+
+Status ContextAttention::AllGatherBackward(Tensor qkv_ul, Tensor o_ul, Tensor lse, Tensor do_ul,
+                                           Tensor dqkv_ul) {
+  const int64_t d = s_.head_dim, Hu = s_.ul_heads, kvu = s_.ul_kv_heads;
+  const int64_t chunk_rows = s_.chunk * s_.mbs, kv_cols = 2 * kvu * d;
+  AUTOPAR_RETURN_IF_ERROR(dev_.Fill(dqkv_ul, 0.0f));
+  AUTOPAR_RETURN_IF_ERROR(dev_.Fill(dkv_seq_, 0.0f));
+  AUTOPAR_RETURN_IF_ERROR(GatherKv(qkv_ul));
+  for (int qc = 0; qc < 2; ++qc) {
+    const int64_t q0 = qc * chunk_rows * s_.ul_cols, o0 = qc * chunk_rows * Hu * d;
+    const Tensor q = qkv_ul.Slice(q0, chunk_rows * s_.ul_cols);
+    const Tensor dq = dqkv_ul.Slice(q0, chunk_rows * s_.ul_cols);
+    for (const AttentionDesc& att : PrefixDescs(qc)) {
+      const int64_t k0 = att.kv_offset * s_.mbs * kv_cols, n = att.seq_kv * s_.mbs * kv_cols;
+      const Tensor k = kv_seq_.Slice(k0, n), v = kv_seq_.Slice(k0 + kvu * d, n - kvu * d);
+      const Tensor dk = dkv_seq_.Slice(k0, n), dv = dkv_seq_.Slice(k0 + kvu * d, n - kvu * d);
+      AUTOPAR_RETURN_IF_ERROR(dev_.AttentionBackward(
+          att, q, k, v, o_ul.Slice(o0, chunk_rows * Hu * d), do_ul.Slice(o0, chunk_rows * Hu * d),
+          lse.Slice(qc * chunk_rows * Hu, chunk_rows * Hu), dq, dk, dv, true));
+    }
+  }
+  // dK/dV back in rank order (in the gathered buffer, free now), each rank's share summed home.
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, dkv_seq_, kv_cols, ids_[to_ranks_], kv_ranks_));
+  AUTOPAR_RETURN_IF_ERROR(g_.cp.ReduceScatter(kv_ranks_, dkv_[0]));
+  const Tensor placed = pack_.Slice(0, dqkv_ul.numel);
+  AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, dkv_[0], d, ids_[dkv_assemble_], placed));
   return dev_.Add(dqkv_ul, placed, dqkv_ul);
 }
 

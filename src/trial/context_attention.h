@@ -17,6 +17,16 @@
 // log-sum-exp. Backward runs the same ring with the final
 // output and log-sum-exp; dK/dV of a block travel with it, each rank adding its part, and reach
 // the owner after a last hop.
+//
+// All-gather (cp_allgather; Megatron's --cp-comm-type all_gather, Transformer Engine's
+// AttnFuncWithCPAndKVAllGather). K and V of every cp rank are all-gathered (rank order: each
+// rank's two chunks) and put in sequence order; each query chunk attends to the keys up to its
+// own end. Nothing overlaps the gather. Backward gathers K and V again (the gathered copy is not
+// kept), accumulates dK/dV over the whole sequence, puts them back in rank order and
+// reduce-scatters them in the compute dtype. Transformer Engine runs a query chunk against its
+// key prefix as one call with a bottom-right causal mask; here it is the prefix's earlier chunks
+// (no mask) and the chunk's own (causal), merged by log-sum-exp, the two forms cuDNN's path
+// takes (cudnn_attention_plan.h).
 #pragma once
 
 #include <memory>
@@ -52,6 +62,13 @@ class ContextAttention {
   Status Rope(Tensor ul, bool backward);
   Status RingForward(Tensor qkv_ul, Tensor o_ul, Tensor lse);
   Status RingBackward(Tensor qkv_ul, Tensor o_ul, Tensor lse, Tensor do_ul, Tensor dqkv_ul);
+  // The all-gather form: K and V of every cp rank into kv_seq_, in sequence order.
+  Status GatherKv(Tensor qkv_ul);
+  Status AllGatherForward(Tensor qkv_ul, Tensor o_ul, Tensor lse);
+  Status AllGatherBackward(Tensor qkv_ul, Tensor o_ul, Tensor lse, Tensor do_ul, Tensor dqkv_ul);
+  // The all-gather form's calls for query chunk qc: its key prefix's earlier chunks (none for the
+  // sequence's first chunk) and its own chunk.
+  std::vector<device::AttentionDesc> PrefixDescs(int qc) const;
   // The causal descriptor of query chunk qc (0: first, 1: second) against kv chunk kc of the
   // block owned by cp rank `src`.
   device::AttentionDesc PairDesc(int qc, int src, int kc) const;
@@ -62,8 +79,12 @@ class ContextAttention {
   ProcessGroups& g_;
   Buffer compute_, stats_;
   Tensor pack_, recv_, do_ul_, dqkv_ul_, kv_[3], dkv_[3], part_out_, part_lse_;
+  // The all-gather form's K/V of every rank: as gathered (rank order; also dK/dV put back in
+  // rank order for the reduce-scatter), in sequence order, and their gradients in sequence order.
+  Tensor kv_ranks_, kv_seq_, dkv_seq_;
   IdLists ids_;
   size_t pack_qkv_ = 0, unpack_o_ = 0, pack_do_ = 0, kv_pack_ = 0, dkv_assemble_ = 0;
+  size_t to_sequence_ = 0, to_ranks_ = 0;  // the all-gather form's reorders
   std::vector<size_t> unpack_dqkv_;  // one list per replica of a kv head
 };
 

@@ -102,6 +102,7 @@ Shapes Shapes::Of(const ModelSpec& m, const TrainSpec& t, const ParallelConfig& 
   s.mbs = c.mbs;
   s.cp = c.cp;
   s.up = c.up;
+  s.cp_allgather = c.cp_allgather;
   s.seq = t.seq_length;
   s.seq_local = t.seq_length / (int64_t{c.cp} * c.up);
   s.chunk = t.seq_length / (2 * int64_t{c.cp});

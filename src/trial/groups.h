@@ -87,6 +87,8 @@ struct Shapes {
   // each up rank heads/up query heads (`ul_heads`) and the kv heads they read (`ul_kv_heads`,
   // replicated when kv_heads < up) for the cp rank's rows.
   int64_t cp, up, chunk, ul_heads, ul_kv_heads, ul_cols;
+  // The ring's K and V all-gathered instead of passed around (ParallelConfig::cp_allgather).
+  bool cp_allgather;
   // Mixture of experts: experts and the ep rank's share, routed top-k, the expert tensor
   // parallel size and its shard of one expert's width, the tp shard of the shared experts'
   // width, and the leading dense layers.

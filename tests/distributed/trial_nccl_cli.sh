@@ -10,7 +10,8 @@ common=(trial --backend cpu --p2p-semantics nccl --model tiny --num-layers 8 --n
         --nproc-per-node 2 --global-batch-size 16 --seq-length 128 --trial-timeout 120)
 status=0
 # Last, uneven pipeline stages (1+2+2+3 layers; 2+6 interleaved in chunks of 1 and 3).
-for config in tp=1,pp=2,dp=2 pp=4,vpp=2 pp=2,vpp=2,cp=2 cp=2,dp=2 tp=2,sp=on,dp=2 up=2,tp=2,sp=on \
+for config in tp=1,pp=2,dp=2 pp=4,vpp=2 pp=2,vpp=2,cp=2 cp=2,dp=2 cp=2,dp=2,cp_comm=allgather \
+              tp=2,sp=on,dp=2 up=2,tp=2,sp=on \
               pp=4,pp_first=1,pp_last=3 pp=2,dp=2,vpp=2,pp_first=2; do
   out=$(OMP_NUM_THREADS=1 "$mpiexec" -np 4 "$@" "$bin" "${common[@]}" --config "$config" 2>&1) || true
   if grep -q "cpu backend: ok" <<<"$out"; then

@@ -114,65 +114,67 @@ INSTANTIATE_TEST_SUITE_P(Trial, LearnedRouterEquivalence,
 
 INSTANTIATE_TEST_SUITE_P(
     Trial, Equivalence,
-    ::testing::Values(Case{"tiny", "tp=2,dp=2"}, Case{"tiny", "tp=2,dp=2,sp=on"},
-                      Case{"tiny", "pp=2,dp=2"}, Case{"tiny", "pp=2,dp=2,vpp=2"},
-                      Case{"tiny", "pp=4,vpp=1,mbs=2"}, Case{"tiny", "tp=2,dp=2,dist_opt=on"},
-                      Case{"tiny", "dp=4,dist_opt=on"}, Case{"tiny", "tp=2,pp=2,sp=on"},
-                      Case{"tiny", "tp=2,pp=2,recompute=full"},
-                      Case{"tiny", "tp=2,pp=2,sp=on,recompute=selective"},
-                      Case{"tiny", "pp=2,dp=2,recompute=full,recompute_layers=1"},
-                      Case{"tiny-gpt", "tp=2,pp=2,sp=on"}, Case{"tiny-gpt", "pp=2,dp=2,vpp=2"},
-                      // Context parallel (zig-zag ring), Ulysses, and both, with tp, SP,
-                      // recompute, the distributed optimizer and pipelines; kv heads replicated
-                      // when up exceeds them (tiny has 2 kv heads).
-                      Case{"tiny", "cp=2,dp=2"}, Case{"tiny", "up=2,dp=2"},
-                      Case{"tiny", "tp=2,cp=2"}, Case{"tiny", "tp=2,up=2"},
-                      Case{"tiny", "cp=2,up=2"}, Case{"tiny", "cp=4"}, Case{"tiny", "up=4"},
-                      Case{"tiny", "tp=2,cp=2,sp=on"}, Case{"tiny", "tp=2,up=2,sp=on"},
-                      Case{"tiny", "cp=2,dp=2,mbs=2,dist_opt=on"},
-                      Case{"tiny", "cp=2,dp=2,recompute=selective"},
-                      Case{"tiny", "up=2,dp=2,recompute=selective"},
-                      Case{"tiny", "cp=2,pp=2,recompute=full"},
-                      Case{"tiny", "up=2,pp=2,vpp=2,recompute=full"},
-                      Case{"tiny-gpt", "cp=2,up=2"},
-                      // Dropless MoE with expert parallelism (tiny-moe: 4 experts top-2, a shared
-                      // expert, one dense first layer).
-                      Case{"tiny-moe", "dp=4,ep=2"}, Case{"tiny-moe", "dp=4,ep=4"},
-                      Case{"tiny-moe", "tp=2,dp=2,ep=2"}, Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"},
-                      Case{"tiny-moe", "cp=2,dp=2,ep=4"}, Case{"tiny-moe", "up=2,dp=2,ep=2"},
-                      Case{"tiny-moe", "pp=2,dp=2,ep=2"}, Case{"tiny-moe", "dp=4,ep=4,dist_opt=on"},
-                      Case{"tiny-moe", "dp=4,ep=2,mbs=2,recompute=full"},
-                      Case{"tiny-moe", "tp=2,pp=2,sp=on,recompute=selective"},
-                      // Expert tensor parallel other than tp (MoE parallel folding): etp = 1
-                      // with tp = 2 puts both tp ranks in one ep group (the same layout as
-                      // tp=2,dp=2,ep=2,sp=on above, at etp = 2), or spreads experts over all
-                      // four ranks, or replicates them everywhere; etp = 2 at tp = 1 all-gathers
-                      // over two dp ranks.
-                      Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on,etp=1"},
-                      Case{"tiny-moe", "tp=2,dp=2,ep=4,sp=on,etp=1"},
-                      Case{"tiny-moe", "tp=2,dp=2,sp=on,etp=1"},
-                      Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on,etp=1,dist_opt=on"},
-                      Case{"tiny-moe", "tp=2,pp=2,sp=on,etp=1,recompute=full"},
-                      Case{"tiny-moe", "dp=4,ep=2,etp=2"},
-                      Case{"tiny-moe", "dp=4,etp=2,dist_opt=on"},
-                      // Data-parallel overlap off (on is the default of the cases above).
-                      Case{"tiny", "dp=4,overlap_grad_reduce=off"},
-                      Case{"tiny", "tp=2,dp=2,dist_opt=on,overlap_param_gather=off"},
-                      Case{"tiny-moe", "dp=4,ep=4,dist_opt=on,overlap_grad_reduce=off"},
-                      // Uneven pipeline stages (pp_first/pp_last): each rank builds, runs and
-                      // updates its stage's layers at Megatron-core's global indices. 1F1B with
-                      // 1+3, 1+2+2+1 and 1+1+1+3 layers; interleaved with 2+4 layers (chunks of
-                      // 1 and 2: stage 0 holds layers 0 and 3, stage 1 layers 1-2 and 4-5);
-                      // block recompute of the first layer of each chunk; tiny-moe's dense layer
-                      // 0 alone on the first stage, and its MoE layers 4+2 interleaved.
-                      Case{"tiny", "pp=2,dp=2,pp_first=1"},
-                      Case{"tiny", "pp=4,pp_first=1,pp_last=1", 6},
-                      Case{"tiny", "pp=2,dp=2,vpp=2,pp_first=2", 6},
-                      Case{"tiny", "pp=2,vpp=2,pp_first=2,recompute=full,recompute_layers=1", 6},
-                      Case{"tiny", "pp=4,pp_last=3,recompute=full,recompute_layers=1", 6},
-                      Case{"tiny-gpt", "tp=2,pp=2,sp=on,pp_last=1"},
-                      Case{"tiny-moe", "pp=2,dp=2,ep=2,pp_first=1"},
-                      Case{"tiny-moe", "pp=2,dp=2,ep=2,vpp=2,pp_last=2", 6}),
+    ::testing::Values(
+        Case{"tiny", "tp=2,dp=2"}, Case{"tiny", "tp=2,dp=2,sp=on"}, Case{"tiny", "pp=2,dp=2"},
+        Case{"tiny", "pp=2,dp=2,vpp=2"}, Case{"tiny", "pp=4,vpp=1,mbs=2"},
+        Case{"tiny", "tp=2,dp=2,dist_opt=on"}, Case{"tiny", "dp=4,dist_opt=on"},
+        Case{"tiny", "tp=2,pp=2,sp=on"}, Case{"tiny", "tp=2,pp=2,recompute=full"},
+        Case{"tiny", "tp=2,pp=2,sp=on,recompute=selective"},
+        Case{"tiny", "pp=2,dp=2,recompute=full,recompute_layers=1"},
+        Case{"tiny-gpt", "tp=2,pp=2,sp=on"}, Case{"tiny-gpt", "pp=2,dp=2,vpp=2"},
+        // Context parallel (zig-zag ring), Ulysses, and both, with tp, SP,
+        // recompute, the distributed optimizer and pipelines; kv heads replicated
+        // when up exceeds them (tiny has 2 kv heads).
+        Case{"tiny", "cp=2,dp=2"}, Case{"tiny", "up=2,dp=2"}, Case{"tiny", "tp=2,cp=2"},
+        Case{"tiny", "tp=2,up=2"}, Case{"tiny", "cp=2,up=2"}, Case{"tiny", "cp=4"},
+        Case{"tiny", "up=4"}, Case{"tiny", "tp=2,cp=2,sp=on"}, Case{"tiny", "tp=2,up=2,sp=on"},
+        Case{"tiny", "cp=2,dp=2,mbs=2,dist_opt=on"}, Case{"tiny", "cp=2,dp=2,recompute=selective"},
+        Case{"tiny", "up=2,dp=2,recompute=selective"}, Case{"tiny", "cp=2,pp=2,recompute=full"},
+        Case{"tiny", "up=2,pp=2,vpp=2,recompute=full"}, Case{"tiny-gpt", "cp=2,up=2"},
+        // Context parallel by all-gathered K and V (Megatron's --cp-comm-type
+        // all_gather): alone, over four ranks, with tp and SP, micro-batches of
+        // two and the distributed optimizer, recompute, a pipeline.
+        Case{"tiny", "cp=2,dp=2,cp_comm=allgather"}, Case{"tiny", "cp=4,cp_comm=allgather"},
+        Case{"tiny", "tp=2,cp=2,sp=on,cp_comm=allgather"},
+        Case{"tiny", "cp=2,dp=2,mbs=2,dist_opt=on,cp_comm=allgather"},
+        Case{"tiny", "cp=2,dp=2,recompute=selective,cp_comm=allgather"},
+        Case{"tiny", "cp=2,pp=2,recompute=full,cp_comm=allgather"},
+        Case{"tiny-gpt", "cp=2,dp=2,cp_comm=allgather"},
+        // Dropless MoE with expert parallelism (tiny-moe: 4 experts top-2, a shared
+        // expert, one dense first layer).
+        Case{"tiny-moe", "dp=4,ep=2"}, Case{"tiny-moe", "dp=4,ep=4"},
+        Case{"tiny-moe", "tp=2,dp=2,ep=2"}, Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on"},
+        Case{"tiny-moe", "cp=2,dp=2,ep=4"}, Case{"tiny-moe", "up=2,dp=2,ep=2"},
+        Case{"tiny-moe", "pp=2,dp=2,ep=2"}, Case{"tiny-moe", "dp=4,ep=4,dist_opt=on"},
+        Case{"tiny-moe", "dp=4,ep=2,mbs=2,recompute=full"},
+        Case{"tiny-moe", "tp=2,pp=2,sp=on,recompute=selective"},
+        // Expert tensor parallel other than tp (MoE parallel folding): etp = 1
+        // with tp = 2 puts both tp ranks in one ep group (the same layout as
+        // tp=2,dp=2,ep=2,sp=on above, at etp = 2), or spreads experts over all
+        // four ranks, or replicates them everywhere; etp = 2 at tp = 1 all-gathers
+        // over two dp ranks.
+        Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on,etp=1"},
+        Case{"tiny-moe", "tp=2,dp=2,ep=4,sp=on,etp=1"}, Case{"tiny-moe", "tp=2,dp=2,sp=on,etp=1"},
+        Case{"tiny-moe", "tp=2,dp=2,ep=2,sp=on,etp=1,dist_opt=on"},
+        Case{"tiny-moe", "tp=2,pp=2,sp=on,etp=1,recompute=full"},
+        Case{"tiny-moe", "dp=4,ep=2,etp=2"}, Case{"tiny-moe", "dp=4,etp=2,dist_opt=on"},
+        // Data-parallel overlap off (on is the default of the cases above).
+        Case{"tiny", "dp=4,overlap_grad_reduce=off"},
+        Case{"tiny", "tp=2,dp=2,dist_opt=on,overlap_param_gather=off"},
+        Case{"tiny-moe", "dp=4,ep=4,dist_opt=on,overlap_grad_reduce=off"},
+        // Uneven pipeline stages (pp_first/pp_last): each rank builds, runs and
+        // updates its stage's layers at Megatron-core's global indices. 1F1B with
+        // 1+3, 1+2+2+1 and 1+1+1+3 layers; interleaved with 2+4 layers (chunks of
+        // 1 and 2: stage 0 holds layers 0 and 3, stage 1 layers 1-2 and 4-5);
+        // block recompute of the first layer of each chunk; tiny-moe's dense layer
+        // 0 alone on the first stage, and its MoE layers 4+2 interleaved.
+        Case{"tiny", "pp=2,dp=2,pp_first=1"}, Case{"tiny", "pp=4,pp_first=1,pp_last=1", 6},
+        Case{"tiny", "pp=2,dp=2,vpp=2,pp_first=2", 6},
+        Case{"tiny", "pp=2,vpp=2,pp_first=2,recompute=full,recompute_layers=1", 6},
+        Case{"tiny", "pp=4,pp_last=3,recompute=full,recompute_layers=1", 6},
+        Case{"tiny-gpt", "tp=2,pp=2,sp=on,pp_last=1"},
+        Case{"tiny-moe", "pp=2,dp=2,ep=2,pp_first=1"},
+        Case{"tiny-moe", "pp=2,dp=2,ep=2,vpp=2,pp_last=2", 6}),
     CaseName);
 
 // Megatron-core's --qk-layernorm (Qwen3, Gemma-3): each tp rank normalizes its own query and key

@@ -152,7 +152,11 @@ class Rows(unittest.TestCase):
         self.assertEqual((world, reasons), (8192, []))
         self.assertIn("vpp=8,split_embedding=on,split_loss=on,", spec_)
         r.update(cp="16", dp="4")
-        self.assertIn("all-gather", " ".join(bench.config_of(r, src)[2]))
+        spec_, _, reasons = bench.config_of(r, src)
+        self.assertEqual(reasons, [])
+        self.assertIn("cp=16,cp_comm=allgather,", spec_)
+        r.update(cp="1", dp="64")
+        self.assertNotIn("cp_comm", bench.config_of(r, src)[0])
         # A source without such a rule still reports V as not stated.
         other = row(vpp="interleaved (V not stated)", pp="2", dp="4")
         self.assertIn("not stated",

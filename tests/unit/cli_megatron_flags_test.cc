@@ -51,9 +51,11 @@ constexpr FlagMeaning kEmitted[] = {
     {"--context-parallel-size", "cp·up > 1",
      "ModelParallelConfig.context_parallel_size: the sequence split over cp·up ranks; dp is what "
      "the world leaves over tp·pp·cp"},
-    {"--cp-comm-type", "up > 1: a2a (Ulysses alone) or a2a+p2p (Ulysses inside rings)",
+    {"--cp-comm-type",
+     "up > 1: a2a (Ulysses alone) or a2a+p2p (Ulysses inside rings); cp_comm=allgather: "
+     "all_gather",
      "how attention crosses the cp group: p2p ring (default), a2a all-to-all over heads, a2a+p2p "
-     "hierarchical"},
+     "hierarchical, all_gather K and V gathered (Transformer Engine's spelling, passed through)"},
     {"--hierarchical-context-parallel-sizes", "up and cp, with a2a+p2p",
      "ModelParallelConfig.hierarchical_context_parallel_sizes: the a2a group's size, then the "
      "p2p group's; their product is the cp size"},
@@ -158,6 +160,10 @@ const Case kCases[] = {
      "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 2 "
      "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
      "--overlap-grad-reduce"},
+    {"cp=2,cp_comm=allgather", Precision::kBF16,
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 2 "
+     "--cp-comm-type all_gather --expert-tensor-parallel-size 1 --micro-batch-size 1 "
+     "--global-batch-size 64 --overlap-grad-reduce"},
     {"up=2", Precision::kBF16,
      "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 2 "
      "--cp-comm-type a2a --expert-tensor-parallel-size 1 --micro-batch-size 1 "
@@ -392,8 +398,11 @@ TEST(MegatronFlags, ContextParallelFlagsThatDoNotDescribeOurSplitsAreRefused) {
                     "--hierarchical-context-parallel-sizes 2 2")
                 .find("multiply to 4"),
             std::string::npos);
-  EXPECT_NE(refusal("--context-parallel-size 2 --cp-comm-type allgather").find("--cp-comm-type"),
-            std::string::npos);
+  // Megatron's help spells it allgather; Transformer Engine, which gets the value as given,
+  // takes all_gather only.
+  const std::string allgather = refusal("--context-parallel-size 2 --cp-comm-type allgather");
+  EXPECT_NE(allgather.find("--cp-comm-type"), std::string::npos) << allgather;
+  EXPECT_NE(allgather.find("all_gather"), std::string::npos) << allgather;
   EXPECT_NE(refusal("--context-parallel-size 2 --cp-comm-type p2p a2a").find("one type"),
             std::string::npos);
   // tiny-moe has 2 kv heads: a2a over 4 ranks would have to replicate them.

@@ -111,6 +111,28 @@ TEST(ReplayTable, ReadsADispatcherColumnAndWritesOneOnlyWhereARowNeedsIt) {
             "allowed: alltoall, flex");
 }
 
+TEST(ReplayTable, ReadsACpCommColumnAndWritesOneOnlyWhereARowNeedsIt) {
+  const ReplayTable t = ReplayTable::Parse(std::string("cp_comm,") + kHeader +
+                                               "allgather,2,1,4,2,1,1,1,1,on,none,off,1.5,40,ok\n"
+                                               ",2,1,4,2,1,1,1,2,on,none,off,1.6,41,ok\n"
+                                               "p2p,2,1,4,2,1,1,2,1,on,none,off,1.7,42,ok\n",
+                                           "t.csv");
+  ASSERT_EQ(t.rows().size(), 3u);
+  EXPECT_TRUE(t.rows()[0].config.cp_allgather);
+  EXPECT_FALSE(t.rows()[1].config.cp_allgather);
+  EXPECT_FALSE(t.rows()[2].config.cp_allgather);
+  const ReplayTable again = ReplayTable::Parse(t.ToCsv(), "again.csv");
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(again.rows()[i].config, t.rows()[i].config) << i;
+  EXPECT_NE(t.ToCsv().find(",cp_comm\n"), std::string::npos) << t.ToCsv();
+  EXPECT_EQ(
+      ReplayTable::Parse(std::string(kHeader) + "2,1,8,1,1,4,1,1,on,none,off,1,1,ok\n", "t.csv")
+          .ToCsv()
+          .find("cp_comm"),
+      std::string::npos);
+  ExpectBad(std::string("cp_comm,") + kHeader + "a2a,2,1,4,2,1,1,1,1,on,none,off,1.5,40,ok\n",
+            "allowed: p2p, allgather");
+}
+
 TEST(ReplayTable, ReadsTheCountedSplitColumnsAndWritesThemOnlyWhereARowNeedsThem) {
   const ReplayTable t = ReplayTable::Parse(std::string("split_embedding,split_loss,") + kHeader +
                                                "on,on,2,2,4,1,1,1,2,1,on,none,off,1.5,40,ok\n"

@@ -57,6 +57,33 @@ TEST_F(LongSequence, EachSplitPaysItsOwnCommunication) {
   EXPECT_LT(cp.features[kCpComm], 0.05 * cp.features[kAttention]);
 }
 
+// All-gathered K and V (Transformer Engine's AttnFuncWithCPAndKVAllGather): two all-gathers
+// before the attention in the forward, nothing overlapping them; the backward gathers again and
+// reduce-scatters dK and dV. Each query chunk's kernel runs over its key prefix, (2·cp + 1)/(4·cp)
+// of the sequence on average, longer than the ring's half-chunks.
+TEST_F(LongSequence, AllGatherExposesItsCollectivesAndRunsLongerKernels) {
+  const ParallelConfig c = Spec("tp=2,cp=8,dp=4,cp_comm=allgather", 64);
+  const double tokens = 131072.0 / 8, d = 128, kv = 8.0 / 2, cp = 8;
+  const double half = 2 * tokens * kv * d;  // K (or V) of a rank's rows, bf16
+  const double per_layer = 2 * cm.AllGatherTime(cp * half, 8, 2);
+  const double microbatches = 64.0 / 4;
+  const TimeBreakdown gathered = cm.Time(c), ring = T("tp=2,cp=8,dp=4");
+  EXPECT_NEAR(gathered.features[kCpComm], microbatches * model.num_layers * 3 * per_layer,
+              1e-9 * per_layer);
+  EXPECT_GT(gathered.features[kCpComm], 3 * ring.features[kCpComm]);  // the ring hides its steps
+  const AttentionShapeLaw law = AttentionShapeLawOf(cluster.gpu.name);
+  const double s = 131072;
+  EXPECT_NEAR(ring.features[kAttention] / gathered.features[kAttention],
+              AttentionShapeFactor(law, s * (2 * cp + 1) / (4 * cp), d) /
+                  AttentionShapeFactor(law, s / (2 * cp), d),
+              1e-9);
+  // Every rank's K/V three ways (gathered, in sequence order, their gradients) where the ring
+  // holds six blocks of its own rows.
+  const double kv_block = 2 * tokens * 2 * kv * d;
+  EXPECT_NEAR(cm.Memory(c).activations - M("tp=2,cp=8,dp=4").activations,
+              (2 + 3 * cp - 6) * kv_block, 1e-6 * kv_block);
+}
+
 TEST_F(LongSequence, UlyssesSendsQkvAndTheOutputBothWays) {
   // tp = 2 leaves 16 query and 4 kv heads per tp rank; up = 4 scatters both (Transformer Engine
   // needs up to divide them), so each up rank receives 4 query heads and 1 kv head of every row.

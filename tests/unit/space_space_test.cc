@@ -185,6 +185,65 @@ TEST(Space, FlexDispatcherIsEveryCandidatesAndNeedsRanksToDispatchOver) {
   EXPECT_TRUE(fixed.flex_dispatcher);
 }
 
+// Megatron's --cp-comm-type all_gather: printed after up only where chosen; only the ring's split
+// takes it (Megatron's a2a+p2p is Ulysses with the ring's p2p).
+TEST(Spec, CpAllgatherPrintsBesideTheSequenceSplitAndNeedsTheRingAlone) {
+  const ParallelConfig c = ParseSpec("cp=4,dp=2,cp_comm=allgather");
+  EXPECT_TRUE(c.cp_allgather);
+  EXPECT_EQ(ToSpec(c),
+            "tp=1,pp=1,dp=2,cp=4,up=1,cp_comm=allgather,ep=1,vpp=1,mbs=1,sp=off,"
+            "recompute=none,dist_opt=off");
+  EXPECT_EQ(ParseSpec(ToSpec(c)), c);
+  EXPECT_EQ(ParseSpec("cp=4,cp_comm=p2p"), ParseSpec("cp=4"));
+  for (const char* bad : {"cp_comm=all_gather", "cp_comm=a2a", "cp_comm="}) {
+    try {
+      ParseSpec(std::string("cp=2,") + bad);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("key 'cp_comm' takes p2p|allgather"), std::string::npos)
+          << e.what();
+    }
+  }
+  const SearchSpace space(ModelPreset("llama2-7b"), SmallTrain(64, 32768), SmallCluster(1, 8), {});
+  EXPECT_EQ(space.Check(Complete(ParseSpec("tp=2,cp=4,cp_comm=allgather"), 8)), "");
+  for (const char* needs_the_ring :
+       {"tp=2,dp=4,cp_comm=allgather", "cp=2,up=2,cp_comm=allgather"}) {
+    EXPECT_NE(space.Check(Complete(ParseSpec(needs_the_ring), 8)).find("needs cp > 1 and up = 1"),
+              std::string::npos)
+        << needs_the_ring;
+  }
+}
+
+// Both forms of the ring are searched wherever the ring runs alone; --fix pins one.
+TEST(Space, EveryRingIsSearchedBothWaysUnlessFixed) {
+  const ClusterSpec cluster = SmallCluster(1, 8);
+  const TrainSpec train = SmallTrain(64, 32768);
+  SpaceOptions options;
+  options.cp = {2, 4};
+  options.up = {1, 2};
+  int64_t ring = 0, gathered = 0;
+  const SearchSpace space(ModelPreset("llama2-7b"), train, cluster, options);
+  space.ForEach([&](const ParallelConfig& c) {
+    EXPECT_EQ(space.Check(c), "") << ToSpec(c);
+    if (c.up > 1) {
+      EXPECT_FALSE(c.cp_allgather) << ToSpec(c);
+    } else {
+      (c.cp_allgather ? gathered : ring) += 1;
+    }
+  });
+  EXPECT_GT(ring, 0);
+  EXPECT_EQ(gathered, ring);  // the same layouts, once each way
+  SpaceOptions fixed = options;
+  ApplyFix("cp_comm=p2p", fixed);
+  SearchSpace(ModelPreset("llama2-7b"), train, cluster, fixed).ForEach([](const ParallelConfig& c) {
+    EXPECT_FALSE(c.cp_allgather) << ToSpec(c);
+  });
+  ApplyFix("cp_comm=allgather", fixed);
+  SearchSpace(ModelPreset("llama2-7b"), train, cluster, fixed).ForEach([](const ParallelConfig& c) {
+    EXPECT_EQ(c.cp_allgather, c.up == 1) << ToSpec(c);
+  });
+}
+
 TEST(Stages, UnevenSplitPrintsParsesAndFollowsMegatronsLayerOffsets) {
   // DeepSeek-V3's 61 layers over 16 stages: 1 on the first, 4 on each middle one, 0 given last.
   ParallelConfig c = ParseSpec("tp=2,pp=16,pp_first=1,pp_last=0,dp=1");
@@ -289,14 +348,17 @@ TEST(SearchSpace, EnumerationEqualsBruteForceFilteredByCheck) {
                   for (bool sp : {false, true})
                     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
                       for (int32_t layers : {0, 1, 2, 3})
-                        for (bool dist_opt : {false, true}) {
-                          ParallelConfig c{tp, pp, dp, cp, up, ep, vpp, mbs, sp, r, layers, dist_opt};
-                          c.overlap_param_gather = OverlapParamGatherAllowed(c);  // the default
-                          c.etp = etp;
-                          if (etp != 0 && (etp >= tp || tp % etp != 0)) continue;
-                          if (dist_opt && dp * cp * up == 1) continue;  // same as dist_opt=off
-                          if (space.Check(c).empty()) brute.insert(ToSpec(c));
-                        }
+                        for (bool dist_opt : {false, true})
+                          for (bool allgather : {false, true}) {
+                            ParallelConfig c{tp,  pp,  dp, cp, up,     ep,
+                                             vpp, mbs, sp, r,  layers, dist_opt};
+                            c.overlap_param_gather = OverlapParamGatherAllowed(c);  // the default
+                            c.etp = etp;
+                            c.cp_allgather = allgather;
+                            if (etp != 0 && (etp >= tp || tp % etp != 0)) continue;
+                            if (dist_opt && dp * cp * up == 1) continue;  // as dist_opt=off
+                            if (space.Check(c).empty()) brute.insert(ToSpec(c));
+                          }
   EXPECT_EQ(enumerated, brute);
   EXPECT_GT(brute.size(), 100u);
   // Folding lets etp = 1 reach ep that tp·cp·dp allows and cp·dp does not.

@@ -162,6 +162,9 @@ class CostModel {
   struct BackwardComm {
     double cp = 0;
     double tp = 0;
+    // Memory-bound passes of the backward beyond twice the forward's (the all-gather context
+    // parallelism's gradient buffers).
+    double memory_bound = 0;
   };
   LayerShape ShapeOf(const ParallelConfig& c) const;
   LayerCost LayerTime(const ParallelConfig& c, const LayerShape& x, bool moe, bool windowed) const;

@@ -6,6 +6,7 @@
 // `pp_first=F` and `pp_last=L` after `pp` where the pipeline's stages are uneven (StageLayers),
 // `split_embedding=on` and `split_loss=on` after `vpp` where the embedding and the loss count in
 // the split of virtual stages,
+// `cp_comm=allgather` after `up` where the ring's attention gathers K and V instead,
 // `etp=N` after `ep` where the experts' tensor parallel size differs from tp,
 // `dispatcher=flex` after `etp` where the experts' tokens travel by Megatron's flex dispatcher,
 // `recompute_modules=layernorm+moe` after `recompute` where selective recompute reruns other
@@ -109,6 +110,11 @@ struct ParallelConfig {
   // experts comes back as one row (docs/models.md §4.2, docs/trial.md §8). Needs a MoE model and
   // etp·ep > 1 (Megatron asserts TPxEP > 1); false in the canonical form elsewhere.
   bool flex_dispatcher = false;
+  // Context parallelism by an all-gather of K and V over the cp group (Megatron's
+  // --cp-comm-type allgather, Transformer Engine's AttnFuncWithCPAndKVAllGather) instead of the
+  // ring's p2p passes (docs/models.md §4.2, docs/trial.md §7). Needs cp > 1 and up = 1 (Megatron
+  // combines Ulysses with the ring alone, a2a+p2p); false in the canonical form elsewhere.
+  bool cp_allgather = false;
 
   // The modules selective recompute reruns; 0 when recompute is none or full.
   uint8_t selective_modules() const {

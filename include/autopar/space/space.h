@@ -43,6 +43,9 @@ struct SpaceOptions {
   // Megatron's flex token dispatcher (--moe-token-dispatcher-type flex) in every candidate, so
   // only those with etp·ep > 1 (Megatron asserts it; a MoE model's).
   bool flex_dispatcher = false;
+  // How the ring's attention crosses the cp group, where cp > 1 and up = 1: false the p2p ring,
+  // true the all-gather of K and V (ParallelConfig::cp_allgather). Empty: both are searched.
+  std::vector<bool> cp_allgather;
 };
 
 // Applies `--fix key=value[,key=value...]` to options (same keys as SPEC). Throws InputError("--fix").
@@ -108,7 +111,7 @@ class SearchSpace {
   // default where a list is empty), and the sequence splits, taken once per ForEach.
   struct KnobValues {
     std::vector<int32_t> cp, up;
-    std::vector<bool> sp, dist_opt, overlap_grad_reduce, overlap_param_gather;
+    std::vector<bool> sp, dist_opt, overlap_grad_reduce, overlap_param_gather, cp_allgather;
     std::vector<Recompute> recompute;
     std::vector<GradReduceDtype> grad_reduce_dtype;
     bool choose_depth = false;  // the splitter chooses the full-recompute depth
@@ -118,6 +121,11 @@ class SearchSpace {
   template <class Fn>
   void ForEachKnob(ParallelConfig c, const KnobValues& knobs,
                    const std::vector<int32_t>& full_layer_counts, Fn& fn) const;
+  // ForEachKnob's nest below the sequence split's communication: sp, recompute, the optimizer
+  // and the data-parallel overlap.
+  template <class Fn>
+  void ForEachRecomputeKnob(ParallelConfig c, const KnobValues& knobs,
+                            const std::vector<int32_t>& full_layer_counts, Fn& fn) const;
   void ValidateOptions() const;
   bool UlyssesKvFits(int32_t tp, int32_t up) const;
 
@@ -190,6 +198,18 @@ void SearchSpace::ForEach(Fn&& fn) const {
 template <class Fn>
 void SearchSpace::ForEachKnob(ParallelConfig c, const KnobValues& knobs,
                               const std::vector<int32_t>& full_layer_counts, Fn& fn) const {
+  static const std::vector<bool> kOff = {false};
+  // Megatron-LM takes the all-gather for the ring alone: not with Ulysses (a2a+p2p is p2p).
+  for (bool allgather : c.cp > 1 && c.up == 1 ? knobs.cp_allgather : kOff) {
+    c.cp_allgather = allgather;
+    ForEachRecomputeKnob(c, knobs, full_layer_counts, fn);
+  }
+}
+
+template <class Fn>
+void SearchSpace::ForEachRecomputeKnob(ParallelConfig c, const KnobValues& knobs,
+                                       const std::vector<int32_t>& full_layer_counts,
+                                       Fn& fn) const {
   static const std::vector<int32_t> kEveryLayer = {0};
   static const std::vector<bool> kOff = {false};
   for (bool sp : knobs.sp) {
