@@ -95,15 +95,16 @@ std::string UlyssesKvReason(const ModelSpec& m, int64_t tp, int64_t up) {
          "them over the up ranks";
 }
 
-// Sliding-window attention and the ring (cp, Megatron's --cp-comm-type p2p, also inside a2a+p2p):
-// Transformer Engine's attention with context parallelism asserts that a window runs only with
-// the a2a or all-gather types ("The context parallel running configs cannot support sliding
-// window attention"), so a windowed model splits its sequence by Ulysses alone.
-std::string WindowRingReason(const ModelSpec& m, int64_t cp) {
-  if (cp == 1 || m.window_size == 0) return {};
+// Sliding-window attention and the ring's p2p (Megatron's --cp-comm-type p2p, also inside
+// a2a+p2p): Transformer Engine's attention with context parallelism asserts that a window runs
+// only with the a2a or all-gather types ("The context parallel running configs cannot support
+// sliding window attention"), so a windowed model splits its sequence by Ulysses or by the
+// all-gathered ring (cp_comm=allgather).
+std::string WindowRingReason(const ModelSpec& m, int64_t cp, bool allgather) {
+  if (cp == 1 || m.window_size == 0 || allgather) return {};
   return "cp=" + Str(cp) + ": a sliding-window model (window_size=" + Str(m.window_size) +
-         ") cannot use the ring; Transformer Engine runs windows only with all-to-all context "
-         "parallelism (up)";
+         ") cannot use the ring's p2p; Transformer Engine runs windows with context parallelism "
+         "only by all-to-all (up) or all-gathered K and V (cp_comm=allgather)";
 }
 
 std::string SeqSplitReason(const TrainSpec& t, const char* name, int64_t v) {
@@ -240,7 +241,9 @@ void SearchSpace::ValidateOptions() const {
   }
   for (int32_t cp : options_.cp) {
     FailIf("--cp", cp < 1 ? "must be positive" : SeqSplitReason(train_, "cp", cp));
-    FailIf("--cp", WindowRingReason(model_, cp));
+    // Pinned to the p2p ring (--fix cp_comm=p2p), a windowed model has no cp.
+    const bool gather_allowed = options_.cp_allgather != std::vector<bool>{false};
+    FailIf("--cp", WindowRingReason(model_, cp, gather_allowed));
   }
   for (int32_t up : options_.up) {
     FailIf("--up", up < 1 ? "must be positive" : SeqSplitReason(train_, "up", up));
@@ -332,7 +335,7 @@ std::string SearchSpace::Check(const ParallelConfig& c) const {
     return "mixture-of-experts layers with tp > 1 need sp=on (Megatron-core refuses them without)";
   }
   if (std::string r = UlyssesKvReason(model_, c.tp, c.up); !r.empty()) return r;
-  if (std::string r = WindowRingReason(model_, c.cp); !r.empty()) return r;
+  if (std::string r = WindowRingReason(model_, c.cp, c.cp_allgather); !r.empty()) return r;
   if (c.cp_allgather && (c.cp == 1 || c.up > 1)) {
     return "cp_comm=allgather needs cp > 1 and up = 1 (Megatron-LM gathers K and V over the "
            "ring's group alone; with Ulysses its a2a+p2p runs the ring)";
@@ -453,8 +456,9 @@ SearchSpace::KnobValues SearchSpace::Knobs() const {
   // (SpaceOptions: overlap on, fp32 reduction).
   auto or_else = [](const auto& given, auto all) { return given.empty() ? all : given; };
   KnobValues k;
-  // A sliding-window model splits its sequence by Ulysses only (WindowRingReason).
-  k.cp = model_.window_size > 0 ? std::vector<int32_t>{1} : SeqSplitValues(options_.cp);
+  // A sliding-window model's ring all-gathers (WindowRingReason; ForEachKnob skips its p2p).
+  const bool p2p_only = options_.cp_allgather == std::vector<bool>{false};
+  k.cp = model_.window_size > 0 && p2p_only ? std::vector<int32_t>{1} : SeqSplitValues(options_.cp);
   k.up = SeqSplitValues(options_.up);
   k.sp = or_else(options_.sp, std::vector<bool>{false, true});
   k.dist_opt = or_else(options_.dist_opt, std::vector<bool>{false, true});

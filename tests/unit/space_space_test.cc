@@ -678,35 +678,41 @@ TEST(SearchSpace, UlyssesNeedsUpToDivideTheKvHeadsPerTpRank) {
 
 // Transformer Engine runs sliding-window attention with context parallelism only through the
 // all-to-all: a windowed model never uses the ring.
-TEST(SearchSpace, SlidingWindowSplitsTheSequenceByUlyssesOnly) {
+TEST(SearchSpace, SlidingWindowSplitsTheSequenceByUlyssesOrTheGatheredRing) {
   ModelSpec m = TinyModel();
   m.window_size = 16;
   m.window_attn_skip_freq = 2;
   SpaceOptions o;
+  o.cp = {1, 2};
   o.up = {1, 2};
   const SearchSpace space(m, SmallTrain(8, 64), SmallCluster(2, 4), o);
-  bool ulysses = false;
+  bool ulysses = false, gathered = false;
   space.ForEach([&](const ParallelConfig& c) {
-    EXPECT_EQ(c.cp, 1) << ToSpec(c);
+    EXPECT_TRUE(c.cp == 1 || (c.cp_allgather && c.up == 1)) << ToSpec(c);
     ulysses = ulysses || c.up == 2;
+    gathered = gathered || c.cp_allgather;
   });
   EXPECT_TRUE(ulysses);
+  EXPECT_TRUE(gathered);
   const std::string reason = space.Check(Complete(ParseSpec("tp=1,cp=2"), 8));
   EXPECT_NE(reason.find("sliding-window"), std::string::npos) << reason;
+  EXPECT_EQ(space.Check(Complete(ParseSpec("tp=1,cp=2,cp_comm=allgather"), 8)), "");
   o.cp = {2};
+  ApplyFix("cp_comm=p2p", o);
   try {
     static_cast<void>(SearchSpace(m, SmallTrain(8, 64), SmallCluster(2, 4), o));
-    ADD_FAILURE() << "--cp 2 accepted for a sliding-window model";
+    ADD_FAILURE() << "--cp 2 accepted for a sliding-window model's p2p ring";
   } catch (const InputError& e) {
     EXPECT_EQ(e.field(), "--cp");
   }
+  o.cp_allgather = {};
   // Without a window the ring is there.
   m.window_size = 0;
   m.window_attn_skip_freq = 0;
   o.cp = {1, 2};
   bool ring = false;
   SearchSpace(m, SmallTrain(8, 64), SmallCluster(2, 4), o).ForEach([&](const ParallelConfig& c) {
-    ring = ring || c.cp == 2;
+    ring = ring || (c.cp == 2 && !c.cp_allgather);
   });
   EXPECT_TRUE(ring);
 }

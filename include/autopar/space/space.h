@@ -201,6 +201,8 @@ void SearchSpace::ForEachKnob(ParallelConfig c, const KnobValues& knobs,
   static const std::vector<bool> kOff = {false};
   // Megatron-LM takes the all-gather for the ring alone: not with Ulysses (a2a+p2p is p2p).
   for (bool allgather : c.cp > 1 && c.up == 1 ? knobs.cp_allgather : kOff) {
+    // A windowed model's attention takes no p2p ring (WindowRingReason).
+    if (c.cp > 1 && !allgather && model_.window_size > 0) continue;
     c.cp_allgather = allgather;
     ForEachRecomputeKnob(c, knobs, full_layer_counts, fn);
   }
