@@ -85,6 +85,10 @@ INSTANTIATE_TEST_SUITE_P(Trial, CudaEquivalence,
                                            "tp=2,pp=2,sp=on,recompute=selective,"
                                            "recompute_modules=layernorm+mlp",
                                            "pp=2,dp=2,pp_first=1",
+                                           // The sequence splits: the ring (its chunk pairs
+                                           // on cuDNN's two masks), the ring by all-gathered
+                                           // K and V (prefix calls merged), Ulysses.
+                                           "cp=2,dp=2", "cp=2,dp=2,cp_comm=allgather", "up=2,dp=2",
                                            // Chunks of one layer: the first the embedding
                                            // alone, the last the loss alone.
                                            "pp=2,dp=2,vpp=3,split_embedding=on,split_loss=on",

@@ -89,48 +89,40 @@ TEST(ReplayTable, ReadsARecomputeModulesColumnAndWritesOneOnlyWhereARowNeedsIt) 
       "recompute_modules");
 }
 
-TEST(ReplayTable, ReadsADispatcherColumnAndWritesOneOnlyWhereARowNeedsIt) {
-  const ReplayTable t = ReplayTable::Parse(std::string("dispatcher,") + kHeader +
-                                               "flex,2,1,8,1,1,4,1,1,on,none,off,1.5,40,ok\n"
-                                               ",2,1,8,1,1,4,1,2,on,none,off,1.6,41,ok\n"
-                                               "alltoall,2,1,8,1,1,4,2,1,on,none,off,1.7,42,ok\n",
+// A switch column a table may hold: `on` in the first row, empty (the default) in the second,
+// `off` spelt out in the third (rows of a layout with tp 2, cp 2, dp 4 over 16 GPUs); written back
+// only where some row needs it; `bad` refused with `allowed`.
+void ExpectSwitchColumn(const std::string& column, const std::string& on, const std::string& off,
+                        bool ParallelConfig::*knob, const std::string& bad,
+                        const std::string& allowed) {
+  const ReplayTable t = ReplayTable::Parse(column + "," + kHeader + on +
+                                               ",2,1,4,2,1,4,1,1,on,none,off,1.5,40,ok\n"
+                                               ",2,1,4,2,1,4,1,2,on,none,off,1.6,41,ok\n" +
+                                               off + ",2,1,4,2,1,4,2,1,on,none,off,1.7,42,ok\n",
                                            "t.csv");
   ASSERT_EQ(t.rows().size(), 3u);
-  EXPECT_TRUE(t.rows()[0].config.flex_dispatcher);
-  EXPECT_FALSE(t.rows()[1].config.flex_dispatcher);
-  EXPECT_FALSE(t.rows()[2].config.flex_dispatcher);
+  EXPECT_TRUE(t.rows()[0].config.*knob);
+  EXPECT_FALSE(t.rows()[1].config.*knob);
+  EXPECT_FALSE(t.rows()[2].config.*knob);
   const ReplayTable again = ReplayTable::Parse(t.ToCsv(), "again.csv");
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(again.rows()[i].config, t.rows()[i].config) << i;
-  EXPECT_NE(t.ToCsv().find(",dispatcher\n"), std::string::npos) << t.ToCsv();
+  EXPECT_NE(t.ToCsv().find("," + column + "\n"), std::string::npos) << t.ToCsv();
   EXPECT_EQ(
       ReplayTable::Parse(std::string(kHeader) + "2,1,8,1,1,4,1,1,on,none,off,1,1,ok\n", "t.csv")
           .ToCsv()
-          .find("dispatcher"),
+          .find(column),
       std::string::npos);
-  ExpectBad(std::string("dispatcher,") + kHeader + "deepep,2,1,8,1,1,4,1,1,on,none,off,1.5,40,ok\n",
-            "allowed: alltoall, flex");
+  ExpectBad(column + "," + kHeader + bad + ",2,1,4,2,1,4,1,1,on,none,off,1.5,40,ok\n", allowed);
+}
+
+TEST(ReplayTable, ReadsADispatcherColumnAndWritesOneOnlyWhereARowNeedsIt) {
+  ExpectSwitchColumn("dispatcher", "flex", "alltoall", &ParallelConfig::flex_dispatcher, "deepep",
+                     "allowed: alltoall, flex");
 }
 
 TEST(ReplayTable, ReadsACpCommColumnAndWritesOneOnlyWhereARowNeedsIt) {
-  const ReplayTable t = ReplayTable::Parse(std::string("cp_comm,") + kHeader +
-                                               "allgather,2,1,4,2,1,1,1,1,on,none,off,1.5,40,ok\n"
-                                               ",2,1,4,2,1,1,1,2,on,none,off,1.6,41,ok\n"
-                                               "p2p,2,1,4,2,1,1,2,1,on,none,off,1.7,42,ok\n",
-                                           "t.csv");
-  ASSERT_EQ(t.rows().size(), 3u);
-  EXPECT_TRUE(t.rows()[0].config.cp_allgather);
-  EXPECT_FALSE(t.rows()[1].config.cp_allgather);
-  EXPECT_FALSE(t.rows()[2].config.cp_allgather);
-  const ReplayTable again = ReplayTable::Parse(t.ToCsv(), "again.csv");
-  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(again.rows()[i].config, t.rows()[i].config) << i;
-  EXPECT_NE(t.ToCsv().find(",cp_comm\n"), std::string::npos) << t.ToCsv();
-  EXPECT_EQ(
-      ReplayTable::Parse(std::string(kHeader) + "2,1,8,1,1,4,1,1,on,none,off,1,1,ok\n", "t.csv")
-          .ToCsv()
-          .find("cp_comm"),
-      std::string::npos);
-  ExpectBad(std::string("cp_comm,") + kHeader + "a2a,2,1,4,2,1,1,1,1,on,none,off,1.5,40,ok\n",
-            "allowed: p2p, allgather");
+  ExpectSwitchColumn("cp_comm", "allgather", "p2p", &ParallelConfig::cp_allgather, "a2a",
+                     "allowed: p2p, allgather");
 }
 
 TEST(ReplayTable, ReadsTheCountedSplitColumnsAndWritesThemOnlyWhereARowNeedsThem) {
