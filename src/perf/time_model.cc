@@ -320,48 +320,7 @@ CostModel::BackwardComm CostModel::LayerCommunication(const ParallelConfig& c, c
       if (async && gemm > 0) backward.tp += ExposedBeside(all_reduce, gemm) - all_reduce;
     }
   }
-  // Ulysses (as the trial runs it): one all-to-all of q, k and v into head shards, one of the
-  // output back; backward mirrors them. The buffers are packed and unpacked by row gathers.
-  if (c.up > 1) {
-    const double qkv_bytes =
-        element_bytes_ * tokens * (x.tp_heads * x.qk_dim + x.tp_kv * (x.qk_dim + x.v_dim));
-    const double o_bytes = element_bytes_ * tokens * x.tp_heads * x.v_dim;
-    f[kUlyssesComm] =
-        AllToAllTime(qkv_bytes, c.up, x.up_stride) + AllToAllTime(o_bytes, c.up, x.up_stride);
-    f[kMemoryBound] += 2 * (qkv_bytes + o_bytes) / hbm;
-  }
-  // Context parallel (ring attention, load-balanced chunks): cp − 1 steps pass the K/V block
-  // of the rank's rows, each behind that step's attention; the blocks are merged by
-  // log-sum-exp. Backward passes K/V and their gradients together, and the gradients take one
-  // more hop home after the last step, which nothing hides.
-  if (c.cp > 1 && c.cp_allgather) {
-    // All-gathered K and V (Transformer Engine's AttnFuncWithCPAndKVAllGather): two all-gathers
-    // (K, V) before the attention, nothing overlapping them; the backward gathers them again and
-    // reduce-scatters dK and dV in the compute dtype. Memory-bound passes: the gathered blocks
-    // put in sequence order (read + write); in the backward also dK/dV zeroed, accumulated per
-    // query chunk over its key prefix (about the sequence: read the part, read and write the
-    // sum) and put back in rank order.
-    const double k_bytes = element_bytes_ * tokens * x.tp_kv * x.qk_dim;
-    const double v_bytes = element_bytes_ * tokens * x.tp_kv * x.v_dim;
-    const double gather = AllGatherTime(c.cp * k_bytes, c.cp, x.cp_stride) +
-                          AllGatherTime(c.cp * v_bytes, c.cp, x.cp_stride);
-    f[kCpComm] = gather;
-    backward.cp = 2 * gather;
-    const double sequence_kv = c.cp * (k_bytes + v_bytes);
-    f[kMemoryBound] += 2 * sequence_kv / hbm;
-    backward.memory_bound = (1 + 3 + 2) * sequence_kv / hbm;
-  } else if (c.cp > 1) {
-    const double kv_block = element_bytes_ * tokens * x.tp_kv * (x.qk_dim + x.v_dim);
-    const bool crosses = CrossesNodes(c.cp, x.cp_stride);
-    const double step = P2PTime(kv_block, crosses), both = P2PTime(2 * kv_block, crosses);
-    const double attention_step = f[kAttention] / c.cp;
-    const double backward_step = AttentionBackwardRatio() * attention_step;
-    f[kCpComm] = (c.cp - 1) * std::max(0.0, step - attention_step);
-    backward.cp = (c.cp - 1) * std::max(0.0, both - backward_step) + step;
-    // Merges: 2·cp − 1 partial results of half the rows each, read twice and written once.
-    f[kMemoryBound] +=
-        (2.0 * c.cp - 2) * 3 * element_bytes_ * tokens * x.tp_heads * x.v_dim / 2 / hbm;
-  }
+  SequenceSplitCommunication(c, x, f, backward);
   // Expert parallel (the trial's dropless dispatchers, Megatron's all-to-all and flex ones): each
   // tp rank routes its 1/tp of the rows; dispatch is an all-to-all over ep of their copies
   // (TokenCopies), then (experts being etp-sharded) an etp all-gather of what arrived; combine is
@@ -383,6 +342,54 @@ CostModel::BackwardComm CostModel::LayerCommunication(const ParallelConfig& c, c
   // forward reruns them under recompute.
   parts.mlp_tp = f[kTpComm] / 2;
   return backward;
+}
+
+void CostModel::SequenceSplitCommunication(const ParallelConfig& c, const LayerShape& x,
+                                           std::array<double, kNumFeatures>& f,
+                                           BackwardComm& backward) const {
+  const double tokens = x.tokens, hbm = x.hbm;
+  // Ulysses (as the trial runs it): one all-to-all of q, k and v into head shards, one of the
+  // output back; backward mirrors them. The buffers are packed and unpacked by row gathers.
+  if (c.up > 1) {
+    const double qkv_bytes =
+        element_bytes_ * tokens * (x.tp_heads * x.qk_dim + x.tp_kv * (x.qk_dim + x.v_dim));
+    const double o_bytes = element_bytes_ * tokens * x.tp_heads * x.v_dim;
+    f[kUlyssesComm] =
+        AllToAllTime(qkv_bytes, c.up, x.up_stride) + AllToAllTime(o_bytes, c.up, x.up_stride);
+    f[kMemoryBound] += 2 * (qkv_bytes + o_bytes) / hbm;
+  }
+  if (c.cp > 1 && c.cp_allgather) {
+    // All-gathered K and V (Transformer Engine's AttnFuncWithCPAndKVAllGather): two all-gathers
+    // (K, V) before the attention, nothing overlapping them; the backward gathers them again and
+    // reduce-scatters dK and dV in the compute dtype. Memory-bound passes: the gathered blocks
+    // put in sequence order (read + write); in the backward also dK/dV zeroed, accumulated per
+    // query chunk over its key prefix (about the sequence: read the part, read and write the
+    // sum) and put back in rank order.
+    const double k_bytes = element_bytes_ * tokens * x.tp_kv * x.qk_dim;
+    const double v_bytes = element_bytes_ * tokens * x.tp_kv * x.v_dim;
+    const double gather = AllGatherTime(c.cp * k_bytes, c.cp, x.cp_stride) +
+                          AllGatherTime(c.cp * v_bytes, c.cp, x.cp_stride);
+    f[kCpComm] = gather;
+    backward.cp = 2 * gather;
+    const double sequence_kv = c.cp * (k_bytes + v_bytes);
+    f[kMemoryBound] += 2 * sequence_kv / hbm;
+    backward.memory_bound = (1 + 3 + 2) * sequence_kv / hbm;
+  } else if (c.cp > 1) {
+    // The ring (load-balanced chunks): cp − 1 steps pass the K/V block of the rank's rows, each
+    // behind that step's attention; the blocks are merged by log-sum-exp. Backward passes K/V
+    // and their gradients together, and the gradients take one more hop home after the last
+    // step, which nothing hides.
+    const double kv_block = element_bytes_ * tokens * x.tp_kv * (x.qk_dim + x.v_dim);
+    const bool crosses = CrossesNodes(c.cp, x.cp_stride);
+    const double step = P2PTime(kv_block, crosses), both = P2PTime(2 * kv_block, crosses);
+    const double attention_step = f[kAttention] / c.cp;
+    const double backward_step = AttentionBackwardRatio() * attention_step;
+    f[kCpComm] = (c.cp - 1) * std::max(0.0, step - attention_step);
+    backward.cp = (c.cp - 1) * std::max(0.0, both - backward_step) + step;
+    // Merges: 2·cp − 1 partial results of half the rows each, read twice and written once.
+    f[kMemoryBound] +=
+        (2.0 * c.cp - 2) * 3 * element_bytes_ * tokens * x.tp_heads * x.v_dim / 2 / hbm;
+  }
 }
 
 double CostModel::AttentionBackwardRatio() const {

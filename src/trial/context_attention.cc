@@ -430,6 +430,12 @@ std::vector<AttentionDesc> ContextAttention::PrefixDescs(int qc) const {
   return {own, prefix};
 }
 
+std::pair<Tensor, Tensor> ContextAttention::KeysOf(const AttentionDesc& att, Tensor kv) const {
+  const int64_t vd = s_.ul_kv_heads * s_.head_dim, kv_cols = 2 * vd;
+  const int64_t k0 = att.kv_offset * s_.mbs * kv_cols, n = att.seq_kv * s_.mbs * kv_cols;
+  return {kv.Slice(k0, n), kv.Slice(k0 + vd, n - vd)};
+}
+
 Status ContextAttention::GatherKv(Tensor qkv_ul) {
   const int64_t kv_cols = 2 * s_.ul_kv_heads * s_.head_dim;
   AUTOPAR_RETURN_IF_ERROR(PickRows(dev_, qkv_ul, s_.head_dim, ids_[kv_pack_], kv_[0]));
@@ -438,8 +444,7 @@ Status ContextAttention::GatherKv(Tensor qkv_ul) {
 }
 
 Status ContextAttention::AllGatherForward(Tensor qkv_ul, Tensor o_ul, Tensor lse) {
-  const int64_t d = s_.head_dim, Hu = s_.ul_heads, kvu = s_.ul_kv_heads;
-  const int64_t chunk_rows = s_.chunk * s_.mbs, kv_cols = 2 * kvu * d;
+  const int64_t d = s_.head_dim, Hu = s_.ul_heads, chunk_rows = s_.chunk * s_.mbs;
   AUTOPAR_RETURN_IF_ERROR(GatherKv(qkv_ul));
   for (int qc = 0; qc < 2; ++qc) {
     const Tensor q = qkv_ul.Slice(qc * chunk_rows * s_.ul_cols, chunk_rows * s_.ul_cols);
@@ -447,8 +452,7 @@ Status ContextAttention::AllGatherForward(Tensor qkv_ul, Tensor o_ul, Tensor lse
     const Tensor out_lse = lse.Slice(qc * chunk_rows * Hu, chunk_rows * Hu);
     bool written = false;
     for (const AttentionDesc& att : PrefixDescs(qc)) {
-      const int64_t k0 = att.kv_offset * s_.mbs * kv_cols, n = att.seq_kv * s_.mbs * kv_cols;
-      const Tensor k = kv_seq_.Slice(k0, n), v = kv_seq_.Slice(k0 + kvu * d, n - kvu * d);
+      const auto [k, v] = KeysOf(att, kv_seq_);
       if (!written) {
         AUTOPAR_RETURN_IF_ERROR(dev_.AttentionForward(att, q, k, v, out, out_lse));
         written = true;
@@ -474,9 +478,8 @@ Status ContextAttention::AllGatherBackward(Tensor qkv_ul, Tensor o_ul, Tensor ls
     const Tensor q = qkv_ul.Slice(q0, chunk_rows * s_.ul_cols);
     const Tensor dq = dqkv_ul.Slice(q0, chunk_rows * s_.ul_cols);
     for (const AttentionDesc& att : PrefixDescs(qc)) {
-      const int64_t k0 = att.kv_offset * s_.mbs * kv_cols, n = att.seq_kv * s_.mbs * kv_cols;
-      const Tensor k = kv_seq_.Slice(k0, n), v = kv_seq_.Slice(k0 + kvu * d, n - kvu * d);
-      const Tensor dk = dkv_seq_.Slice(k0, n), dv = dkv_seq_.Slice(k0 + kvu * d, n - kvu * d);
+      const auto [k, v] = KeysOf(att, kv_seq_);
+      const auto [dk, dv] = KeysOf(att, dkv_seq_);
       AUTOPAR_RETURN_IF_ERROR(dev_.AttentionBackward(
           att, q, k, v, o_ul.Slice(o0, chunk_rows * Hu * d), do_ul.Slice(o0, chunk_rows * Hu * d),
           lse.Slice(qc * chunk_rows * Hu, chunk_rows * Hu), dq, dk, dv, true));

@@ -69,6 +69,9 @@ class ContextAttention {
   // The all-gather form's calls for query chunk qc: its key prefix's earlier chunks (none for the
   // sequence's first chunk) and its own chunk.
   std::vector<device::AttentionDesc> PrefixDescs(int qc) const;
+  // The K and V views of `kv` (K/V rows in sequence order, or their gradients) that call `att`
+  // reads.
+  std::pair<Tensor, Tensor> KeysOf(const device::AttentionDesc& att, Tensor kv) const;
   // The causal descriptor of query chunk qc (0: first, 1: second) against kv chunk kc of the
   // block owned by cp rank `src`.
   device::AttentionDesc PairDesc(int qc, int src, int kc) const;

@@ -172,6 +172,10 @@ class CostModel {
                             std::array<double, kNumFeatures>& f) const;
   BackwardComm LayerCommunication(const ParallelConfig& c, const LayerShape& x, bool moe,
                                   ComputeParts& parts, std::array<double, kNumFeatures>& f) const;
+  // LayerCommunication's Ulysses all-to-alls and context-parallel ring or gathers.
+  void SequenceSplitCommunication(const ParallelConfig& c, const LayerShape& x,
+                                  std::array<double, kNumFeatures>& f,
+                                  BackwardComm& backward) const;
   // What selective recompute's modules rerun in a layer's backward `b`, from its forward `f`.
   void AddSelectiveRerun(const ParallelConfig& c, bool moe, const ComputeParts& parts,
                          const std::array<double, kNumFeatures>& f,
