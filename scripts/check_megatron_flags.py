@@ -23,8 +23,9 @@ import subprocess
 import sys
 
 # (name, command, autopar-tune arguments): issue 11's acceptance setups, two that reach virtual
-# stages, block recompute and both reduction-dtype flags, and uneven stages and the embedding and
-# loss counted in the split (which `plan` does not enumerate: `predict` prints them).
+# stages, block recompute and both reduction-dtype flags, FP8 parameters, and uneven stages and
+# the embedding and loss counted in the split (which `plan` does not enumerate: `predict` prints
+# them).
 SETUPS = [
     ("llama3-8b, seq 131072, up=2, 4 x 8 h100", "plan",
      ["--model", "llama3-8b", "--seq-length", "131072", "--global-batch-size", "64",
@@ -44,6 +45,9 @@ SETUPS = [
     ("llama3-8b, bf16 gradient reduction, 1 x 8 h100", "plan",
      ["--model", "llama3-8b", "--global-batch-size", "64", "--gpu", "h100", "--nnodes", "1",
       "--nproc-per-node", "8", "--fix", "grad_reduce_dtype=bf16"]),
+    ("llama3-8b, fp8 with fp8 parameters, 1 x 8 h100", "plan",
+     ["--model", "llama3-8b", "--global-batch-size", "64", "--gpu", "h100", "--nnodes", "1",
+      "--nproc-per-node", "8", "--fp8-format", "hybrid", "--fix", "fp8_param_gather=on"]),
     ("llama3-8b, uneven stages and vpp=2, 4 x 8 h100", "predict",
      ["--model", "llama3-8b", "--global-batch-size", "64", "--gpu", "h100", "--nnodes", "4",
       "--nproc-per-node", "8", "--config", "tp=8,pp=4,pp_first=2,pp_last=6,vpp=2"]),

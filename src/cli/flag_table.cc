@@ -139,6 +139,7 @@ const FlagGroup kMegatronParallel = {
         Megatron("--overlap-param-gather", ""),
         Megatron("--grad-reduce-in-bf16", ""),
         Megatron("--accumulate-allreduce-grads-in-fp32", ""),
+        Megatron("--fp8-param-gather", ""),
         Megatron("--ddp-bucket-size", "N"),
         Megatron("--use-flash-attn", ""),
         Megatron("--attention-backend", "flash|fused|unfused|local|auto"),

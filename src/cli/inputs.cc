@@ -400,6 +400,12 @@ void ReadMegatronParallel(std::vector<std::string> script_rest, std::vector<std:
   } else if (script_read.flex_dispatcher && in.model.is_moe()) {
     in.space.flex_dispatcher = *script_read.flex_dispatcher;
   }
+  // FP8 parameters, the script's or the command line's numerics, in every candidate (unless
+  // --fix says otherwise).
+  if ((read.fp8_param_gather || script_read.fp8_param_gather) &&
+      in.space.fp8_param_gather.empty()) {
+    in.space.fp8_param_gather = {true};
+  }
 }
 
 }  // namespace

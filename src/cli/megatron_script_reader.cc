@@ -96,11 +96,31 @@ struct MegatronReading {
   std::optional<double> attention_dropout, hidden_dropout;
   std::optional<uint8_t> recompute_modules;  // canonical: 0 is core_attn alone
   std::optional<bool> flex_dispatcher;       // --moe-token-dispatcher-type flex
+  bool fp8_param_gather = false;             // --fp8-param-gather
+  bool fsdp = false;  // --use-megatron-fsdp or --use-torch-fsdp2 (not modelled, left in the rest)
 };
 
 // The configuration read from the flags, completed with what the rest of them say: Megatron's
 // defaults, its own corrections (with a note), the pipeline's stages (ApplyMegatronStages).
 // Returns the flag that made the stages uneven ("" when even).
+// --fp8-param-gather as the configuration takes it: refused without FP8 training (Megatron-core's
+// TransformerConfig: fp8_param needs fp8 mode); with FSDP, which the model does not express,
+// noted and left out.
+bool Fp8ParamGather(const MegatronReading& r, Precision precision,
+                    std::vector<std::string>& notes) {
+  if (!r.fp8_param_gather) return false;
+  if (precision != Precision::kFP8) {
+    throw InputError("--fp8-param-gather",
+                     "needs FP8 training (--fp8-format hybrid|e4m3): Megatron-core keeps "
+                     "parameters in FP8 only in fp8 mode");
+  }
+  if (r.fsdp) {
+    notes.push_back("--fp8-param-gather with FSDP: not modelled, parameters costed in 16 bits");
+    return false;
+  }
+  return true;
+}
+
 std::string FinishMegatronConfig(const MegatronReading& r, const ModelSpec& model,
                                  Precision precision, ParallelConfig& config,
                                  std::vector<std::string>& notes) {
@@ -130,6 +150,14 @@ std::string FinishMegatronConfig(const MegatronReading& r, const ModelSpec& mode
     notes.push_back("--moe-token-dispatcher-type flex: ignored, " + model.name + " has no experts");
   }
   config.flex_dispatcher = r.flex_dispatcher.value_or(false) && model.is_moe();
+  // Megatron-LM takes FP8 parameters with the distributed optimizer or FSDP (arguments.py; FSDP
+  // is not modelled, and Fp8ParamGather has left it out there).
+  config.fp8_param_gather = r.fp8_param_gather;
+  if (config.fp8_param_gather && !config.dist_opt) {
+    throw InputError("--fp8-param-gather",
+                     "needs --use-distributed-optimizer (Megatron-LM asserts a sharded optimizer "
+                     "for FP8 parameters)");
+  }
   // Megatron reads the modules only with selective granularity.
   if (config.recompute == Recompute::kSelective) {
     config.recompute_modules = r.recompute_modules.value_or(0);
@@ -279,7 +307,9 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
     else if (flag == "--grad-reduce-in-bf16") r.grad_reduce_in_fp32 = false;
     else if (flag == "--accumulate-allreduce-grads-in-fp32") r.grad_reduce_in_fp32 = true;
     else if (flag == "--ddp-bucket-size") stack.ddp_bucket_size = ToInt(flag, next(), 1, kBucket);
+    else if (flag == "--fp8-param-gather") r.fp8_param_gather = true;
     else {
+      r.fsdp = r.fsdp || flag == "--use-megatron-fsdp" || flag == "--use-torch-fsdp2";
       rest.push_back(args[i]);
     }
     // clang-format on
@@ -289,6 +319,8 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
   read.uneven_flag.clear();
   read.recompute_modules = r.recompute_modules;
   read.flex_dispatcher = r.flex_dispatcher;
+  r.fp8_param_gather = Fp8ParamGather(r, precision, notes);
+  read.fp8_param_gather = r.fp8_param_gather;
   if (config) read.uneven_flag = FinishMegatronConfig(r, model, precision, *config, notes);
   return config;
 }

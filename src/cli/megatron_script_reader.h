@@ -27,6 +27,9 @@ struct MegatronFlagsRead {
   // --moe-token-dispatcher-type (true: flex), in the configuration and in every candidate of a
   // search that can dispatch by it.
   std::optional<bool> flex_dispatcher;
+  // --fp8-param-gather (FP8 training; not with FSDP, which is not modelled): FP8 parameters in
+  // the configuration and in every candidate of a search.
+  bool fp8_param_gather = false;
 };
 
 // Megatron-LM's parallelism and software-stack flags, taken out of `args` (argv items).

@@ -27,6 +27,7 @@ void PinSpace(const ParallelConfig& c, const ModelSpec& model, SpaceOptions& spa
   space.overlap_grad_reduce = {c.overlap_grad_reduce};
   space.overlap_param_gather = {c.overlap_param_gather};
   space.grad_reduce_dtype = {c.grad_reduce_dtype};
+  space.fp8_param_gather = {c.fp8_param_gather};
 }
 
 // Why `c` is not a valid configuration of this job, judged by the space without the user's
@@ -190,6 +191,7 @@ int RunPredict(const std::vector<std::string>& argv, std::ostream& out, std::ost
     c.overlap_param_gather = pins.overlap_param_gather[0] && OverlapParamGatherAllowed(c);
   }
   if (pins.grad_reduce_dtype.size() == 1) c.grad_reduce_dtype = pins.grad_reduce_dtype[0];
+  if (pins.fp8_param_gather.size() == 1) c.fp8_param_gather = pins.fp8_param_gather[0];
   if (const std::string reason = ValidityReason(in, c); !reason.empty()) {
     throw InputError("--config", reason);
   }

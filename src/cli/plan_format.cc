@@ -275,6 +275,7 @@ std::string MegatronFlags(const ParallelConfig& c, const ModelSpec& model, const
   if (fp32_reduce && train.precision == Precision::kFP16) {
     f << " --accumulate-allreduce-grads-in-fp32";
   }
+  if (c.fp8_param_gather) f << " --fp8-param-gather";
   return f.str();
 }
 
@@ -350,6 +351,12 @@ std::vector<BridgeOverride> BridgeOverrides(const ParallelConfig& c, const Model
   // Megatron-Bridge asserts that the DDP and optimizer configs agree on this one.
   boolean("optimizer.use_distributed_optimizer", c.dist_opt);
   if (departs) boolean("mixed_precision.grad_reduce_in_fp32", fp32_reduce);
+  // FP8 parameters: Megatron-Bridge's FP8 presets turn them on (bf16_with_fp8_*_mixed), and the
+  // mixed-precision config's value is copied over the model's, optimizer's and DDP's
+  // (MixedPrecisionConfig.setup), so an FP8 run always says which it is.
+  if (train.precision == Precision::kFP8) {
+    boolean("mixed_precision.fp8_param_gather", c.fp8_param_gather);
+  }
   return o;
 }
 

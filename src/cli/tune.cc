@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -139,7 +140,8 @@ void RejectRestrictions(const SpaceOptions& s) {
       {"--mbs", !s.mbs.empty()},
       {"--recompute", !s.recompute.empty()},
       {"--fix", !s.sp.empty() || !s.dist_opt.empty() || !s.overlap_grad_reduce.empty() ||
-                    !s.overlap_param_gather.empty() || !s.grad_reduce_dtype.empty()},
+                    !s.overlap_param_gather.empty() || !s.grad_reduce_dtype.empty() ||
+                    !s.fp8_param_gather.empty()},
       {"--recompute-layers", !s.recompute_layers.empty()},
       {"--max-mbs", s.max_mbs != d.max_mbs},
       {"--sweep-recompute-layers", s.sweep_recompute_layers}};
@@ -192,6 +194,15 @@ Candidates FindCandidates(const TuneFlags& flags, const Inputs& in, const CostMo
     c.set = std::make_unique<search::CandidateSet>(c.table->configs(), model,
                                                    in.cluster.gpu.memory_gib);
   } else {
+    // The trials of our own backends keep 16-bit parameters (trial.cc's Validate).
+    const std::vector<bool>& fp8_params = in.space.fp8_param_gather;
+    if (flags.backend != "megatron" &&
+        std::find(fp8_params.begin(), fp8_params.end(), true) != fp8_params.end()) {
+      throw InputError("--fp8-param-gather",
+                       "not with --backend " + flags.backend +
+                           ": its trials keep 16-bit parameters; plan and predict model FP8 "
+                           "parameters, and --backend megatron runs them");
+    }
     const StageBalancer balancer(model);  // uneven stages, as plan ranks them
     const SearchSpace space(in.model, in.train, in.cluster, in.space, &balancer);
     c.set = std::make_unique<search::CandidateSet>(search::CandidateSet::FromSpace(space, model));

@@ -17,6 +17,7 @@ pb::ParallelConfig ToProto(const ParallelConfig& c) {
   p.set_split_loss(c.split_loss);
   p.set_flex_dispatcher(c.flex_dispatcher);
   p.set_cp_allgather(c.cp_allgather);
+  p.set_fp8_param_gather(c.fp8_param_gather);
   p.set_vpp(c.vpp);
   p.set_mbs(c.mbs);
   p.set_sp(c.sp);
@@ -48,6 +49,7 @@ ParallelConfig FromProto(const pb::ParallelConfig& p) {
   c.split_loss = p.split_loss();
   c.flex_dispatcher = p.flex_dispatcher();
   c.cp_allgather = p.cp_allgather();
+  c.fp8_param_gather = p.fp8_param_gather();
   c.vpp = p.vpp();
   c.mbs = p.mbs();
   c.sp = p.sp();

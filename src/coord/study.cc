@@ -113,6 +113,7 @@ pb::SpaceDesc Describe(const SpaceOptions& s, const search::CandidateSet& candid
   for (bool v : s.overlap_grad_reduce) d.add_overlap_grad_reduce(v);
   for (bool v : s.overlap_param_gather) d.add_overlap_param_gather(v);
   for (bool v : s.cp_allgather) d.add_cp_allgather(v);
+  for (bool v : s.fp8_param_gather) d.add_fp8_param_gather(v);
   for (GradReduceDtype v : s.grad_reduce_dtype) {
     ParallelConfig c;
     c.grad_reduce_dtype = v;

@@ -329,9 +329,12 @@ void CostModel::StageParameterBytes(const ParallelConfig& c, const StageLayout& 
                          (et * ep);
   mem.weights = weight_bytes * (dense + experts);
   // FP8: Transformer Engine's cached FP8 weights (and transposes), kept across the micro-batches.
+  // FP8 parameters (fp8_param_gather) are those FP8 weights (and their transposes): the layers'
+  // linear weights have no 16-bit copy.
   if (fp8_) {
-    mem.weights +=
-        Fp8WeightCacheBytes(fp8_transposed_copy_) * Fp8StageWeights(m, params_, c, layout, stage);
+    const double fp8_weights = Fp8StageWeights(m, params_, c, layout, stage).total();
+    mem.weights += Fp8WeightCacheBytes(fp8_transposed_copy_) * fp8_weights -
+                   (c.fp8_param_gather ? weight_bytes * fp8_weights : 0.0);
   }
   // Megatron's main-gradient buffers are fp32, or in the parameters' dtype with
   // --grad-reduce-in-bf16 (DistributedDataParallelConfig.grad_reduce_in_fp32 off).

@@ -87,15 +87,15 @@ Fp8Weights Fp8LayerWeights(const ParamCounts& p, bool moe) {
       static_cast<double>(p.expert_per_layer)};
 }
 
-double Fp8StageWeights(const ModelSpec& m, const ParamCounts& p, const ParallelConfig& c,
-                       const StageLayout& layout, int64_t stage) {
+Fp8Weights Fp8StageWeights(const ModelSpec& m, const ParamCounts& p, const ParallelConfig& c,
+                           const StageLayout& layout, int64_t stage) {
   const Fp8Weights dense = Fp8LayerWeights(p, false), moe = Fp8LayerWeights(p, true);
   const double mtp = stage == c.pp - 1 ? static_cast<double>(m.mtp_num_layers) : 0.0;
   const double dense_layers =
       static_cast<double>(layout.all.dense_total()) + (m.is_moe() ? 0 : mtp);
   const double moe_layers = static_cast<double>(layout.all.moe_total()) + (m.is_moe() ? mtp : 0);
-  return (dense_layers * dense.dense + moe_layers * moe.dense) / c.tp +
-         moe_layers * moe.experts / (c.expert_tp() * c.ep);
+  return {(dense_layers * dense.dense + moe_layers * moe.dense) / c.tp,
+          moe_layers * moe.experts / (c.expert_tp() * c.ep)};
 }
 
 }  // namespace autopar

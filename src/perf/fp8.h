@@ -35,13 +35,15 @@ Fp8LayerTraffic Fp8Layer(const ModelSpec& m, const ParallelConfig& c, double tok
 struct Fp8Weights {
   double dense = 0;
   double experts = 0;
+  double total() const { return dense + experts; }
 };
 Fp8Weights Fp8LayerWeights(const ParamCounts& p, bool moe);
 
 // The FP8 weights one rank of `stage` holds: its layers' and, on the last stage, those of the
-// multi-token-prediction modules' layers; dense ones divided by tp, experts by etp·ep.
-double Fp8StageWeights(const ModelSpec& m, const ParamCounts& p, const ParallelConfig& c,
-                       const StageLayout& layout, int64_t stage);
+// multi-token-prediction modules' layers; dense ones divided by tp, experts by etp·ep (kept apart,
+// as the distributed optimizer shards them over different groups).
+Fp8Weights Fp8StageWeights(const ModelSpec& m, const ParamCounts& p, const ParallelConfig& c,
+                           const StageLayout& layout, int64_t stage);
 
 // Bytes per FP8 weight that TE caches across the micro-batches of a step (Megatron passes
 // is_first_microbatch, so the weights are quantized once per step): the FP8 copy and, where the

@@ -103,11 +103,13 @@ struct StageTimeParts {
 
 // What the stages of a configuration come to (CostModel::SummarizeStages): the slowest stage's
 // cost (which paces the pipeline), its share of recomputed layers and its FP8-cast weights, and
-// the parameters and gradient reduction of the stage whose reduction takes longest.
+// the parameters and gradient reduction of the stage whose reduction takes longest (with
+// fp8_param_gather, the FP8 ones among them).
 struct StageSummary {
   LayerCost slowest;
   double recompute_share = 0, fp8_weights = 0;
   double dense_params = 0, expert_params = 0, grad_time = -1;
+  double fp8_dense_params = 0, fp8_expert_params = 0;
   bool embedding_copy = false;  // a tied (or MTP-read) embedding duplicated on the last stage
 };
 

@@ -559,7 +559,7 @@ StageSummary CostModel::SummarizeStages(const ParallelConfig& c,
       out.recompute_share =
           static_cast<double>(layout.recomputed.dense_total() + layout.recomputed.moe_total()) /
           std::max<int64_t>(layout.layers(), 1);
-      out.fp8_weights = fp8_ ? Fp8StageWeights(m, params_, c, layout, stage) : 0.0;
+      out.fp8_weights = fp8_ ? Fp8StageWeights(m, params_, c, layout, stage).total() : 0.0;
     }
     const double dense =
         (layout.all.dense_total() * static_cast<double>(params_.dense_layer()) +
@@ -575,6 +575,11 @@ StageSummary CostModel::SummarizeStages(const ParallelConfig& c,
       out.grad_time = g;
       out.dense_params = dense;
       out.expert_params = experts;
+      if (fp8_ && c.fp8_param_gather) {
+        const Fp8Weights fp8 = Fp8StageWeights(m, params_, c, layout, stage);
+        out.fp8_dense_params = fp8.dense;
+        out.fp8_expert_params = fp8.experts;
+      }
     }
   }
   out.embedding_copy = embedding_copy;
@@ -602,12 +607,16 @@ void CostModel::AddDataParallel(const ParallelConfig& c, const StageSummary& st,
   const double hbm = cluster_.gpu.hbm_bandwidth * e.memory_bound;
   const double fwd = st.slowest.forward(), bwd = st.slowest.backward();
   const int64_t dp_group = int64_t{c.dp} * c.cp * c.up, edp_group = c.expert_dp();
-  // The distributed optimizer's parameter all-gather, in the parameters' dtype.
+  // The distributed optimizer's parameter all-gather, in the parameters' dtype: one byte for
+  // FP8 parameters (fp8_param_gather), Megatron's uint8 buffers beside the 16-bit ones.
+  const double fp8_saved = element_bytes_ - 1;
   double gather_time = 0;
   if (c.dist_opt) {
     gather_time =
-        AllGatherTime(element_bytes_ * st.dense_params, dp_group, c.tp) +
-        AllGatherTime(element_bytes_ * st.expert_params, edp_group, ExpertGroupStrides(c).edp);
+        AllGatherTime(element_bytes_ * st.dense_params - fp8_saved * st.fp8_dense_params, dp_group,
+                      c.tp) +
+        AllGatherTime(element_bytes_ * st.expert_params - fp8_saved * st.fp8_expert_params,
+                      edp_group, ExpertGroupStrides(c).edp);
   }
   // Megatron's overlap (megatron/core/distributed/): parameters go into buckets of
   // MegatronDdpBucketSize(dp) in reverse order, on the first pipeline stage only (later stages,
@@ -657,7 +666,12 @@ void CostModel::AddDataParallel(const ParallelConfig& c, const StageSummary& st,
   const double optimizer_params = c.dist_opt
                                       ? st.dense_params / dp_group + st.expert_params / edp_group
                                       : st.dense_params + st.expert_params;
-  out.features[kOptimizer] = kAdamBytesPerParam * optimizer_params / hbm;
+  // FP8 parameters: the master shard goes to the parameter through a 16-bit copy that is then
+  // quantized (Transformer Engine's cast_master_weights_to_fp8 under delayed scaling): e + 1
+  // bytes more per element than the 16-bit copy alone.
+  const double fp8_shard = st.fp8_dense_params / dp_group + st.fp8_expert_params / edp_group;
+  out.features[kOptimizer] =
+      (kAdamBytesPerParam * optimizer_params + (element_bytes_ + 1) * fp8_shard) / hbm;
 }
 
 TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
@@ -677,9 +691,12 @@ TimeBreakdown CostModel::Time(const ParallelConfig& c) const {
     out.features[k] = slots * (st.slowest.fwd[k] + st.slowest.bwd[k]);
   // FP8: TE quantizes a stage's weights (read BF16, write the cached FP8 copies) once a step, in
   // its first micro-batch's forward; Megatron passes is_first_microbatch, so later micro-batches
-  // reuse them.
-  out.features[kMemoryBound] +=
-      (element_bytes_ + Fp8WeightCacheBytes(fp8_transposed_copy_)) * st.fp8_weights / hbm;
+  // reuse them. FP8 parameters are already FP8: only their transposes are written (read and
+  // write one byte each, where the GEMMs need them).
+  const double fp8_cast_bytes = c.fp8_param_gather
+                                    ? 2.0 * (Fp8WeightCacheBytes(fp8_transposed_copy_) - 1)
+                                    : element_bytes_ + Fp8WeightCacheBytes(fp8_transposed_copy_);
+  out.features[kMemoryBound] += fp8_cast_bytes * st.fp8_weights / hbm;
   out.layer_forward_s = parts.dense.forward();
   out.layer_backward_s = parts.dense.backward() + st.recompute_share * parts.dense.forward();
   out.forward_per_microbatch_s = st.slowest.forward();

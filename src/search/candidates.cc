@@ -42,12 +42,14 @@ constexpr Knob kKnobs[] = {
      [](const ParallelConfig& c) -> int64_t { return c.overlap_param_gather; }},
     {"grad_reduce_dtype",
      [](const ParallelConfig& c) -> int64_t { return static_cast<int64_t>(c.grad_reduce_dtype); }},
+    {"fp8_param_gather", [](const ParallelConfig& c) -> int64_t { return c.fp8_param_gather; }},
 };
 
 std::string LevelName(const char* knob, const ParallelConfig& c) {
   const std::string k = knob;
   std::string value;
-  if (k == "sp" || k == "dist_opt" || k == "overlap_grad_reduce" || k == "overlap_param_gather") {
+  if (k == "sp" || k == "dist_opt" || k == "overlap_grad_reduce" || k == "overlap_param_gather" ||
+      k == "fp8_param_gather") {
     for (const Knob& q : kKnobs) {
       if (k == q.name) value = q.key(c) != 0 ? "on" : "off";
     }

@@ -94,6 +94,12 @@ bool NeedsAtLeastAsMuchMemory(const ParallelConfig& a, const ParallelConfig& b) 
   if (a.mbs < b.mbs) return false;
   if (a.sp && !b.sp) return false;              // SP shards activations: on needs less
   if (a.dist_opt && !b.dist_opt) return false;  // so does the distributed optimizer's state
+  // 16-bit gradient buffers and FP8 parameters (no 16-bit copy) need less.
+  if (a.grad_reduce_dtype == GradReduceDtype::kBF16 &&
+      b.grad_reduce_dtype == GradReduceDtype::kFP32) {
+    return false;
+  }
+  if (a.fp8_param_gather && !b.fp8_param_gather) return false;
   return RecomputeKeepsAtLeast(a, b);
 }
 

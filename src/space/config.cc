@@ -17,7 +17,7 @@ constexpr const char* kKeys =
     "split_loss, "
     "mbs, sp, "
     "recompute, recompute_modules, recompute_layers, dist_opt, "
-    "overlap_grad_reduce, overlap_param_gather, grad_reduce_dtype";
+    "overlap_grad_reduce, overlap_param_gather, grad_reduce_dtype, fp8_param_gather";
 
 int32_t ParsePositive(const std::string& key, const std::string& value, bool allow_zero) {
   int32_t v = 0;
@@ -149,6 +149,7 @@ std::string ToSpec(const ParallelConfig& c) {
   if (c.grad_reduce_dtype != GradReduceDtype::kFP32) {
     out << ",grad_reduce_dtype=" << ToString(c.grad_reduce_dtype);
   }
+  if (c.fp8_param_gather) out << ",fp8_param_gather=on";
   return out.str();
 }
 
@@ -199,6 +200,8 @@ ParallelConfig ParseSpec(const std::string& text) {
       if (value == "fp32") c.grad_reduce_dtype = GradReduceDtype::kFP32;
       else if (value == "bf16") c.grad_reduce_dtype = GradReduceDtype::kBF16;
       else throw InputError(kFlag, "key 'grad_reduce_dtype' takes fp32|bf16, got '" + value + "'");
+    } else if (key == "fp8_param_gather") {
+      c.fp8_param_gather = ParseOnOff(key, value);
     } else if (key == "recompute") {
       if (value == "none") c.recompute = Recompute::kNone;
       else if (value == "selective") c.recompute = Recompute::kSelective;

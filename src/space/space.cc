@@ -190,6 +190,24 @@ void FailIf(const char* flag, const std::string& reason) {
   if (!reason.empty()) throw InputError(flag, reason);
 }
 
+// Why FP8 parameters (fp8_param_gather) cannot be among `fp8_param_gather` with `dist_opt` (empty:
+// both values) and `precision`; empty when they can.
+std::string Fp8ParamGatherReason(Precision precision, const std::vector<bool>& fp8_param_gather,
+                                 const std::vector<bool>& dist_opt) {
+  const auto has = [](const std::vector<bool>& v, bool x) {
+    return std::find(v.begin(), v.end(), x) != v.end();
+  };
+  if (!has(fp8_param_gather, true)) return {};
+  if (precision != Precision::kFP8) {
+    return "fp8_param_gather=on needs FP8 training (--fp8-format hybrid|e4m3)";
+  }
+  if (!dist_opt.empty() && !has(dist_opt, true)) {
+    return "fp8_param_gather=on needs dist_opt=on (Megatron-LM asserts --fp8-param-gather only "
+           "with a sharded optimizer)";
+  }
+  return {};
+}
+
 // --ep and --etp: positive, and only for a mixture-of-experts model whose experts they divide.
 void ValidateExpertOptions(const ModelSpec& m, const SpaceOptions& options) {
   for (int32_t ep : options.ep) {
@@ -295,6 +313,8 @@ void SearchSpace::ValidateOptions() const {
       !options_.overlap_grad_reduce[0]) {
     throw InputError("--fix", "overlap_param_gather=on needs overlap_grad_reduce=on");
   }
+  FailIf("--fix",
+         Fp8ParamGatherReason(train_.precision, options_.fp8_param_gather, options_.dist_opt));
 }
 
 std::string SearchSpace::Check(const ParallelConfig& c) const {
@@ -355,7 +375,7 @@ std::string SearchSpace::Check(const ParallelConfig& c) const {
     return "overlap_param_gather=on needs dist_opt=on and overlap_grad_reduce=on (Megatron-LM "
            "asserts both)";
   }
-  return {};
+  return Fp8ParamGatherReason(train_.precision, {c.fp8_param_gather}, {c.dist_opt});
 }
 
 bool SearchSpace::UlyssesKvFits(int32_t tp, int32_t up) const {
@@ -470,6 +490,7 @@ SearchSpace::KnobValues SearchSpace::Knobs() const {
   k.grad_reduce_dtype =
       or_else(options_.grad_reduce_dtype, std::vector<GradReduceDtype>{GradReduceDtype::kFP32});
   k.cp_allgather = or_else(options_.cp_allgather, std::vector<bool>{false, true});
+  k.fp8_param_gather = or_else(options_.fp8_param_gather, std::vector<bool>{false});
   k.choose_depth = options_.recompute_layers.empty() && !options_.sweep_recompute_layers;
   return k;
 }
@@ -549,6 +570,8 @@ void ApplyFix(const std::string& text, SpaceOptions& options) {
     else if (key == "overlap_grad_reduce") options.overlap_grad_reduce = {c.overlap_grad_reduce};
     else if (key == "overlap_param_gather") options.overlap_param_gather = {c.overlap_param_gather};
     else if (key == "grad_reduce_dtype") options.grad_reduce_dtype = {c.grad_reduce_dtype};
+    else if (key == "fp8_param_gather")
+      options.fp8_param_gather = {c.fp8_param_gather};
   }
 }
 

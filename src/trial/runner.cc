@@ -92,6 +92,10 @@ std::string Validate(const device::Group& world, const Device& dev, const ModelS
       !fp8.empty()) {
     return fp8;
   }
+  if (c.fp8_param_gather) {
+    return "fp8_param_gather=on: the trial keeps 16-bit parameters (plan and predict model FP8 "
+           "parameters; --backend megatron runs them)";
+  }
   if (m.num_attention_heads % c.tp != 0 || m.ffn_hidden_size % c.tp != 0) {
     return "tp must divide the heads and the MLP width";
   }

@@ -717,6 +717,12 @@ TEST(Cli, AnAssumedGpuIsNamedOrRefused) {
                   "--model", "tiny", "--global-batch-size", "16"},
                  "--gpu");
   EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() + "cuda_study"));
+  // FP8 parameters: our trials keep 16-bit ones, so the study is refused before it starts.
+  ExpectBadInput({"tune", "--study", ::testing::TempDir() + "cuda_study", "--backend", "cuda",
+                  "--model", "tiny", "--gpu", "h100", "--global-batch-size", "16", "--fp8-format",
+                  "hybrid", "--fix", "fp8_param_gather=on"},
+                 "--fp8-param-gather: not with --backend cuda");
+  EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() + "cuda_study"));
 }
 
 // Issue 11's acceptance: today's Hugging Face families plan from their config.json as published.

@@ -290,6 +290,18 @@ TEST(CliBridge, OverridesSelectTheConfiguration) {
   EXPECT_EQ(Items(Predict("llama2-7b", "tp=2,grad_reduce_dtype=bf16", "bridge", {"--fp16"}).out)
                 .count("ddp.grad_reduce_in_fp32"),
             0u);
+  // FP8 runs say whether their parameters are FP8 (Megatron-Bridge's FP8 presets turn them on);
+  // BF16 runs have none to say.
+  const std::vector<std::string> fp8 = {"--fp8-format", "hybrid"};
+  EXPECT_EQ(Items(Predict("llama2-7b", "tp=2,dist_opt=on", "bridge", fp8).out)
+                .at("mixed_precision.fp8_param_gather"),
+            "false");
+  EXPECT_EQ(Items(Predict("llama2-7b", "tp=2,dist_opt=on,fp8_param_gather=on", "bridge", fp8).out)
+                .at("mixed_precision.fp8_param_gather"),
+            "true");
+  EXPECT_EQ(Items(Predict("llama2-7b", "tp=2,dist_opt=on", "bridge").out)
+                .count("mixed_precision.fp8_param_gather"),
+            0u);
 }
 
 TEST(CliBridge, PlanWritesOneOverrideSetPerConfiguration) {

@@ -93,11 +93,12 @@ TEST(CliScriptImport, Llama3Fp8ExampleExpandsItsVariablesAndArrays) {
   EXPECT_TRUE(Has(plan.out, "1 x 8 h100")) << plan.out;
   // The script's configuration is searched around, and placed.
   EXPECT_TRUE(Has(plan.err, "the script's configuration tp=1,pp=1,dp=8,")) << plan.err;
-  // What the model does not read, in one line (--cross-entropy-loss-fusion it reads).
-  EXPECT_TRUE(Has(r.err,
-                  "note: ignored (not modelled): --manual-gc --empty-unused-memory-level "
-                  "--fp8-param-gather\n"))
+  // What the model does not read, in one line (--cross-entropy-loss-fusion and
+  // --fp8-param-gather it reads).
+  EXPECT_TRUE(Has(r.err, "note: ignored (not modelled): --manual-gc --empty-unused-memory-level\n"))
       << r.err;
+  // FP8 parameters with the distributed optimizer: no BF16 copy of the linear weights.
+  EXPECT_TRUE(Has(r.out, "dist_opt=on,grad_reduce_dtype=bf16,fp8_param_gather=on\"")) << r.out;
   // --megatron-env overrides the script's assignment.
   const Result deeper = RunCli({"plan", "--megatron-args-file", Script("llama3-8b-fp8"), "--gpu",
                                 "h100", "--top", "1", "--megatron-env", "SEQ_LENGTH=4096"});

@@ -131,6 +131,53 @@ TEST(Fp8Time, SequenceParallelGathersFp8) {
   EXPECT_LT(fp8.Time(c).features[kTpComm], bf16.Time(c).features[kTpComm]);
 }
 
+// FP8 parameters (fp8_param_gather, Megatron's --fp8-param-gather): the linear weights lose
+// their BF16 copy (2 bytes each), nothing else in memory moves; the distributed optimizer's
+// gather moves them in one byte; the step writes only their transposes (Hopper: read and write a
+// byte each) instead of quantizing BF16 weights; the optimizer goes through a BF16 copy of its
+// shard and quantizes it (3 bytes more per element of the shard).
+TEST(Fp8Params, NoBf16CopyOneByteGatherAndTheCastMovedToTheOptimizer) {
+  const ModelSpec m = Llama2();
+  const ClusterSpec cluster = Node("h100");
+  const PerfConstants k = DefaultConstants("h100");
+  const CostModel model(m, Train(Precision::kFP8), cluster, k);
+  const ParallelConfig plain = Config("tp=1,pp=1,dp=8,dist_opt=on");
+  ParallelConfig fp8_params = plain;
+  fp8_params.fp8_param_gather = true;
+  const ParamCounts p = CountParams(m);
+  const double linear = m.num_layers * static_cast<double>(p.dense_layer() - p.norms_per_layer);
+
+  const MemoryBreakdown before = model.Memory(plain), after = model.Memory(fp8_params);
+  EXPECT_NEAR(before.weights - after.weights, 2 * linear, 1);
+  EXPECT_DOUBLE_EQ(after.gradients, before.gradients);
+  EXPECT_DOUBLE_EQ(after.optimizer, before.optimizer);
+  EXPECT_DOUBLE_EQ(after.activations, before.activations);
+
+  const TimeBreakdown t0 = model.Time(plain), t1 = model.Time(fp8_params);
+  const double hbm = cluster.gpu.hbm_bandwidth * k.eff.memory_bound;
+  EXPECT_NEAR(t0.features[kMemoryBound] - t1.features[kMemoryBound], (2 + 2 - 2) * linear / hbm,
+              1e-9);
+  EXPECT_NEAR(t1.features[kOptimizer] - t0.features[kOptimizer], 3 * linear / 8 / hbm, 1e-12);
+  // The gather (not overlapped here) moves the linear weights in one byte, the rest in two.
+  ParallelConfig exposed = plain;
+  exposed.overlap_grad_reduce = exposed.overlap_param_gather = false;
+  ParallelConfig exposed_fp8 = exposed;
+  exposed_fp8.fp8_param_gather = true;
+  const double total = static_cast<double>(p.total());
+  const double gather_saved =
+      model.AllGatherTime(2 * total, 8, 1) - model.AllGatherTime(2 * total - linear, 8, 1);
+  EXPECT_GT(gather_saved, 0);
+  EXPECT_NEAR(model.Time(exposed).features[kDpComm] - model.Time(exposed_fp8).features[kDpComm],
+              gather_saved, 1e-12);
+  // On Blackwell there is no transpose to write: the step's weight cast is gone altogether.
+  const ClusterSpec b200 = Node("b200");
+  const PerfConstants kb = DefaultConstants("b200");
+  const CostModel blackwell(m, Train(Precision::kFP8), b200, kb);
+  EXPECT_NEAR(blackwell.Time(plain).features[kMemoryBound] -
+                  blackwell.Time(fp8_params).features[kMemoryBound],
+              (2 + 1) * linear / (b200.gpu.hbm_bandwidth * kb.eff.memory_bound), 1e-9);
+}
+
 // A BF16 run carries nothing of FP8: the same prediction whatever the GPU's FP8 traits.
 TEST(Fp8Time, Bf16RunsDoNotDependOnTheFp8Traits) {
   const ModelSpec m = Llama2();

@@ -109,6 +109,12 @@ TEST(SearchState, MemoryDominanceFollowsTheKnobs) {
       with("tp=2,pp=2,dp=4,mbs=2,recompute=full,sp=on,dist_opt=on"), base));
   EXPECT_FALSE(NeedsAtLeastAsMuchMemory(
       with("tp=4,pp=2,dp=2,mbs=8,recompute=none,sp=off,dist_opt=off"), base));
+  // 16-bit gradient buffers and FP8 parameters (no 16-bit copy) hold less.
+  const std::string dist = "tp=2,pp=2,dp=4,dist_opt=on";
+  EXPECT_TRUE(NeedsAtLeastAsMuchMemory(with(dist), with(dist + ",grad_reduce_dtype=bf16")));
+  EXPECT_FALSE(NeedsAtLeastAsMuchMemory(with(dist + ",grad_reduce_dtype=bf16"), with(dist)));
+  EXPECT_TRUE(NeedsAtLeastAsMuchMemory(with(dist), with(dist + ",fp8_param_gather=on")));
+  EXPECT_FALSE(NeedsAtLeastAsMuchMemory(with(dist + ",fp8_param_gather=on"), with(dist)));
   // Full recompute of fewer layers keeps more.
   EXPECT_TRUE(NeedsAtLeastAsMuchMemory(with("tp=2,pp=2,dp=4,recompute=full,recompute_layers=2"),
                                        with("tp=2,pp=2,dp=4,recompute=full")));

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <tuple>
 
 #include "autopar/common/errors.h"
 #include "autopar/spec/parse.h"
@@ -201,6 +202,59 @@ TEST(Spec, CpAllgatherPrintsBesideTheSequenceSplitAndNeedsTheRingAlone) {
     EXPECT_NE(space.Check(Complete(ParseSpec(needs_the_ring), 8)).find("needs cp > 1 and up = 1"),
               std::string::npos)
         << needs_the_ring;
+  }
+}
+
+// Megatron's --fp8-param-gather: printed last where on, only with the distributed optimizer and
+// FP8 training; never searched, and pinned on it holds in every candidate (each with dist_opt).
+TEST(Spec, Fp8ParamGatherNeedsTheDistributedOptimizerAndFp8) {
+  const ParallelConfig c = ParseSpec("tp=2,dp=4,dist_opt=on,fp8_param_gather=on");
+  EXPECT_TRUE(c.fp8_param_gather);
+  EXPECT_EQ(ToSpec(c),
+            "tp=2,pp=1,dp=4,cp=1,up=1,ep=1,vpp=1,mbs=1,sp=off,recompute=none,dist_opt=on,"
+            "fp8_param_gather=on");
+  EXPECT_EQ(ParseSpec(ToSpec(c)), c);
+  EXPECT_EQ(ParseSpec("dist_opt=on,fp8_param_gather=off"), ParseSpec("dist_opt=on"));
+  ExpectSpecsRefused({"dist_opt=on,fp8_param_gather=yes"}, "fp8_param_gather");
+
+  TrainSpec fp8 = SmallTrain(64, 4096);
+  fp8.precision = Precision::kFP8;
+  const ClusterSpec cluster = SmallCluster(1, 8);
+  const SearchSpace bf16_space(ModelPreset("llama2-7b"), SmallTrain(64, 4096), cluster, {});
+  EXPECT_NE(bf16_space.Check(Complete(c, 8)).find("needs FP8 training"), std::string::npos);
+  const SearchSpace fp8_space(ModelPreset("llama2-7b"), fp8, cluster, {});
+  EXPECT_EQ(fp8_space.Check(Complete(c, 8)), "");
+  EXPECT_NE(fp8_space.Check(Complete(ParseSpec("tp=2,dp=4,fp8_param_gather=on"), 8))
+                .find("fp8_param_gather=on needs dist_opt=on"),
+            std::string::npos);
+
+  int64_t candidates = 0;
+  fp8_space.ForEach([&](const ParallelConfig& x) {
+    EXPECT_FALSE(x.fp8_param_gather) << ToSpec(x);
+    ++candidates;
+  });
+  SpaceOptions pinned;
+  ApplyFix("fp8_param_gather=on", pinned);
+  int64_t with_fp8_params = 0;
+  SearchSpace(ModelPreset("llama2-7b"), fp8, cluster, pinned).ForEach([&](const ParallelConfig& x) {
+    EXPECT_TRUE(x.fp8_param_gather && x.dist_opt) << ToSpec(x);
+    ++with_fp8_params;
+  });
+  EXPECT_GT(with_fp8_params, 0);
+  EXPECT_LT(with_fp8_params, candidates);  // no dist_opt=off
+  // Pinned on where it cannot be: the flag and why.
+  for (const auto& [train, fix, why] :
+       {std::tuple{SmallTrain(64, 4096), "fp8_param_gather=on", "needs FP8 training"},
+        std::tuple{fp8, "fp8_param_gather=on,dist_opt=off", "needs dist_opt=on"}}) {
+    SpaceOptions o;
+    ApplyFix(fix, o);
+    try {
+      const SearchSpace refused(ModelPreset("llama2-7b"), train, cluster, o);
+      ADD_FAILURE() << fix << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.field(), "--fix");
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
   }
 }
 

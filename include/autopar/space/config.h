@@ -111,10 +111,16 @@ struct ParallelConfig {
   // etp·ep > 1 (Megatron asserts TPxEP > 1); false in the canonical form elsewhere.
   bool flex_dispatcher = false;
   // Context parallelism by an all-gather of K and V over the cp group (Megatron's
-  // --cp-comm-type allgather, Transformer Engine's AttnFuncWithCPAndKVAllGather) instead of the
+  // --cp-comm-type all_gather, Transformer Engine's AttnFuncWithCPAndKVAllGather) instead of the
   // ring's p2p passes (docs/models.md §4.2, docs/trial.md §7). Needs cp > 1 and up = 1 (Megatron
   // combines Ulysses with the ring alone, a2a+p2p); false in the canonical form elsewhere.
   bool cp_allgather = false;
+  // FP8 parameters (Megatron's --fp8-param-gather, DistributedDataParallelConfig.fp8_param_gather):
+  // the transformer layers' linear weights are kept in FP8 alone (no BF16 copy), the distributed
+  // optimizer casts its FP32 master shard into them after Adam and all-gathers them in FP8
+  // (docs/models.md §3.1, §4.5). Needs FP8 training and dist_opt=on (Megatron asserts a sharded
+  // optimizer); false in the canonical form elsewhere.
+  bool fp8_param_gather = false;
 
   // The modules selective recompute reruns; 0 when recompute is none or full.
   uint8_t selective_modules() const {

@@ -23,13 +23,16 @@ namespace autopar {
 // list means their default (overlap on, fp32), since overlap never makes Megatron slower in the
 // model and a lower-precision reduction changes the numerics, which is the user's call. `--fix`
 // pins them; overlap_param_gather=on means on wherever Megatron allows it (dist_opt=on and
-// overlap_grad_reduce=on), off elsewhere.
+// overlap_grad_reduce=on), off elsewhere. FP8 parameters (fp8_param_gather) are not searched
+// either (they change the numerics); pinned on, every candidate has them, so every one has the
+// distributed optimizer they need.
 struct SpaceOptions {
   std::vector<int32_t> tp, pp, dp, cp, up, ep, etp, vpp, mbs, recompute_layers;
   std::vector<bool> sp, dist_opt;
   std::vector<Recompute> recompute;
   std::vector<bool> overlap_grad_reduce, overlap_param_gather;
   std::vector<GradReduceDtype> grad_reduce_dtype;
+  std::vector<bool> fp8_param_gather;
   bool tp_across_nodes = false;  // allow tp groups beyond one NVLink domain (a node, or a rack)
   int32_t max_mbs = 16;          // default upper bound on micro-batch sizes
   // Sweep the number of fully-recomputed layers per stage (1 .. layers per stage) instead of
@@ -111,7 +114,8 @@ class SearchSpace {
   // default where a list is empty), and the sequence splits, taken once per ForEach.
   struct KnobValues {
     std::vector<int32_t> cp, up;
-    std::vector<bool> sp, dist_opt, overlap_grad_reduce, overlap_param_gather, cp_allgather;
+    std::vector<bool> sp, dist_opt, overlap_grad_reduce, overlap_param_gather, cp_allgather,
+        fp8_param_gather;
     std::vector<Recompute> recompute;
     std::vector<GradReduceDtype> grad_reduce_dtype;
     bool choose_depth = false;  // the splitter chooses the full-recompute depth
@@ -228,6 +232,8 @@ void SearchSpace::ForEachRecomputeKnob(ParallelConfig c, const KnobValues& knobs
           // With one replica (Megatron shards over dp·cp, its cp being cp·up) there is nothing
           // to distribute over.
           if (dist_opt && int64_t{c.dp} * c.cp * c.up == 1) continue;
+          // FP8 parameters need the distributed optimizer (and FP8 training: Knobs).
+          if (!dist_opt && knobs.fp8_param_gather == std::vector<bool>{true}) continue;
           c.dist_opt = dist_opt;
           for (bool grad_overlap : knobs.overlap_grad_reduce) {
             c.overlap_grad_reduce = grad_overlap;
@@ -238,13 +244,16 @@ void SearchSpace::ForEachRecomputeKnob(ParallelConfig c, const KnobValues& knobs
               c.overlap_param_gather = gather_overlap;
               for (GradReduceDtype dtype : knobs.grad_reduce_dtype) {
                 c.grad_reduce_dtype = dtype;
-                if (splitter_ == nullptr) {
-                  fn(static_cast<const ParallelConfig&>(c));
-                  continue;
-                }
-                ParallelConfig staged = c;
-                if (splitter_->Split(staged, knobs.choose_depth)) {
-                  fn(static_cast<const ParallelConfig&>(staged));
+                for (bool fp8_params : dist_opt ? knobs.fp8_param_gather : kOff) {
+                  c.fp8_param_gather = fp8_params;
+                  if (splitter_ == nullptr) {
+                    fn(static_cast<const ParallelConfig&>(c));
+                    continue;
+                  }
+                  ParallelConfig staged = c;
+                  if (splitter_->Split(staged, knobs.choose_depth)) {
+                    fn(static_cast<const ParallelConfig&>(staged));
+                  }
                 }
               }
             }
