@@ -100,9 +100,6 @@ struct MegatronReading {
   bool fsdp = false;  // --use-megatron-fsdp or --use-torch-fsdp2 (not modelled, left in the rest)
 };
 
-// The configuration read from the flags, completed with what the rest of them say: Megatron's
-// defaults, its own corrections (with a note), the pipeline's stages (ApplyMegatronStages).
-// Returns the flag that made the stages uneven ("" when even).
 // --fp8-param-gather as the configuration takes it: refused without FP8 training (Megatron-core's
 // TransformerConfig: fp8_param needs fp8 mode); with FSDP, which the model does not express,
 // noted and left out.
@@ -121,6 +118,9 @@ bool Fp8ParamGather(const MegatronReading& r, Precision precision,
   return true;
 }
 
+// The configuration read from the flags, completed with what the rest of them say: Megatron's
+// defaults, its own corrections (with a note), the pipeline's stages (ApplyMegatronStages).
+// Returns the flag that made the stages uneven ("" when even).
 std::string FinishMegatronConfig(const MegatronReading& r, const ModelSpec& model,
                                  Precision precision, ParallelConfig& config,
                                  std::vector<std::string>& notes) {

@@ -140,8 +140,9 @@ void RejectRestrictions(const SpaceOptions& s) {
       {"--mbs", !s.mbs.empty()},
       {"--recompute", !s.recompute.empty()},
       {"--fix", !s.sp.empty() || !s.dist_opt.empty() || !s.overlap_grad_reduce.empty() ||
-                    !s.overlap_param_gather.empty() || !s.grad_reduce_dtype.empty() ||
-                    !s.fp8_param_gather.empty()},
+                    !s.overlap_param_gather.empty() || !s.grad_reduce_dtype.empty()},
+      // --fix fp8_param_gather, or the flag (a pasted script's too)
+      {"--fp8-param-gather", !s.fp8_param_gather.empty()},
       {"--recompute-layers", !s.recompute_layers.empty()},
       {"--max-mbs", s.max_mbs != d.max_mbs},
       {"--sweep-recompute-layers", s.sweep_recompute_layers}};

@@ -105,6 +105,7 @@ def main():
         ([*replay, "--study", "b", "--searcher", "bayes"], "--searcher"),
         ([*replay, "--study", "b", "--budget", "soon"], "--budget"),
         ([*replay, "--study", "b", "--tp", "2"], "--tp"),
+        ([*replay, "--study", "b", "--fix", "fp8_param_gather=on"], "--fp8-param-gather"),
         (["--backend", "tpu", *model, "--study", "b"], "--backend"),
         (["--backend", "replay", *model, "--study", "b"], "--replay-table"),
         # Real trials need every rank of the launch: one process cannot be 1 x 8 GPUs.

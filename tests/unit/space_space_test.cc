@@ -28,6 +28,21 @@ void ExpectSpecsRefused(std::initializer_list<std::string> bad, const std::strin
   }
 }
 
+// A SPEC key printed only where set: `text` parses with `field` set and prints as `printed`,
+// which parses back; the key's default spelt out (`with_default`) is the configuration without it
+// (`without`); each of `bad` is refused, naming `must_mention`.
+void ExpectKeyPrintedWhereSet(const std::string& text, bool ParallelConfig::*field,
+                              const std::string& printed, const std::string& with_default,
+                              const std::string& without, std::initializer_list<std::string> bad,
+                              const std::string& must_mention) {
+  const ParallelConfig c = ParseSpec(text);
+  EXPECT_TRUE(c.*field) << text;
+  EXPECT_EQ(ToSpec(c), printed);
+  EXPECT_EQ(ParseSpec(ToSpec(c)), c);
+  EXPECT_EQ(ParseSpec(with_default), ParseSpec(without));
+  ExpectSpecsRefused(bad, must_mention);
+}
+
 TEST(Spec, PrintsEveryKeyAndParsesBack) {
   ParallelConfig c;
   c.tp = 8;
@@ -139,15 +154,12 @@ TEST(Spec, RecomputeModulesPrintInMegatronsNamesAndOnlyBesideSelective) {
 
 // Megatron's --moe-token-dispatcher-type flex: printed after etp only where chosen.
 TEST(Spec, FlexDispatcherPrintsBesideTheExpertSizesAndRefusesWhatMegatronDoesNotHave) {
-  const ParallelConfig c = ParseSpec("tp=2,dp=2,ep=4,etp=1,dispatcher=flex");
-  EXPECT_TRUE(c.flex_dispatcher);
-  EXPECT_EQ(ToSpec(c),
-            "tp=2,pp=1,dp=2,cp=1,up=1,ep=4,etp=1,dispatcher=flex,vpp=1,mbs=1,sp=off,"
-            "recompute=none,dist_opt=off");
-  EXPECT_EQ(ParseSpec(ToSpec(c)), c);
-  EXPECT_EQ(ParseSpec("ep=4,dispatcher=alltoall"), ParseSpec("ep=4"));
-  ExpectSpecsRefused({"dispatcher=allgather", "dispatcher=deepep", "dispatcher="},
-                     "key 'dispatcher' takes alltoall|flex");
+  ExpectKeyPrintedWhereSet("tp=2,dp=2,ep=4,etp=1,dispatcher=flex", &ParallelConfig::flex_dispatcher,
+                           "tp=2,pp=1,dp=2,cp=1,up=1,ep=4,etp=1,dispatcher=flex,vpp=1,mbs=1,"
+                           "sp=off,recompute=none,dist_opt=off",
+                           "ep=4,dispatcher=alltoall", "ep=4",
+                           {"dispatcher=allgather", "dispatcher=deepep", "dispatcher="},
+                           "key 'dispatcher' takes alltoall|flex");
 }
 
 TEST(Space, FlexDispatcherIsEveryCandidatesAndNeedsRanksToDispatchOver) {
@@ -186,15 +198,12 @@ TEST(Space, FlexDispatcherIsEveryCandidatesAndNeedsRanksToDispatchOver) {
 // Megatron's --cp-comm-type all_gather: printed after up only where chosen; only the ring's split
 // takes it (Megatron's a2a+p2p is Ulysses with the ring's p2p).
 TEST(Spec, CpAllgatherPrintsBesideTheSequenceSplitAndNeedsTheRingAlone) {
-  const ParallelConfig c = ParseSpec("cp=4,dp=2,cp_comm=allgather");
-  EXPECT_TRUE(c.cp_allgather);
-  EXPECT_EQ(ToSpec(c),
-            "tp=1,pp=1,dp=2,cp=4,up=1,cp_comm=allgather,ep=1,vpp=1,mbs=1,sp=off,"
-            "recompute=none,dist_opt=off");
-  EXPECT_EQ(ParseSpec(ToSpec(c)), c);
-  EXPECT_EQ(ParseSpec("cp=4,cp_comm=p2p"), ParseSpec("cp=4"));
-  ExpectSpecsRefused({"cp=2,cp_comm=all_gather", "cp=2,cp_comm=a2a", "cp=2,cp_comm="},
-                     "key 'cp_comm' takes p2p|allgather");
+  ExpectKeyPrintedWhereSet("cp=4,dp=2,cp_comm=allgather", &ParallelConfig::cp_allgather,
+                           "tp=1,pp=1,dp=2,cp=4,up=1,cp_comm=allgather,ep=1,vpp=1,mbs=1,sp=off,"
+                           "recompute=none,dist_opt=off",
+                           "cp=4,cp_comm=p2p", "cp=4",
+                           {"cp=2,cp_comm=all_gather", "cp=2,cp_comm=a2a", "cp=2,cp_comm="},
+                           "key 'cp_comm' takes p2p|allgather");
   const SearchSpace space(ModelPreset("llama2-7b"), SmallTrain(64, 32768), SmallCluster(1, 8), {});
   EXPECT_EQ(space.Check(Complete(ParseSpec("tp=2,cp=4,cp_comm=allgather"), 8)), "");
   for (const char* needs_the_ring :
@@ -208,14 +217,13 @@ TEST(Spec, CpAllgatherPrintsBesideTheSequenceSplitAndNeedsTheRingAlone) {
 // Megatron's --fp8-param-gather: printed last where on, only with the distributed optimizer and
 // FP8 training; never searched, and pinned on it holds in every candidate (each with dist_opt).
 TEST(Spec, Fp8ParamGatherNeedsTheDistributedOptimizerAndFp8) {
+  ExpectKeyPrintedWhereSet("tp=2,dp=4,dist_opt=on,fp8_param_gather=on",
+                           &ParallelConfig::fp8_param_gather,
+                           "tp=2,pp=1,dp=4,cp=1,up=1,ep=1,vpp=1,mbs=1,sp=off,recompute=none,"
+                           "dist_opt=on,fp8_param_gather=on",
+                           "dist_opt=on,fp8_param_gather=off", "dist_opt=on",
+                           {"dist_opt=on,fp8_param_gather=yes"}, "fp8_param_gather");
   const ParallelConfig c = ParseSpec("tp=2,dp=4,dist_opt=on,fp8_param_gather=on");
-  EXPECT_TRUE(c.fp8_param_gather);
-  EXPECT_EQ(ToSpec(c),
-            "tp=2,pp=1,dp=4,cp=1,up=1,ep=1,vpp=1,mbs=1,sp=off,recompute=none,dist_opt=on,"
-            "fp8_param_gather=on");
-  EXPECT_EQ(ParseSpec(ToSpec(c)), c);
-  EXPECT_EQ(ParseSpec("dist_opt=on,fp8_param_gather=off"), ParseSpec("dist_opt=on"));
-  ExpectSpecsRefused({"dist_opt=on,fp8_param_gather=yes"}, "fp8_param_gather");
 
   TrainSpec fp8 = SmallTrain(64, 4096);
   fp8.precision = Precision::kFP8;
