@@ -3,6 +3,7 @@
 // the trial's command line. The end-to-end run is tests/fault/megatron_backend_test.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -12,6 +13,7 @@
 #include "autopar/cli/plan_format.h"
 #include "autopar/space/config.h"
 #include "autopar/spec/model.h"
+#include "autopar/spec/parse.h"
 #include "autopar/spec/train.h"
 
 namespace autopar::cli {
@@ -172,6 +174,22 @@ TEST(MegatronBackendCommand, TpCommOverlapGoesWithoutSequenceParallelism) {
 }
 
 // launcher/megatron_flags.txt, built in: it reads, and a line it cannot read is named.
+// FP8 parameters: the study's configuration says them, once; the user's own copy of the flag
+// gives way to it.
+TEST(MegatronBackendCommand, Fp8ParametersComeFromTheConfigurationOnce) {
+  const ModelSpec m = ModelPreset("llama2-7b");
+  TrainSpec t;
+  t.global_batch_size = 64;
+  t.precision = Precision::kFP8;
+  const ParallelConfig c = Config("tp=2,dp=4,dist_opt=on,fp8_param_gather=on");
+  const std::vector<std::string> out =
+      ReplaceParallelFlags({"--fp8-format", "hybrid", "--fp8-param-gather", "--lr", "1e-4"},
+                           SplitWords(MegatronFlags(c, m, t)), c, nullptr);
+  EXPECT_EQ(std::count(out.begin(), out.end(), "--fp8-param-gather"), 1);
+  EXPECT_EQ(std::count(out.begin(), out.end(), "--use-distributed-optimizer"), 1);
+  EXPECT_EQ(std::count(out.begin(), out.end(), "--fp8-format"), 1);
+}
+
 TEST(MegatronBackendCommand, TheFlagTableReads) {
   EXPECT_EQ(CheckMegatronFlagsTable(MegatronFlagsText()), "");
   EXPECT_NE(std::string(MegatronFlagsText()).find("--tensor-model-parallel-size"),
