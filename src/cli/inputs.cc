@@ -400,8 +400,12 @@ void ReadMegatronParallel(std::vector<std::string> script_rest, std::vector<std:
   } else if (script_read.flex_dispatcher && in.model.is_moe()) {
     in.space.flex_dispatcher = *script_read.flex_dispatcher;
   }
-  // FP8 parameters, the script's or the command line's numerics, in every candidate (unless
-  // --fix says otherwise).
+  // The script's numerics beside its precision, in every candidate (unless --fix says
+  // otherwise): its gradient reduction dtype (Megatron's default where it names none), and FP8
+  // parameters, the script's or the command line's.
+  if (in.script_config && in.space.grad_reduce_dtype.empty()) {
+    in.space.grad_reduce_dtype = {in.script_config->grad_reduce_dtype};
+  }
   if ((read.fp8_param_gather || script_read.fp8_param_gather) &&
       in.space.fp8_param_gather.empty()) {
     in.space.fp8_param_gather = {true};

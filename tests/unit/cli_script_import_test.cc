@@ -91,8 +91,11 @@ TEST(CliScriptImport, Llama3Fp8ExampleExpandsItsVariablesAndArrays) {
   ASSERT_EQ(plan.code, kExitOk) << plan.err;
   EXPECT_TRUE(Has(plan.out, "global batch 128 x 8192 tokens (fp8)")) << plan.out;
   EXPECT_TRUE(Has(plan.out, "1 x 8 h100")) << plan.out;
-  // The script's configuration is searched around, and placed.
+  // The script's configuration is searched around, and placed; every candidate keeps its
+  // numerics (bf16 gradient reduction, FP8 parameters).
   EXPECT_TRUE(Has(plan.err, "the script's configuration tp=1,pp=1,dp=8,")) << plan.err;
+  EXPECT_TRUE(Has(plan.out, ",dist_opt=on,grad_reduce_dtype=bf16,fp8_param_gather=on "))
+      << plan.out;
   // What the model does not read, in one line (--cross-entropy-loss-fusion and
   // --fp8-param-gather it reads).
   EXPECT_TRUE(Has(r.err, "note: ignored (not modelled): --manual-gc --empty-unused-memory-level\n"))
