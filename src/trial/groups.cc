@@ -183,6 +183,8 @@ std::string Unsupported(const ModelSpec& m, const TrainSpec& t, const ParallelCo
   if (seq_split > 1 && t.seq_length % (2 * seq_split) != 0) {
     return "context / Ulysses parallelism needs seq_length divisible by 2·cp·up";
   }
+  // As the search space (Check): Megatron-LM gathers K and V over the ring's group alone.
+  if (c.cp_allgather && (c.cp == 1 || c.up > 1)) return "cp_comm=allgather needs cp > 1 and up = 1";
   const int64_t kv = m.num_query_groups / c.tp, heads = m.num_attention_heads / c.tp;
   if (heads % c.up != 0) return "Ulysses needs the heads of a tp rank divisible by up";
   if (kv % c.up != 0 && c.up % kv != 0) {

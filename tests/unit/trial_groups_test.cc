@@ -145,6 +145,19 @@ ModelSpec SmallModel() {
   return m;
 }
 
+// What Megatron-LM refuses, the trial runner refuses too, whatever its code could run.
+TEST(Unsupported, AllGatheredKeysNeedTheRingAlone) {
+  TrainSpec t;
+  t.global_batch_size = 8;
+  t.seq_length = 64;
+  EXPECT_EQ(Unsupported(SmallModel(), t, ParseSpec("cp=2,cp_comm=allgather")), "");
+  for (const char* spec : {"cp=2,up=2,cp_comm=allgather", "up=2,cp_comm=allgather"}) {
+    EXPECT_NE(Unsupported(SmallModel(), t, ParseSpec(spec)).find("cp_comm=allgather needs"),
+              std::string::npos)
+        << spec;
+  }
+}
+
 TEST(Fp8Shapes, HybridPutsGradientsInE5M2) {
   const MegatronArgs args = ApplyMegatronFlags(
       {"--global-batch-size", "8", "--seq-length", "64", "--bf16", "--fp8-format", "hybrid"},
