@@ -26,8 +26,9 @@ void PinSpace(const ParallelConfig& c, const ModelSpec& model, SpaceOptions& spa
   space.recompute_layers = {c.recompute_layers};
   space.overlap_grad_reduce = {c.overlap_grad_reduce};
   space.overlap_param_gather = {c.overlap_param_gather};
-  space.grad_reduce_dtype = {c.grad_reduce_dtype};
-  space.fp8_param_gather = {c.fp8_param_gather};
+  // The numerics knobs as --fix pins them, else as the configuration has them (as predict).
+  if (space.grad_reduce_dtype.empty()) space.grad_reduce_dtype = {c.grad_reduce_dtype};
+  if (space.fp8_param_gather.empty()) space.fp8_param_gather = {c.fp8_param_gather};
 }
 
 // Why `c` is not a valid configuration of this job, judged by the space without the user's

@@ -195,6 +195,15 @@ Candidates FindCandidates(const TuneFlags& flags, const Inputs& in, const CostMo
     c.set = std::make_unique<search::CandidateSet>(c.table->configs(), model,
                                                    in.cluster.gpu.memory_gib);
   } else {
+    // A Megatron trial keeps a script's --fp8-param-gather (launcher/megatron_flags.txt: read),
+    // so candidates pinned without FP8 parameters would run them all the same.
+    const std::vector<std::string>& script = in.megatron_words;
+    if (flags.backend == "megatron" && in.space.fp8_param_gather == std::vector<bool>{false} &&
+        std::find(script.begin(), script.end(), "--fp8-param-gather") != script.end()) {
+      throw InputError("--fix",
+                       "fp8_param_gather=off, but the script passes --fp8-param-gather, which "
+                       "every Megatron trial keeps: take it out of the script");
+    }
     // The trials of our own backends keep 16-bit parameters (trial.cc's Validate).
     const std::vector<bool>& fp8_params = in.space.fp8_param_gather;
     if (flags.backend != "megatron" &&

@@ -210,6 +210,10 @@ ReplayTable ReplayTable::Parse(const std::string& text, const std::string& sourc
     }
     if (column.count("dispatcher")) c.flex_dispatcher = r.FlexDispatcher(cell("dispatcher"));
     if (column.count("cp_comm")) c.cp_allgather = r.CpAllgather(cell("cp_comm"));
+    if (column.count("fp8_param_gather")) {  // empty: off
+      const std::string& v = cell("fp8_param_gather");
+      c.fp8_param_gather = !v.empty() && r.Bool("fp8_param_gather", v);
+    }
 
     const auto status = search::ParseOutcome(cell("status"));
     if (!status) {
@@ -270,10 +274,11 @@ std::string ReplayTable::ToCsv() const {
   // pp_last columns, only where some row's pipeline stages are uneven, the split_embedding and
   // split_loss columns, only where some row counts the embedding or the loss in its split, the
   // recompute_modules column, only where some row's selective recompute reruns more than
-  // core_attn, the dispatcher column, only where some row dispatches by flex, and the cp_comm
-  // column, only where some row gathers K and V.
+  // core_attn, the dispatcher column, only where some row dispatches by flex, the cp_comm
+  // column, only where some row gathers K and V, and the fp8_param_gather column, only where some
+  // row keeps FP8 parameters.
   bool noisy = false, etp = false, uneven = false, counted = false, modules = false, flex = false,
-       allgather = false;
+       allgather = false, fp8_params = false;
   for (const ReplayRow& r : rows_) {
     noisy = noisy || r.noise_sd > 0;
     etp = etp || r.config.etp != 0;
@@ -282,6 +287,7 @@ std::string ReplayTable::ToCsv() const {
     modules = modules || r.config.recompute_modules != 0;
     flex = flex || r.config.flex_dispatcher;
     allgather = allgather || r.config.cp_allgather;
+    fp8_params = fp8_params || r.config.fp8_param_gather;
   }
   std::string out =
       "tp,pp,dp,cp,up,ep,vpp,mbs,sp,recompute,recompute_layers,dist_opt,step_time_s,"
@@ -292,6 +298,7 @@ std::string ReplayTable::ToCsv() const {
   out += modules ? ",recompute_modules" : "";
   out += flex ? ",dispatcher" : "";
   out += allgather ? ",cp_comm" : "";
+  out += fp8_params ? ",fp8_param_gather" : "";
   out += noisy ? ",noise_sd\n" : "\n";
   char line[256];
   auto number = [](double v) {
@@ -331,6 +338,10 @@ std::string ReplayTable::ToCsv() const {
     if (allgather) {
       out.back() = ',';
       out += std::string(c.cp_allgather ? "allgather" : "p2p") + "\n";
+    }
+    if (fp8_params) {
+      out.back() = ',';
+      out += std::string(c.fp8_param_gather ? "on" : "off") + "\n";
     }
     if (noisy) {
       out.back() = ',';

@@ -723,6 +723,14 @@ TEST(Cli, AnAssumedGpuIsNamedOrRefused) {
                   "hybrid", "--fix", "fp8_param_gather=on"},
                  "--fp8-param-gather: not with --backend cuda");
   EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() + "cuda_study"));
+  // --backend megatron keeps a script's --fp8-param-gather in every trial: it cannot be pinned off.
+  ExpectBadInput({"tune", "--study", ::testing::TempDir() + "cuda_study", "--backend", "megatron",
+                  "--train-command", "python pretrain_gpt.py", "--model", "tiny", "--gpu", "h100",
+                  "--global-batch-size", "16", "--megatron-args",
+                  "--fp8-format hybrid --use-distributed-optimizer --fp8-param-gather", "--fix",
+                  "fp8_param_gather=off"},
+                 "--fix: fp8_param_gather=off, but the script passes --fp8-param-gather");
+  EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() + "cuda_study"));
 }
 
 // Issue 11's acceptance: today's Hugging Face families plan from their config.json as published.

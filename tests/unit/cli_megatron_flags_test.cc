@@ -453,6 +453,23 @@ TEST(MegatronFlags, Fp8ParamGatherIsReadWhereMegatronTakesIt) {
                     &err),
             "2");
   EXPECT_NE(err.find("--fp8-param-gather: needs FP8 training"), std::string::npos) << err;
+  // --fix wins over the command line's configuration, in plan as in predict.
+  std::ostringstream out, plan_err;
+  ASSERT_EQ(Main({"plan",      "--model",
+                  "llama2-7b", "--gpu",
+                  "h100",      "--nnodes",
+                  "1",         "--nproc-per-node",
+                  "8",         "--global-batch-size",
+                  "64",        "--fp8-format",
+                  "hybrid",    "--tensor-model-parallel-size",
+                  "2",         "--use-distributed-optimizer",
+                  "--fix",     "fp8_param_gather=on",
+                  "--top",     "1",
+                  "--format",  "csv"},
+                 out, plan_err),
+            0)
+      << plan_err.str();
+  EXPECT_NE(out.str().find(",fp8_param_gather=on\""), std::string::npos) << out.str();
   const std::string fsdp = predict(fp8 + "--use-megatron-fsdp --fp8-param-gather", &err);
   EXPECT_EQ(fsdp.find("fp8_param_gather=on"), std::string::npos) << fsdp;
   EXPECT_NE(err.find("--fp8-param-gather with FSDP: not modelled"), std::string::npos) << err;

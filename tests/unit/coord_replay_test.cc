@@ -125,6 +125,11 @@ TEST(ReplayTable, ReadsACpCommColumnAndWritesOneOnlyWhereARowNeedsIt) {
                      "allowed: p2p, allgather");
 }
 
+TEST(ReplayTable, ReadsAnFp8ParamGatherColumnAndWritesOneOnlyWhereARowNeedsIt) {
+  ExpectSwitchColumn("fp8_param_gather", "on", "off", &ParallelConfig::fp8_param_gather, "maybe",
+                     "allowed: on, off");
+}
+
 TEST(ReplayTable, ReadsTheCountedSplitColumnsAndWritesThemOnlyWhereARowNeedsThem) {
   const ReplayTable t = ReplayTable::Parse(std::string("split_embedding,split_loss,") + kHeader +
                                                "on,on,2,2,4,1,1,1,2,1,on,none,off,1.5,40,ok\n"

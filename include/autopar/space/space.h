@@ -218,6 +218,8 @@ void SearchSpace::ForEachRecomputeKnob(ParallelConfig c, const KnobValues& knobs
                                        Fn& fn) const {
   static const std::vector<int32_t> kEveryLayer = {0};
   static const std::vector<bool> kOff = {false};
+  // FP8 parameters in every candidate: each one has the distributed optimizer they need.
+  const bool fp8_params_pinned = knobs.fp8_param_gather == std::vector<bool>{true};
   for (bool sp : knobs.sp) {
     if (sp && c.tp == 1) continue;
     // Megatron-core runs MoE layers under tensor parallelism only with SP.
@@ -230,10 +232,9 @@ void SearchSpace::ForEachRecomputeKnob(ParallelConfig c, const KnobValues& knobs
         c.recompute_layers = layers;
         for (bool dist_opt : knobs.dist_opt) {
           // With one replica (Megatron shards over dp·cp, its cp being cp·up) there is nothing
-          // to distribute over.
-          if (dist_opt && int64_t{c.dp} * c.cp * c.up == 1) continue;
-          // FP8 parameters need the distributed optimizer (and FP8 training: Knobs).
-          if (!dist_opt && knobs.fp8_param_gather == std::vector<bool>{true}) continue;
+          // to distribute over, unless FP8 parameters need it (Megatron runs it there).
+          if (dist_opt && int64_t{c.dp} * c.cp * c.up == 1 && !fp8_params_pinned) continue;
+          if (!dist_opt && fp8_params_pinned) continue;
           c.dist_opt = dist_opt;
           for (bool grad_overlap : knobs.overlap_grad_reduce) {
             c.overlap_grad_reduce = grad_overlap;
