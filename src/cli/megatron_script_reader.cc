@@ -97,21 +97,23 @@ struct MegatronReading {
   std::optional<uint8_t> recompute_modules;  // canonical: 0 is core_attn alone
   std::optional<bool> flex_dispatcher;       // --moe-token-dispatcher-type flex
   bool fp8_param_gather = false;             // --fp8-param-gather
-  bool fsdp = false;  // --use-megatron-fsdp or --use-torch-fsdp2 (not modelled, left in the rest)
 };
 
 // --fp8-param-gather as the configuration takes it: refused without FP8 training (Megatron-core's
-// TransformerConfig: fp8_param needs fp8 mode); with FSDP, which the model does not express,
-// noted and left out.
-bool Fp8ParamGather(const MegatronReading& r, Precision precision,
-                    std::vector<std::string>& notes) {
+// TransformerConfig: fp8_param needs fp8 mode); with FSDP among the flags left (`rest`: the
+// model does not express it), noted and left out.
+bool Fp8ParamGather(const MegatronReading& r, const std::vector<std::string>& rest,
+                    Precision precision, std::vector<std::string>& notes) {
   if (!r.fp8_param_gather) return false;
   if (precision != Precision::kFP8) {
     throw InputError("--fp8-param-gather",
                      "needs FP8 training (--fp8-format hybrid|e4m3): Megatron-core keeps "
                      "parameters in FP8 only in fp8 mode");
   }
-  if (r.fsdp) {
+  const auto fsdp = [](const std::string& w) {
+    return w == "--use-megatron-fsdp" || w == "--use-torch-fsdp2";
+  };
+  if (std::any_of(rest.begin(), rest.end(), fsdp)) {
     notes.push_back("--fp8-param-gather with FSDP: not modelled, parameters costed in 16 bits");
     return false;
   }
@@ -219,6 +221,19 @@ void ApplyDropout(const MegatronReading& r, bool script, StackOptions& stack) {
                   r.hidden_dropout.value_or(default_dropout) > 0;
 }
 
+// What the flags said beside the configuration (`read`, `rest` the flags they left), and the
+// configuration, if they gave one, finished.
+void FinishReading(MegatronReading& r, const std::vector<std::string>& rest, const ModelSpec& model,
+                   Precision precision, std::optional<ParallelConfig>& config,
+                   std::vector<std::string>& notes, MegatronFlagsRead& read) {
+  read.uneven_flag.clear();
+  read.recompute_modules = r.recompute_modules;
+  read.flex_dispatcher = r.flex_dispatcher;
+  r.fp8_param_gather = Fp8ParamGather(r, rest, precision, notes);
+  read.fp8_param_gather = r.fp8_param_gather;
+  if (config) read.uneven_flag = FinishMegatronConfig(r, model, precision, *config, notes);
+}
+
 }  // namespace
 
 std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>& args,
@@ -309,19 +324,13 @@ std::optional<ParallelConfig> TakeMegatronParallelFlags(std::vector<std::string>
     else if (flag == "--ddp-bucket-size") stack.ddp_bucket_size = ToInt(flag, next(), 1, kBucket);
     else if (flag == "--fp8-param-gather") r.fp8_param_gather = true;
     else {
-      r.fsdp = r.fsdp || flag == "--use-megatron-fsdp" || flag == "--use-torch-fsdp2";
       rest.push_back(args[i]);
     }
     // clang-format on
   }
   args = rest;
   ApplyDropout(r, script, stack);
-  read.uneven_flag.clear();
-  read.recompute_modules = r.recompute_modules;
-  read.flex_dispatcher = r.flex_dispatcher;
-  r.fp8_param_gather = Fp8ParamGather(r, precision, notes);
-  read.fp8_param_gather = r.fp8_param_gather;
-  if (config) read.uneven_flag = FinishMegatronConfig(r, model, precision, *config, notes);
+  FinishReading(r, args, model, precision, config, notes, read);
   return config;
 }
 
