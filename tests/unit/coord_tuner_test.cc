@@ -91,8 +91,8 @@ TEST(Convert, ParallelConfigRoundTripsThroughItsMessage) {
                            "tp=2,dp=8,ep=4,sp=on,dist_opt=on,grad_reduce_dtype=bf16",
                            "tp=2,dp=4,cp=2,cp_comm=allgather,dist_opt=on,fp8_param_gather=on",
                            "tp=1,dp=16,ep=2,etp=2,recompute=full,recompute_layers=1",
-                           "tp=2,pp=8,vpp=4,split_embedding=on,split_loss=on,sp=on,"
-                           "recompute=selective,recompute_modules=layernorm+moe"}) {
+                           "tp=2,pp=8,vpp=4,split_embedding=on,split_loss=on,sp=on",
+                           "tp=2,dp=4,sp=on,recompute=selective,recompute_modules=layernorm+moe"}) {
     const ParallelConfig c = ParseSpec(spec);
     EXPECT_EQ(FromProto(ToProto(c)), c) << spec;
   }
