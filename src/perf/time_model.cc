@@ -553,13 +553,14 @@ StageSummary CostModel::SummarizeStages(const ParallelConfig& c,
     const StageLayout layout = LayoutOf(m, c, stage, before);
     before += layout.per_chunk;
     const LayerCost cost = StageTime(parts, c, layout, stage);
+    const Fp8Weights fp8 = fp8_ ? Fp8StageWeights(m, params_, c, layout, stage) : Fp8Weights{};
     if (cost.forward() + cost.backward() > slowest_time) {
       out.slowest = cost;
       slowest_time = cost.forward() + cost.backward();
       out.recompute_share =
           static_cast<double>(layout.recomputed.dense_total() + layout.recomputed.moe_total()) /
           std::max<int64_t>(layout.layers(), 1);
-      out.fp8_weights = fp8_ ? Fp8StageWeights(m, params_, c, layout, stage).total() : 0.0;
+      out.fp8_weights = fp8.total();
     }
     const double dense =
         (layout.all.dense_total() * static_cast<double>(params_.dense_layer()) +
@@ -575,8 +576,7 @@ StageSummary CostModel::SummarizeStages(const ParallelConfig& c,
       out.grad_time = g;
       out.dense_params = dense;
       out.expert_params = experts;
-      if (fp8_ && c.fp8_param_gather) {
-        const Fp8Weights fp8 = Fp8StageWeights(m, params_, c, layout, stage);
+      if (c.fp8_param_gather) {
         out.fp8_dense_params = fp8.dense;
         out.fp8_expert_params = fp8.experts;
       }
